@@ -1,0 +1,51 @@
+"""The library's one exception family. The daemon maps each class to one errno."""
+
+from __future__ import annotations
+
+
+class AlkfsError(Exception):
+    """Base of every error the library raises on purpose."""
+
+
+class Missing(AlkfsError):
+    """The object, ref, pin or repository does not exist."""
+
+
+class Verification(AlkfsError):
+    """Content does not hash to its key, or a declared length did not match."""
+
+
+class TooLarge(AlkfsError):
+    """A put over the threshold on a kv-only store."""
+
+
+class Refused(AlkfsError):
+    """The operation is not allowed (protected object, read-only attribute, ...)."""
+
+
+class Invalid(AlkfsError):
+    """Malformed input: a bad key, ref name, repository id, pin name or oid."""
+
+
+class Exists(AlkfsError):
+    """The name is already taken."""
+
+
+class Stale(AlkfsError):
+    """A compare-and-swap lost its race."""
+
+
+class NotEmpty(AlkfsError):
+    """A container still holds something."""
+
+
+class StoreIO(AlkfsError):
+    """An input stream or the backing medium failed."""
+
+
+class StoreLocked(AlkfsError):
+    """Another process holds the store."""
+
+
+class Corrupt(Verification):
+    """Stored bytes no longer hash to their key."""

@@ -1,0 +1,133 @@
+"""The sweep: execute what earlier sweeps staged, then mark and stage what is dead now.
+
+A sweep is never an error: every outcome, aborts included, is a SweepReport.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING
+
+from ..db import now_ns
+from .arbiter import raw
+
+if TYPE_CHECKING:
+    from ..store import Store
+
+STAGE_BATCH = 10_000
+
+
+class AbortCause(enum.StrEnum):
+    SWEEPER_LOCK = "sweeper-lock"
+    NO_LIVENESS_SOURCES = "no-liveness-sources"
+    PROTECT_FAILED = "protect-failed"
+
+
+@dataclass
+class SweepReport:
+    aborted: str | None = None
+    candidates_staged: int = 0
+    deleted: int = 0
+    cancelled_by_arbitration: int = 0
+    live: int = 0
+    scanned: int = 0
+    bytes_freed: int = 0
+    started_at: str = field(
+        default_factory=lambda: datetime.now(UTC).isoformat(timespec="milliseconds")
+    )
+    duration_s: float = 0.0
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict())
+
+
+def _protected_set(store: Store) -> set[bytes]:
+    out: set[bytes] = set()
+    for callback in store.arbiter.protects():
+        out.update(raw(k) for k in callback())
+    return out
+
+
+def sweep(store: Store, window_ns: int | None = None) -> SweepReport:
+    """Run one sweep over `store` with the given window (default: the store's)."""
+    report = SweepReport()
+    t0 = time.monotonic()
+    arbiter = store.arbiter
+    if not arbiter.try_begin_sweep():
+        report.aborted = AbortCause.SWEEPER_LOCK.value
+        return report
+    try:
+        _run(store, report, store.window_ns if window_ns is None else window_ns)
+    finally:
+        arbiter.end_sweep()
+        report.duration_s = round(time.monotonic() - t0, 6)
+        store.last_sweep = report
+    return report
+
+
+def _run(store: Store, report: SweepReport, window_ns: int) -> None:
+    arbiter = store.arbiter
+    sources = arbiter.sources()
+    if not sources:
+        report.aborted = AbortCause.NO_LIVENESS_SOURCES.value
+        return
+    try:
+        protected = _protected_set(store)
+        live: set[bytes] = set()
+        for source in sources:
+            live.update(raw(k) for k in source.live_keys())
+    except Exception:
+        store.log.exception("sweep: a liveness or protect source failed; nothing deleted")
+        report.aborted = AbortCause.PROTECT_FAILED.value
+        return
+    live |= protected
+
+    # Execute: overdue candidates, re-arbitrated one by one at delete time.
+    window = store.window
+    while batch := window.take(now_ns()):
+        try:
+            protected_now = _protected_set(store)
+        except Exception:
+            store.log.exception("sweep: protect failed at delete time; batch cancelled")
+            report.cancelled_by_arbitration += len(batch)
+            continue
+        for key, staged_ns in batch:
+            if store.written_since(key, staged_ns) or not arbiter.arbitrate(key, protected_now):
+                report.cancelled_by_arbitration += 1
+                continue
+            try:
+                freed = store.engine_delete(key)
+            finally:
+                arbiter.conclude(key)
+            report.deleted += 1
+            report.bytes_freed += freed or 0
+            if freed is not None:
+                store.on_deleted(key)
+
+    # Mark and stage: every stored object neither live nor already staged.
+    mark_started = now_ns()  # a write after this instant cancels the candidate at execution
+    staged = window.staged_keys()
+    dead: list[bytes] = []
+    for key in store.iter_keys():
+        report.scanned += 1
+        if key in live:
+            report.live += 1
+        elif key not in staged:
+            dead.append(key)
+    pinned = arbiter.pinned_keys()  # taken after the scan: covers puts that raced it
+    if pinned:
+        kept = [k for k in dead if k in pinned]
+        report.live += len(kept)
+        dead = [k for k in dead if k not in pinned]
+    visible = now_ns() + window_ns
+    for i in range(0, len(dead), STAGE_BATCH):
+        report.candidates_staged += window.stage(
+            ((k, visible) for k in dead[i : i + STAGE_BATCH]), mark_started
+        )

@@ -1,0 +1,103 @@
+"""The delete window: staged candidates and when each becomes deletable.
+
+Staging is idempotent and forward-only (a re-stage never moves a deadline
+earlier); a take is bounded and removes what it returns (`visible_after <= now`).
+The durable form lives in the store's sqlite file; mem mode keeps the same
+schedule in memory.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable
+
+from ..db import Database
+
+TAKE_BATCH = 1024
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS gc_window (
+    key BLOB PRIMARY KEY,
+    visible_after INTEGER NOT NULL,
+    staged_ns INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS gc_window_visible ON gc_window (visible_after);
+"""
+
+
+class SqliteWindow:
+    def __init__(self, db: Database) -> None:
+        self.db = db
+        db.conn().executescript(SCHEMA)
+
+    def stage(self, rows: Iterable[tuple[bytes, int]], staged_ns: int) -> int:
+        """Stage (key, visible_after) rows in one transaction; returns how many."""
+        params = [(k, v, staged_ns) for k, v in rows]
+        if not params:
+            return 0
+        with self.db.tx() as conn:
+            conn.executemany(
+                "INSERT INTO gc_window (key, visible_after, staged_ns) VALUES (?, ?, ?) "
+                "ON CONFLICT(key) DO UPDATE SET "
+                "visible_after = max(visible_after, excluded.visible_after)",
+                params,
+            )
+        return len(params)
+
+    def take(self, now_ns: int, limit: int = TAKE_BATCH) -> list[tuple[bytes, int]]:
+        """Remove and return up to `limit` overdue rows as (key, staged_ns), oldest first."""
+        with self.db.tx() as conn:
+            rows = conn.execute(
+                "DELETE FROM gc_window WHERE key IN ("
+                " SELECT key FROM gc_window WHERE visible_after <= ?"
+                " ORDER BY visible_after LIMIT ?) RETURNING key, staged_ns",
+                (now_ns, limit),
+            ).fetchall()
+        return sorted((bytes(k), s) for k, s in rows)
+
+    def staged_keys(self) -> set[bytes]:
+        cur = self.db.conn().execute("SELECT key FROM gc_window")
+        out: set[bytes] = set()
+        while rows := cur.fetchmany(8192):
+            out.update(k for (k,) in rows)
+        return out
+
+    def rows(self) -> int:
+        return self.db.execute("SELECT count(*) FROM gc_window").fetchone()[0]
+
+    def visible_after(self, key: bytes) -> int | None:
+        row = self.db.execute(
+            "SELECT visible_after FROM gc_window WHERE key = ?", (key,)
+        ).fetchone()
+        return None if row is None else row[0]
+
+
+class MemoryWindow:
+    def __init__(self) -> None:
+        self._rows: dict[bytes, tuple[int, int]] = {}
+        self._lock = threading.Lock()
+
+    def stage(self, rows: Iterable[tuple[bytes, int]], staged_ns: int) -> int:
+        n = 0
+        with self._lock:
+            for k, v in rows:
+                old = self._rows.get(k)
+                self._rows[k] = (max(v, old[0]), old[1]) if old else (v, staged_ns)
+                n += 1
+        return n
+
+    def take(self, now_ns: int, limit: int = TAKE_BATCH) -> list[tuple[bytes, int]]:
+        with self._lock:
+            due = sorted((v, k) for k, (v, _) in self._rows.items() if v <= now_ns)[:limit]
+            return sorted((k, self._rows.pop(k)[1]) for _, k in due)
+
+    def staged_keys(self) -> set[bytes]:
+        with self._lock:
+            return set(self._rows)
+
+    def rows(self) -> int:
+        return len(self._rows)
+
+    def visible_after(self, key: bytes) -> int | None:
+        row = self._rows.get(key)
+        return None if row is None else row[0]

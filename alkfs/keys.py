@@ -1,0 +1,138 @@
+"""Algorithms and keys: a key is one algorithm byte followed by the digest."""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import re
+from dataclasses import dataclass
+from typing import Protocol
+
+import blake3
+
+from .errors import Invalid
+
+
+class Hasher(Protocol):
+    def update(self, data: bytes, /) -> object: ...
+    def digest(self) -> bytes: ...
+
+
+class Algorithm(enum.Enum):
+    """The four digest algorithms; value is the key's first byte."""
+
+    SHA256 = 1
+    BLAKE3 = 2
+    GIT_SHA1 = 3
+    GIT_SHA256 = 4
+
+    @property
+    def label(self) -> str:
+        return _LABELS[self]
+
+    @property
+    def hex_len(self) -> int:
+        return 40 if self is Algorithm.GIT_SHA1 else 64
+
+    @property
+    def digest_len(self) -> int:
+        return self.hex_len // 2
+
+    @property
+    def is_git(self) -> bool:
+        return self in (Algorithm.GIT_SHA1, Algorithm.GIT_SHA256)
+
+    def hasher(self) -> Hasher:
+        if self is Algorithm.BLAKE3:
+            return blake3.blake3()
+        if self is Algorithm.GIT_SHA1:
+            return hashlib.sha1()
+        return hashlib.sha256()
+
+    @classmethod
+    def from_label(cls, label: str) -> Algorithm:
+        try:
+            return _BY_LABEL[label]
+        except KeyError:
+            raise Invalid(f"unknown algorithm {label!r}") from None
+
+    @classmethod
+    def from_byte(cls, byte: int) -> Algorithm:
+        try:
+            return cls(byte)
+        except ValueError:
+            raise Invalid(f"unknown algorithm byte {byte:#x}") from None
+
+
+_LABELS = {
+    Algorithm.SHA256: "sha256",
+    Algorithm.BLAKE3: "blake3",
+    Algorithm.GIT_SHA1: "git-sha1",
+    Algorithm.GIT_SHA256: "git-sha256",
+}
+_BY_LABEL = {v: k for k, v in _LABELS.items()}
+ALGORITHMS = tuple(Algorithm)
+_HEX = re.compile(r"[0-9a-f]+\Z")
+
+
+def is_hex(text: str, length: int) -> bool:
+    """Strict lowercase hex of exactly `length` digits."""
+    return len(text) == length and _HEX.match(text) is not None
+
+
+@dataclass(frozen=True, order=True, slots=True)
+class Key:
+    """An object's name: the algorithm byte plus the digest (`raw`)."""
+
+    raw: bytes
+
+    def __post_init__(self) -> None:
+        if not self.raw:
+            raise Invalid("empty key")
+        algo = Algorithm.from_byte(self.raw[0])
+        if len(self.raw) != 1 + algo.digest_len:
+            raise Invalid("key has the wrong digest length")
+
+    @classmethod
+    def of(cls, algo: Algorithm, digest: bytes) -> Key:
+        return cls(bytes([algo.value]) + digest)
+
+    @classmethod
+    def from_hex(cls, algo: Algorithm, hexdigest: str) -> Key:
+        if not is_hex(hexdigest, algo.hex_len):
+            raise Invalid(f"not a {algo.label} digest: {hexdigest!r}")
+        return cls.of(algo, bytes.fromhex(hexdigest))
+
+    @classmethod
+    def parse(cls, text: str) -> Key:
+        """`<algo>/<hex>`, or a bare hex: 64 digits is sha256, 40 is git-sha1."""
+        if "/" in text:
+            label, _, hexdigest = text.partition("/")
+            return cls.from_hex(Algorithm.from_label(label), hexdigest)
+        if len(text) == 40:
+            return cls.from_hex(Algorithm.GIT_SHA1, text)
+        return cls.from_hex(Algorithm.SHA256, text)
+
+    @classmethod
+    def derive(cls, algo: Algorithm, data: bytes) -> Key:
+        h = algo.hasher()
+        h.update(data)
+        return cls.of(algo, h.digest())
+
+    @property
+    def algo(self) -> Algorithm:
+        return Algorithm(self.raw[0])
+
+    @property
+    def digest(self) -> bytes:
+        return self.raw[1:]
+
+    @property
+    def hex(self) -> str:
+        return self.raw[1:].hex()
+
+    def __str__(self) -> str:
+        return f"{self.algo.label}/{self.hex}"
+
+    def __repr__(self) -> str:
+        return f"Key({self})"

@@ -1,0 +1,551 @@
+"""The store facade: routing by length, verified reads, the put paths, stat, list, GC entry points.
+
+Thread-safe and synchronous: the daemon calls it from worker threads.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import logging
+import os
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+from .db import Database, now_ns
+from .errors import (
+    AlkfsError,
+    Corrupt,
+    Invalid,
+    Refused,
+    StoreIO,
+    StoreLocked,
+    TooLarge,
+    Verification,
+)
+from .gc.arbiter import Arbiter, LivenessSource, Pin, ProtectCallback
+from .gc.sweep import SweepReport, sweep
+from .gc.window import MemoryWindow, SqliteWindow
+from .git.objects import MAX_HEADER, check_canonical
+from .keys import Algorithm, Key
+from .tiers import Entry
+from .tiers.local import LocalTier
+from .tiers.memory import MemoryTier
+from .tiers.sqlite import SqliteTier
+
+DEFAULT_THRESHOLD = 131072
+DEFAULT_WINDOW_S = 3600
+CHUNK = 1 << 20
+MODES = ("dual-tier", "kv-only", "mem")
+DB_NAME = "store.db"
+LARGE_DIR = "large"
+LOCK_NAME = "alkfs.lock"
+
+Source = bytes | bytearray | memoryview | BinaryIO | Iterable[bytes]
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectStat:
+    key: Key
+    size: int
+    tier: str  # "kv", "large" or "mem"
+    stored_ns: int
+
+
+@dataclass(slots=True)
+class PutResult:
+    """The stored key and the in-process pin that protects it until its name is published."""
+
+    key: Key
+    pin: Pin
+    created: bool
+
+
+def _chunks(source: Source) -> Iterator[bytes]:
+    """The input as chunks; a failing input surfaces as StoreIO."""
+    if isinstance(source, bytes | bytearray | memoryview):
+        yield bytes(source)
+        return
+    try:
+        if hasattr(source, "read"):
+            while chunk := source.read(CHUNK):
+                yield chunk
+        else:
+            yield from source
+    except AlkfsError:
+        raise
+    except Exception as exc:
+        raise StoreIO(f"the input stream failed: {exc}") from exc
+
+
+class Store:
+    """A content-addressed store: one sqlite file for small objects, a directory for large."""
+
+    def __init__(
+        self,
+        path: Path | None,
+        mode: str,
+        threshold: int,
+        window_s: float,
+        db: Database | None,
+    ) -> None:
+        if mode not in MODES:
+            raise Invalid(f"unknown mode {mode!r}")
+        self.path = path
+        self.mode = mode
+        self.threshold = threshold
+        self.window_ns = int(window_s * 1e9)
+        self.db = db
+        self.log = logging.getLogger("alkfs.store")
+        self.arbiter = Arbiter()
+        self.kv: SqliteTier | MemoryTier
+        self.large: LocalTier | None = None
+        if db is None:
+            self.kv = MemoryTier()
+            self.window: SqliteWindow | MemoryWindow = MemoryWindow()
+        else:
+            self.kv = SqliteTier(db)
+            self.window = SqliteWindow(db)
+            if mode == "dual-tier":
+                assert path is not None
+                self.large = LocalTier(path / LARGE_DIR)
+        self.last_sweep: SweepReport | None = None
+        self.corrupt: set[bytes] = set()
+        self.deleted_hooks: list[Callable[[bytes], None]] = []
+        self._verified: dict[bytes, tuple[int, int, int, int]] = {}
+        self._lock_fd: int | None = None
+        self._vlock = threading.Lock()
+
+    # -- construction ---------------------------------------------------------
+    @classmethod
+    def open(
+        cls,
+        path: str | os.PathLike[str],
+        *,
+        mode: str | None = None,
+        threshold: int | None = None,
+        window_s: float | None = None,
+        lock: bool = True,
+        create: bool = True,
+    ) -> Store:
+        """Open (creating on first use) the store at `path`. Settings given at creation stick."""
+        root = Path(path)
+        if mode == "mem":
+            return cls.memory(threshold or DEFAULT_THRESHOLD, window_s or 0)
+        if not root.exists():
+            if not create:
+                raise StoreIO(f"no store at {root}")
+            root.mkdir(parents=True)
+        lock_fd = cls._take_lock(root) if lock else None
+        try:
+            db = Database(root / DB_NAME)
+            meta = cls._meta(db, mode, threshold)
+            store = cls(
+                root,
+                meta["mode"],
+                int(meta["threshold"]),
+                DEFAULT_WINDOW_S if window_s is None else window_s,
+                db,
+            )
+        except BaseException:
+            if lock_fd is not None:
+                os.close(lock_fd)
+            raise
+        store._lock_fd = lock_fd
+        return store
+
+    @classmethod
+    def memory(cls, threshold: int = DEFAULT_THRESHOLD, window_s: float = 0) -> Store:
+        return cls(None, "mem", threshold, window_s, None)
+
+    @staticmethod
+    def _take_lock(root: Path) -> int:
+        fd = os.open(root / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 64, 0).decode(errors="replace").strip()
+            os.close(fd)
+            raise StoreLocked(
+                f"the store {root} is held by another process"
+                + (f" (pid {holder})" if holder else "")
+                + f"; lock {root / LOCK_NAME}"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        return fd
+
+    @staticmethod
+    def is_locked(path: str | os.PathLike[str]) -> bool:
+        lock = Path(path) / LOCK_NAME
+        if not lock.exists():
+            return False
+        fd = os.open(lock, os.O_RDONLY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            return False
+        except BlockingIOError:
+            return True
+        finally:
+            os.close(fd)
+
+    @staticmethod
+    def _meta(db: Database, mode: str | None, threshold: int | None) -> dict[str, str]:
+        with db.tx() as conn:
+            conn.execute("CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT)")
+            rows = dict(conn.execute("SELECT name, value FROM meta").fetchall())
+            if not rows:
+                rows = {
+                    "mode": mode or "dual-tier",
+                    "threshold": str(threshold or DEFAULT_THRESHOLD),
+                }
+                if rows["mode"] not in ("dual-tier", "kv-only"):
+                    raise Invalid(f"unknown mode {rows['mode']!r}")
+                conn.executemany("INSERT INTO meta VALUES (?, ?)", rows.items())
+        return rows
+
+    def close(self) -> None:
+        if self.db is not None:
+            self.db.close()
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- puts -----------------------------------------------------------------
+    def put(
+        self,
+        source: Source,
+        length: int | None = None,
+        algo: Algorithm = Algorithm.SHA256,
+        expect: Key | None = None,
+    ) -> PutResult:
+        """Store a stream; returns the key and a pin the caller releases once the
+        object's name is published. Nothing is left behind when it fails."""
+        if expect is not None and expect.algo is not algo:
+            raise Invalid("the expected key has another algorithm")
+        spill = self.mode == "dual-tier"
+        if length is not None and length > self.threshold and self.mode == "kv-only":
+            raise TooLarge(f"{length} bytes is over the kv-only threshold {self.threshold}")
+        hasher = algo.hasher()
+        buf = bytearray()
+        head = b""
+        total = 0
+        staging: Path | None = None
+        fd = -1
+        try:
+            for chunk in _chunks(source):
+                if not chunk:
+                    continue
+                total += len(chunk)
+                if length is not None and total > length:
+                    raise Verification(f"more bytes than the declared length {length}")
+                if len(head) < MAX_HEADER:
+                    head += chunk[: MAX_HEADER - len(head)]
+                hasher.update(chunk)
+                if staging is None:
+                    buf += chunk
+                    if len(buf) > self.threshold:
+                        if self.mode == "kv-only":
+                            raise TooLarge(f"over the kv-only threshold {self.threshold}")
+                        if spill:
+                            assert self.large is not None
+                            staging, fd = self.large.new_staging()
+                            _write_all(fd, buf)
+                            buf = bytearray()
+                else:
+                    _write_all(fd, chunk)
+            if length is not None and total != length:
+                raise Verification(f"{total} bytes where {length} were declared")
+            if algo.is_git:
+                check_canonical(head, total)
+            key = Key.of(algo, hasher.digest())
+            if expect is not None and key != expect:
+                raise Verification(f"the content hashes to {key}, not {expect}")
+            if staging is not None:
+                os.fsync(fd)
+                os.close(fd)
+                fd = -1
+            pin = self.arbiter.acquire(key)  # pin before publish
+            try:
+                stamp = now_ns()
+                if staging is not None:
+                    assert self.large is not None
+                    created = self.large.publish(key.raw, staging, stamp)
+                    staging = None
+                else:
+                    created = self.kv.put(key.raw, bytes(buf), stamp)
+            except BaseException:
+                pin.release()
+                raise
+            return PutResult(key, pin, created)
+        except OSError as exc:
+            raise StoreIO(f"the large tier failed: {exc}") from exc
+        finally:
+            if fd >= 0:
+                os.close(fd)
+            if staging is not None and self.large is not None:
+                self.large.discard(staging)
+
+    def add(self, data: Source, algo: Algorithm = Algorithm.SHA256) -> Key:
+        """Store and release the pin at once: the object lives while something keeps it."""
+        result = self.put(data, algo=algo)
+        result.pin.release()
+        return result.key
+
+    def pin(self, key: Key) -> Pin:
+        """An in-process pin (waits out an in-flight delete of this key)."""
+        return self.arbiter.acquire(key)
+
+    def freshen(self, key: Key) -> bool:
+        """Count the object as written now (a staged delete of it will be cancelled)."""
+        stamp = now_ns()
+        if self.kv.freshen(key.raw, stamp):
+            return True
+        return self.large is not None and self.large.freshen(key.raw, stamp)
+
+    # -- metadata ---------------------------------------------------------------
+    def _entry(self, key: bytes) -> tuple[Entry, str] | None:
+        e = self.kv.stat(key)
+        if e is not None:
+            return e, self.kv.name
+        if self.large is not None:
+            e = self.large.stat(key)
+            if e is not None:
+                return e, "large"
+        return None
+
+    def stat(self, key: Key) -> ObjectStat | None:
+        found = self._entry(key.raw)
+        if found is None:
+            return None
+        e, tier = found
+        return ObjectStat(key, e.size, tier, e.stored_ns)
+
+    def has(self, key: Key) -> bool:
+        return self._entry(key.raw) is not None
+
+    def written_since(self, key: bytes, since_ns: int) -> bool:
+        found = self._entry(key)
+        return found is not None and found[0].stored_ns > since_ns
+
+    def list(
+        self, after: Key | None = None, limit: int = 1000, algo: Algorithm | None = None
+    ) -> list[ObjectStat]:
+        """Objects in key order after `after`, at most `limit` (resume from the last one)."""
+        lo = after.raw if after is not None else (bytes([algo.value]) if algo else b"")
+        if algo is not None and lo < bytes([algo.value]):
+            lo = bytes([algo.value])
+        hi = bytes([algo.value + 1]) if algo is not None else b"\xff"
+        rows = [(e, self.kv.name) for e in self.kv.scan(lo, hi, limit)]
+        if self.large is not None:
+            rows += [(e, "large") for e in self.large.scan(lo, hi, limit)]
+            rows.sort(key=lambda r: r[0].key)
+        return [ObjectStat(Key(e.key), e.size, t, e.stored_ns) for e, t in rows[:limit]]
+
+    def iter_keys(self) -> Iterator[bytes]:
+        """Every stored key (raw), unordered across tiers: the mark scan."""
+        if isinstance(self.kv, SqliteTier):
+            yield from self.kv.iter_keys()
+        else:
+            yield from self.kv.keys()
+        if self.large is not None:
+            yield from self.large.iter_keys()
+
+    def counts(self) -> dict[str, dict[str, int]]:
+        out = {a.label: {"count": 0, "bytes": 0, "kv": 0, "large": 0} for a in Algorithm}
+        if isinstance(self.kv, SqliteTier):
+            rows = self.kv.db.execute(
+                "SELECT substr(key, 1, 1), count(*), coalesce(sum(size), 0) FROM blobs GROUP BY 1"
+            ).fetchall()
+            for b, n, size in rows:
+                c = out[Algorithm(b[0]).label]
+                c["count"] += n
+                c["bytes"] += size
+                c["kv"] += n
+        else:
+            for k in self.kv.keys():
+                c = out[Algorithm(k[0]).label]
+                e = self.kv.stat(k)
+                c["count"] += 1
+                c["kv"] += 1
+                c["bytes"] += e.size if e else 0
+        if self.large is not None:
+            after = b""
+            while page := self.large.scan(after, b"\xff", 4096):
+                for e in page:
+                    c = out[Algorithm(e.key[0]).label]
+                    c["count"] += 1
+                    c["large"] += 1
+                    c["bytes"] += e.size
+                after = page[-1].key
+        return out
+
+    # -- verified reads -----------------------------------------------------------
+    def _check(self, key: Key, data: bytes) -> bytes:
+        if Key.derive(key.algo, data) != key:
+            self._mark_corrupt(key)
+            raise Corrupt(f"{key}: stored bytes do not hash to the key")
+        return data
+
+    def _mark_corrupt(self, key: Key) -> None:
+        if key.raw not in self.corrupt:
+            self.log.error("corrupt object %s: stored bytes do not hash to the key", key)
+        self.corrupt.add(key.raw)
+
+    def large_path(self, key: Key) -> Path | None:
+        if self.large is None:
+            return None
+        return self.large.path(key.raw)
+
+    def kv_value(self, key: Key) -> bytes | None:
+        """The kv tier's bytes for `key`, unverified (callers verify)."""
+        return self.kv.read(key.raw)
+
+    def get(self, key: Key) -> bytes | None:
+        """The object's bytes, verified; None when absent; Corrupt when they do not hash."""
+        data = self.kv.read(key.raw)
+        if data is not None:
+            return self._check(key, data)
+        if self.large is None:
+            return None
+        path = self.large.path(key.raw)
+        try:
+            with open(path, "rb") as f:
+                st = os.fstat(f.fileno())
+                if self.is_verified(key, st):
+                    return f.read()
+                data = f.read()
+        except FileNotFoundError:
+            return None
+        self._check(key, data)
+        self.remember_verified(key, st)
+        return data
+
+    @staticmethod
+    def _identity(st: os.stat_result) -> tuple[int, int, int, int]:
+        return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+    def is_verified(self, key: Key, st: os.stat_result) -> bool:
+        """Whether this very file (same inode, size, mtime and ctime) was already verified."""
+        return self._verified.get(key.raw) == self._identity(st)
+
+    def remember_verified(self, key: Key, st: os.stat_result) -> None:
+        with self._vlock:
+            self._verified[key.raw] = self._identity(st)
+            self.corrupt.discard(key.raw)
+
+    def verify_file(self, key: Key, path: Path) -> None:
+        """Hash a large-tier file in streaming fashion; Corrupt on mismatch."""
+        with open(path, "rb") as f:
+            st = os.fstat(f.fileno())
+            if self.is_verified(key, st):
+                return
+            h = key.algo.hasher()
+            while chunk := f.read(CHUNK):
+                h.update(chunk)
+        if h.digest() != key.digest:
+            self._mark_corrupt(key)
+            raise Corrupt(f"{key}: stored bytes do not hash to the key")
+        self.remember_verified(key, st)
+
+    def read_range(self, key: Key, offset: int, length: int) -> tuple[bytes, str] | None:
+        """A verified slice and the SHA-256 hex of exactly that slice; None when absent."""
+        if offset < 0 or length < 0:
+            raise Invalid("negative offset or length")
+        data = self.kv.read(key.raw)
+        if data is not None:
+            piece = self._check(key, data)[offset : offset + length]
+        else:
+            path = self.large_path(key)
+            if path is None:
+                return None
+            try:
+                self.verify_file(key, path)
+                with open(path, "rb") as f:
+                    piece = os.pread(f.fileno(), length, offset)
+                    if not self.is_verified(key, os.fstat(f.fileno())):
+                        raise Corrupt(f"{key}: the file changed while it was read")
+            except FileNotFoundError:
+                return None
+        return piece, hashlib.sha256(piece).hexdigest()
+
+    def verify(self, progress: Callable[[int], None] | None = None) -> list[Key]:
+        """Re-hash every object (ignoring what was remembered); returns the corrupt ones."""
+        self._verified.clear()
+        bad: list[Key] = []
+        for n, raw in enumerate(self.iter_keys(), 1):
+            key = Key(raw)
+            try:
+                if self.get(key) is None:
+                    continue
+            except Corrupt:
+                bad.append(key)
+            if progress is not None:
+                progress(n)
+        return sorted(bad)
+
+    # -- GC -------------------------------------------------------------------------
+    def register_source(self, source: LivenessSource) -> int:
+        return self.arbiter.register_source(source)
+
+    def register_protect(self, callback: ProtectCallback) -> int:
+        return self.arbiter.register_protect(callback)
+
+    def unregister(self, token: int) -> bool:
+        return self.arbiter.unregister(token)
+
+    def sweep(self, window_s: float | None = None) -> SweepReport:
+        return sweep(self, None if window_s is None else int(window_s * 1e9))
+
+    def engine_delete(self, key: bytes) -> int | None:
+        """Remove from whichever tier holds it: bytes freed, or None if it was absent."""
+        freed = self.kv.delete(key)
+        if freed is None and self.large is not None:
+            freed = self.large.delete(key)
+        return freed
+
+    def on_deleted(self, key: bytes) -> None:
+        with self._vlock:
+            self._verified.pop(key, None)
+            self.corrupt.discard(key)
+        for hook in self.deleted_hooks:
+            try:
+                hook(key)
+            except Exception:
+                self.log.exception("a deletion hook failed for %s", Key(key))
+
+    def delete(self, key: Key) -> bool:
+        """Delete now, unless something protects it (Refused). False if it was absent."""
+        try:
+            protected = {
+                k.raw if isinstance(k, Key) else bytes(k)
+                for cb in self.arbiter.protects()
+                for k in cb()
+            }
+        except Exception as exc:
+            raise Refused(f"{key}: a protect source failed; not deleted") from exc
+        if not self.arbiter.arbitrate(key, protected):
+            raise Refused(f"{key} is protected (pinned or live)")
+        try:
+            freed = self.engine_delete(key.raw)
+        finally:
+            self.arbiter.conclude(key)
+        if freed is not None:
+            self.on_deleted(key.raw)
+        return freed is not None
+
+
+def _write_all(fd: int, data: bytes | bytearray) -> None:
+    view = memoryview(data)
+    while view:
+        n = os.write(fd, view)
+        view = view[n:]

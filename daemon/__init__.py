@@ -1,0 +1,1 @@
+"""alkfsd: the FUSE daemon."""
