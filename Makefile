@@ -19,7 +19,6 @@ apt:
 	fi
 
 $(STAMP): pyproject.toml | apt
-	@$(MAKE) --no-print-directory apt
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[dev]'
