@@ -1,0 +1,186 @@
+"""The ref-closure liveness source: every object reachable from any ref of any repository.
+
+The walk follows commits (tree and every parent), trees (every entry except
+gitlinks) and tags (their target). A missing or corrupt object stops its own
+branch, never the walk. Blobs are never read: a tree entry names its kind.
+
+The memo is keyed on the refs snapshot's fingerprint, so an unchanged set of
+refs costs one ordered read, not a walk. `contains` runs under the store's
+arbitration lock and answers only from the memo: live when the memo is cold,
+live when `write_counter` moved since the memo was built (a ref write may have
+landed after the mark), exact otherwise. The counter is read *before* the
+snapshot and every write bumps it *after* its commit, so a write straddling a
+mark always answers live.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
+
+from ..errors import AlkfsError
+from ..keys import Algorithm, Key
+from ..tiers.sqlite import SqliteTier
+from .objects import _ENTRY
+from .refs import Refs, oid_key
+
+if TYPE_CHECKING:
+    from ..store import Store
+
+FETCH_BATCH = 500
+_FORMAT = {Algorithm.GIT_SHA1: "sha1", Algorithm.GIT_SHA256: "sha256"}
+
+
+class Walker:
+    """Reads git objects from the store in batches (verified) and walks their closure."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    def _fetch(self, algo: Algorithm, ids: list[bytes]) -> dict[bytes, bytes]:
+        """raw id -> verified canonical bytes, for the ids that are stored and sound."""
+        store = self.store
+        prefix = bytes([algo.value])
+        out: dict[bytes, bytes] = {}
+        hasher = algo.hasher
+        kv = store.kv
+        if isinstance(kv, SqliteTier):
+            conn = kv.db.conn()
+            for i in range(0, len(ids), FETCH_BATCH):
+                chunk = ids[i : i + FETCH_BATCH]
+                marks = ",".join("?" * len(chunk))
+                rows = conn.execute(
+                    f"SELECT key, value FROM blobs WHERE key IN ({marks})",
+                    [prefix + x for x in chunk],
+                ).fetchall()
+                for key, value in rows:
+                    h = hasher()
+                    h.update(value)
+                    if h.digest() == key[1:]:
+                        out[key[1:]] = bytes(value)
+                    else:
+                        self._get(Key(bytes(key)))  # records the corruption
+        missing = [x for x in ids if x not in out]
+        for x in missing:
+            data = self._get(Key(prefix + x))
+            if data is not None:
+                out[x] = data
+        return out
+
+    def _get(self, key: Key) -> bytes | None:
+        try:
+            return self.store.get(key)
+        except AlkfsError:
+            return None
+
+    def closure(self, tips: Iterable[Key]) -> set[bytes]:
+        """Raw keys of every object reachable from `tips` (git keys only; others are ignored).
+
+        Blob keys are included as named by their trees, whether stored or not;
+        every other key is included only if its object was read."""
+        by_algo: dict[Algorithm, set[bytes]] = {}
+        for key in tips:
+            if key.algo.is_git:
+                by_algo.setdefault(key.algo, set()).add(key.digest)
+        live: set[bytes] = set()
+        for algo, ids in by_algo.items():
+            prefix = bytes([algo.value])
+            live.update(prefix + x for x in self._walk(algo, ids))
+        return live
+
+    def _walk(self, algo: Algorithm, tips: set[bytes]) -> set[bytes]:
+        entry = _ENTRY[_FORMAT[algo]]
+        hexlen = algo.hex_len
+        seen: set[bytes] = set()  # read (or named as a blob): never visited again
+        found: set[bytes] = set()  # the closure
+        frontier = set(tips)
+        while frontier:
+            frontier -= seen
+            if not frontier:
+                break
+            seen |= frontier
+            objects = self._fetch(algo, list(frontier))
+            nxt: set[bytes] = set()
+            blobs: list[bytes] = []
+            for oid, data in objects.items():
+                found.add(oid)
+                nul = data.find(b"\0")
+                kind = data[: data.find(b" ")]
+                if kind == b"tree":
+                    for mode, child in entry.findall(data, nul + 1):
+                        if mode == b"40000":
+                            nxt.add(child)
+                        elif mode != b"160000":
+                            blobs.append(child)
+                elif kind == b"commit":
+                    # header lines: "tree <hex>", then "parent <hex>"...
+                    pos = nul + 1
+                    while (end := data.find(b"\n", pos)) >= 0:
+                        line = data[pos:end]
+                        if line.startswith(b"tree ") or line.startswith(b"parent "):
+                            h = line[line.find(b" ") + 1 :]
+                            if len(h) == hexlen:
+                                try:
+                                    nxt.add(bytes.fromhex(h.decode("ascii")))
+                                except (ValueError, UnicodeDecodeError):
+                                    pass
+                            pos = end + 1
+                        else:
+                            break
+                elif kind == b"tag":
+                    line_end = data.find(b"\n", nul + 1)
+                    line = data[nul + 1 : line_end]
+                    if line.startswith(b"object "):
+                        try:
+                            nxt.add(bytes.fromhex(line[7:].decode("ascii")))
+                        except (ValueError, UnicodeDecodeError):
+                            pass
+            if blobs:
+                new_blobs = set(blobs) - seen
+                seen |= new_blobs
+                found |= new_blobs
+            frontier = nxt
+        return found
+
+
+class RefClosure:
+    """The refs liveness source (register it with `store.register_source`)."""
+
+    def __init__(self, store: Store, refs: Refs) -> None:
+        self.store = store
+        self.refs = refs
+        self.walker = Walker(store)
+        self.builds = 0  # how many walks ran (a memo hit runs none)
+        self._memo: tuple[str, int, set[bytes]] | None = None  # fingerprint, counter, keys
+        self._lock = threading.Lock()
+
+    def _counter(self) -> int:
+        return self.refs.write_counter
+
+    def live_keys(self) -> set[bytes]:
+        counter = self._counter()  # before the snapshot: see the module docstring
+        rows, fingerprint = self.refs.snapshot()
+        with self._lock:
+            memo = self._memo
+            if memo is not None and memo[0] == fingerprint:
+                self._memo = (fingerprint, counter, memo[2])
+                return memo[2]
+        tips = [k for k in (oid_key(oid) for _r, _n, oid in rows) if k is not None]
+        keys = self.walker.closure(tips)
+        with self._lock:
+            self.builds += 1
+            self._memo = (fingerprint, counter, keys)
+        return keys
+
+    def contains(self, key: bytes) -> bool:
+        return memo_contains(self._memo, key, self._counter)
+
+
+def memo_contains(
+    memo: tuple[str, int, set[bytes]] | None, key: bytes, counter: Callable[[], int]
+) -> bool:
+    """The shared arbitration answer: cold → live, hit → live, miss → live iff the counter moved."""
+    if memo is None or key in memo[2]:
+        return True
+    return counter() != memo[1]

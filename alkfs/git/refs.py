@@ -1,0 +1,327 @@
+"""Repositories and their refs: compare-and-swap updates over co-tenant tables in store.db.
+
+A ref may only point at an object that is in the store: each update pins its
+new object (waiting out an in-flight delete), checks it is present, commits,
+bumps `write_counter`, and only then releases the pins, all so that a sweep
+never sees the new object as neither pinned nor possibly live.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import re
+import threading
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from ..db import now_ns
+from ..errors import Exists, Invalid, Missing
+from ..keys import Algorithm, Key, is_hex
+from .objects import FORMATS
+from .tables import Tables
+
+if TYPE_CHECKING:
+    from ..store import Store
+
+REPO_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}\Z")
+DEFAULT_HEAD = "refs/heads/main"
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS git_repos (
+    id TEXT PRIMARY KEY,
+    object_format TEXT NOT NULL,
+    head TEXT NOT NULL,
+    created_ns INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS git_refs (
+    repo TEXT NOT NULL,
+    name TEXT NOT NULL,
+    oid TEXT NOT NULL,
+    PRIMARY KEY (repo, name)
+) WITHOUT ROWID;
+"""
+
+
+class _Any(enum.Enum):
+    ANY = "ANY"
+
+    def __repr__(self) -> str:
+        return "ANY"
+
+
+ANY = _Any.ANY
+"""RefUpdate.old when the update applies whatever the ref holds now."""
+
+
+@dataclass(frozen=True)
+class Repo:
+    id: str
+    object_format: str  # "sha1" | "sha256"
+    created_ns: int
+
+    @property
+    def algo(self) -> Algorithm:
+        return algo_of(self.object_format)
+
+
+@dataclass
+class RefUpdate:
+    """One CAS: `old=None` means must not exist, `old=ANY` means whatever; `new=None` deletes."""
+
+    name: str
+    new: str | None
+    old: str | None | _Any = ANY
+
+
+@dataclass
+class Outcome:
+    name: str
+    ok: bool
+    reason: (
+        str | None
+    )  # stale, missing-object, invalid-name, exists, missing-ref, atomic-sibling-failed
+
+
+def algo_of(object_format: str) -> Algorithm:
+    if object_format == "sha1":
+        return Algorithm.GIT_SHA1
+    if object_format == "sha256":
+        return Algorithm.GIT_SHA256
+    raise Invalid(f"unknown object format {object_format!r}")
+
+
+def oid_key(oid: str) -> Key | None:
+    """The store key of a hex object id (40 digits: git-sha1, 64: git-sha256); None if malformed."""
+    if is_hex(oid, 40):
+        return Key.from_hex(Algorithm.GIT_SHA1, oid)
+    if is_hex(oid, 64):
+        return Key.from_hex(Algorithm.GIT_SHA256, oid)
+    return None
+
+
+_BAD_REF_CHARS = re.compile(r"[\x00-\x20\x7f~^:?*\[\\]")
+
+
+def valid_ref_name(name: str) -> bool:
+    """Whether `git check-ref-format` accepts `name` (at least two components)."""
+    if not name or name == "@" or "/" not in name:
+        return False
+    if _BAD_REF_CHARS.search(name) or ".." in name or "@{" in name:
+        return False
+    if name.endswith(".") or name.endswith("/") or name.startswith("/"):
+        return False
+    for part in name.split("/"):
+        if not part or part.startswith(".") or part.endswith(".lock"):
+            return False
+    return True
+
+
+def valid_repo_id(repo_id: str) -> bool:
+    return isinstance(repo_id, str) and REPO_ID.match(repo_id) is not None
+
+
+class _Rollback(Exception):
+    pass
+
+
+class Refs:
+    """Every repository's refs; each change is one transaction of the store's database."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.tables = Tables(store, SCHEMA)
+        self.write_counter = 0
+        self._counter_lock = threading.Lock()
+
+    def _bump(self) -> None:
+        with self._counter_lock:
+            self.write_counter += 1
+
+    # -- repositories -----------------------------------------------------------
+    def create_repo(self, repo_id: str, object_format: str = "sha1") -> Repo:
+        if not valid_repo_id(repo_id):
+            raise Invalid(f"invalid repository id {repo_id!r}")
+        if object_format not in FORMATS:
+            raise Invalid(f"unknown object format {object_format!r}")
+        repo = Repo(repo_id, object_format, now_ns())
+        with self.tables.tx() as conn:
+            cur = conn.execute(
+                "INSERT OR IGNORE INTO git_repos (id, object_format, head, created_ns) "
+                "VALUES (?, ?, ?, ?)",
+                (repo.id, repo.object_format, DEFAULT_HEAD, repo.created_ns),
+            )
+            if cur.rowcount != 1:
+                raise Exists(f"repository {repo_id!r} exists")
+        return repo
+
+    def delete_repo(self, repo_id: str) -> None:
+        """Delete the repository and its refs (what they kept becomes sweep candidates)."""
+        with self.tables.tx() as conn:
+            cur = conn.execute("DELETE FROM git_repos WHERE id = ?", (repo_id,))
+            if cur.rowcount != 1:
+                raise Missing(f"no repository {repo_id!r}")
+            conn.execute("DELETE FROM git_refs WHERE repo = ?", (repo_id,))
+        self._bump()
+
+    def repos(self) -> list[Repo]:
+        rows = self.tables.read("SELECT id, object_format, created_ns FROM git_repos ORDER BY id")
+        return [Repo(*row) for row in rows]
+
+    def repo(self, repo_id: str) -> Repo:
+        rows = self.tables.read(
+            "SELECT id, object_format, created_ns FROM git_repos WHERE id = ?", (repo_id,)
+        )
+        if not rows:
+            raise Missing(f"no repository {repo_id!r}")
+        return Repo(*rows[0])
+
+    def head(self, repo_id: str) -> str:
+        rows = self.tables.read("SELECT head FROM git_repos WHERE id = ?", (repo_id,))
+        if not rows:
+            raise Missing(f"no repository {repo_id!r}")
+        return rows[0][0]
+
+    def set_head(self, repo_id: str, target: str) -> None:
+        """Point the symbolic HEAD at `target` (a ref name under refs/, which may be unborn)."""
+        if not valid_ref_name(target) or not target.startswith("refs/"):
+            raise Invalid(f"invalid HEAD target {target!r}")
+        with self.tables.tx() as conn:
+            cur = conn.execute("UPDATE git_repos SET head = ? WHERE id = ?", (target, repo_id))
+            if cur.rowcount != 1:
+                raise Missing(f"no repository {repo_id!r}")
+
+    # -- refs ---------------------------------------------------------------------
+    def refs(self, repo_id: str, prefix: str = "") -> dict[str, str]:
+        """name -> lowercase hex oid, sorted by name, of the refs starting with `prefix`."""
+        self.repo(repo_id)
+        if prefix:
+            rows = self.tables.read(
+                "SELECT name, oid FROM git_refs WHERE repo = ? AND substr(name, 1, ?) = ? "
+                "ORDER BY name",
+                (repo_id, len(prefix), prefix),
+            )
+        else:
+            rows = self.tables.read(
+                "SELECT name, oid FROM git_refs WHERE repo = ? ORDER BY name", (repo_id,)
+            )
+        return dict(rows)
+
+    def get(self, repo_id: str, name: str) -> str | None:
+        rows = self.tables.read(
+            "SELECT oid FROM git_refs WHERE repo = ? AND name = ?", (repo_id, name)
+        )
+        if rows:
+            return rows[0][0]
+        self.repo(repo_id)
+        return None
+
+    def snapshot(self) -> tuple[list[tuple[str, str, str]], str]:
+        """Every (repo, name, oid) ordered by repo then name, and a fingerprint of exactly that."""
+        rows = self.tables.read("SELECT repo, name, oid FROM git_refs ORDER BY repo, name")
+        h = hashlib.sha256()
+        for repo, name, oid in rows:
+            h.update(f"{repo}\0{name}\0{oid}\n".encode())
+        return [tuple(r) for r in rows], h.hexdigest()
+
+    def update(self, repo_id: str, updates: list[RefUpdate], atomic: bool = True) -> list[Outcome]:
+        """Apply compare-and-swap updates in order, in one transaction.
+
+        atomic: any denial leaves every ref as it was (the others are denied with
+        "atomic-sibling-failed"); otherwise the good updates apply. Missing if the
+        repository does not exist."""
+        repo = self.repo(repo_id)
+        algo = repo.algo
+        outcomes: list[Outcome | None] = [None] * len(updates)
+        store = self.store
+        held = store.arbiter.batch()
+        committed = False
+        try:
+            for i, u in enumerate(updates):
+                if not valid_ref_name(u.name) or not u.name.startswith("refs/"):
+                    outcomes[i] = Outcome(u.name, False, "invalid-name")
+                elif u.new is not None:
+                    if not is_hex(u.new, algo.hex_len):
+                        outcomes[i] = Outcome(u.name, False, "missing-object")
+                        continue
+                    key = Key.from_hex(algo, u.new)
+                    held.add(store.pin(key))  # pin, then look: a delete cannot slip between
+                    if not store.has(key):
+                        outcomes[i] = Outcome(u.name, False, "missing-object")
+            if atomic and any(o is not None for o in outcomes):
+                return _atomic_fail(updates, outcomes)
+            try:
+                with self.tables.tx() as conn:
+                    if (
+                        conn.execute("SELECT 1 FROM git_repos WHERE id = ?", (repo_id,)).fetchone()
+                        is None
+                    ):
+                        raise Missing(f"no repository {repo_id!r}")
+                    for i, u in enumerate(updates):
+                        if outcomes[i] is not None:
+                            continue
+                        reason = _apply(conn, repo_id, u)
+                        outcomes[i] = Outcome(u.name, reason is None, reason)
+                        if reason is not None and atomic:
+                            raise _Rollback
+                    committed = any(o is not None and o.ok for o in outcomes)
+            except _Rollback:
+                return _atomic_fail(updates, outcomes)
+        finally:
+            # The counter moves after the commit and before the pins go, in one locked step.
+            held.release(self._bump if committed else None)
+        return [o for o in outcomes if o is not None]
+
+
+def _atomic_fail(updates: list[RefUpdate], outcomes: list[Outcome | None]) -> list[Outcome]:
+    return [
+        o if o is not None and not o.ok else Outcome(u.name, False, "atomic-sibling-failed")
+        for u, o in zip(updates, outcomes, strict=True)
+    ]
+
+
+def _apply(conn, repo_id: str, u: RefUpdate) -> str | None:
+    row = conn.execute(
+        "SELECT oid FROM git_refs WHERE repo = ? AND name = ?", (repo_id, u.name)
+    ).fetchone()
+    current = None if row is None else row[0]
+    if current is None:
+        if isinstance(u.old, str) or u.new is None:
+            return "missing-ref"
+        if _conflicts(conn, repo_id, u.name):
+            return "exists"
+        conn.execute(
+            "INSERT INTO git_refs (repo, name, oid) VALUES (?, ?, ?)", (repo_id, u.name, u.new)
+        )
+        return None
+    if u.old is None:
+        return "exists"
+    if isinstance(u.old, str) and u.old != current:
+        return "stale"
+    if u.new is None:
+        conn.execute("DELETE FROM git_refs WHERE repo = ? AND name = ?", (repo_id, u.name))
+    else:
+        conn.execute(
+            "UPDATE git_refs SET oid = ? WHERE repo = ? AND name = ?", (u.new, repo_id, u.name)
+        )
+    return None
+
+
+def _conflicts(conn, repo_id: str, name: str) -> bool:
+    """A ref that is a directory of `name`, or below it (git's D/F conflict)."""
+    parts = name.split("/")
+    prefixes = ["/".join(parts[:i]) for i in range(1, len(parts))]
+    marks = ",".join("?" * len(prefixes))
+    if conn.execute(
+        f"SELECT 1 FROM git_refs WHERE repo = ? AND name IN ({marks}) LIMIT 1",
+        (repo_id, *prefixes),
+    ).fetchone():
+        return True
+    below = name + "/"
+    return (
+        conn.execute(
+            "SELECT 1 FROM git_refs WHERE repo = ? AND name > ? AND name < ? LIMIT 1",
+            (repo_id, below, name + "0"),
+        ).fetchone()
+        is not None
+    )

@@ -1,0 +1,55 @@
+"""Co-tenant tables in the store's sqlite file (a private in-memory database in mem mode).
+
+Refs, repositories and durable pins live beside the kv blobs and the delete
+window, so each of their changes is one transaction of the store's own file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+import pysqlite3.dbapi2 as sqlite3
+
+if TYPE_CHECKING:
+    from ..store import Store
+
+
+class Tables:
+    """`tx()` is one write transaction (BEGIN IMMEDIATE); `read(sql, params)` a consistent read."""
+
+    def __init__(self, store: Store, schema: str) -> None:
+        self._db = store.db
+        self._mem: sqlite3.Connection | None = None
+        self._lock = threading.RLock()
+        if self._db is None:
+            self._mem = sqlite3.connect(":memory:", isolation_level=None, check_same_thread=False)
+            self._mem.executescript(schema)
+        else:
+            self._db.conn().executescript(schema)
+
+    @contextlib.contextmanager
+    def tx(self) -> Iterator[sqlite3.Connection]:
+        if self._db is not None:
+            with self._db.tx() as conn:
+                yield conn
+            return
+        assert self._mem is not None
+        with self._lock:
+            self._mem.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._mem
+            except BaseException:
+                self._mem.execute("ROLLBACK")
+                raise
+            else:
+                self._mem.execute("COMMIT")
+
+    def read(self, sql: str, params: tuple | list = ()) -> list[tuple]:
+        if self._db is not None:
+            return self._db.execute(sql, params).fetchall()
+        assert self._mem is not None
+        with self._lock:
+            return self._mem.execute(sql, params).fetchall()

@@ -1,0 +1,157 @@
+"""Durable named pins (SPEC 3.5), and the liveness source they form.
+
+A pin names exactly one object and survives restarts. A pin on a git object
+keeps its whole closure (as a ref would); a pin on any other object keeps that
+object. `contains` answers from an in-memory memo (never I/O under the
+arbitration lock), conservatively live when the memo is cold or a pin write
+landed after the memo was built.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import threading
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from .db import now_ns
+from .errors import Exists, Invalid, Missing
+from .git.closure import Walker, memo_contains
+from .git.tables import Tables
+from .keys import Key
+
+if TYPE_CHECKING:
+    from .git.closure import RefClosure
+    from .store import Store
+
+PIN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}\Z")
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS pins (
+    name TEXT PRIMARY KEY,
+    key BLOB NOT NULL,
+    created_ns INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS pins_key ON pins (key);
+"""
+
+
+@dataclass(frozen=True)
+class PinRecord:
+    name: str
+    key: Key
+    created_ns: int
+
+
+def valid_pin_name(name: str) -> bool:
+    return isinstance(name, str) and PIN_NAME.match(name) is not None
+
+
+class Pins:
+    """The store's named pins; a liveness source (register it with `store.register_source`)."""
+
+    def __init__(self, store: Store, closure: RefClosure | Walker | None = None) -> None:
+        self.store = store
+        self.tables = Tables(store, SCHEMA)
+        if closure is None:
+            self.walker = Walker(store)
+        elif isinstance(closure, Walker):
+            self.walker = closure
+        else:
+            self.walker = closure.walker
+        self.write_counter = 0
+        self.builds = 0
+        self._memo: tuple[str, int, set[bytes]] | None = None
+        self._lock = threading.Lock()
+
+    def _bump(self) -> None:
+        with self._lock:
+            self.write_counter += 1
+
+    def _check_name(self, name: str) -> None:
+        if not valid_pin_name(name):
+            raise Invalid(f"invalid pin name {name!r}")
+
+    # -- the names -----------------------------------------------------------------
+    def pin(self, name: str, key: Key) -> PinRecord:
+        """Pin `key` as `name`: Missing if the object is absent, Exists if the name is
+        taken by another object; pinning the same object again is a no-op."""
+        self._check_name(name)
+        held = self.store.pin(key)  # waits out an in-flight delete of this key
+        wrote = False
+        try:
+            if not self.store.has(key):
+                raise Missing(f"{key} is not in the store")
+            with self.tables.tx() as conn:
+                row = conn.execute(
+                    "SELECT key, created_ns FROM pins WHERE name = ?", (name,)
+                ).fetchone()
+                if row is not None:
+                    if bytes(row[0]) != key.raw:
+                        raise Exists(f"the pin {name!r} names another object")
+                    return PinRecord(name, key, row[1])
+                record = PinRecord(name, key, now_ns())
+                conn.execute(
+                    "INSERT INTO pins (name, key, created_ns) VALUES (?, ?, ?)",
+                    (name, key.raw, record.created_ns),
+                )
+            wrote = True
+            return record
+        finally:
+            # The counter moves after the commit, in the same locked step that drops the pin.
+            self.store.arbiter.convert(held, self._bump if wrote else lambda: None)
+
+    def unpin(self, name: str) -> None:
+        with self.tables.tx() as conn:
+            if conn.execute("DELETE FROM pins WHERE name = ?", (name,)).rowcount != 1:
+                raise Missing(f"no pin {name!r}")
+        self._bump()
+
+    def rename(self, old: str, new: str) -> None:
+        self._check_name(new)
+        with self.tables.tx() as conn:
+            if conn.execute("SELECT 1 FROM pins WHERE name = ?", (old,)).fetchone() is None:
+                raise Missing(f"no pin {old!r}")
+            if old == new:
+                return
+            if conn.execute("SELECT 1 FROM pins WHERE name = ?", (new,)).fetchone() is not None:
+                raise Exists(f"the pin {new!r} exists")
+            conn.execute("UPDATE pins SET name = ? WHERE name = ?", (new, old))
+        self._bump()
+
+    def list(self) -> list[PinRecord]:
+        rows = self.tables.read("SELECT name, key, created_ns FROM pins ORDER BY name")
+        return [PinRecord(n, Key(bytes(k)), t) for n, k, t in rows]
+
+    def get(self, name: str) -> PinRecord | None:
+        rows = self.tables.read("SELECT name, key, created_ns FROM pins WHERE name = ?", (name,))
+        return None if not rows else PinRecord(rows[0][0], Key(bytes(rows[0][1])), rows[0][2])
+
+    def names_for(self, key: Key) -> list[str]:
+        rows = self.tables.read("SELECT name FROM pins WHERE key = ? ORDER BY name", (key.raw,))
+        return [n for (n,) in rows]
+
+    def __len__(self) -> int:
+        return self.tables.read("SELECT count(*) FROM pins")[0][0]
+
+    # -- the liveness source --------------------------------------------------------------
+    def live_keys(self) -> set[bytes]:
+        counter = self.write_counter  # before the read: a write that the read misses moves it
+        keys = sorted({bytes(k) for (k,) in self.tables.read("SELECT DISTINCT key FROM pins")})
+        fingerprint = hashlib.sha256(b"".join(keys)).hexdigest()
+        with self._lock:
+            memo = self._memo
+            if memo is not None and memo[0] == fingerprint:
+                self._memo = (fingerprint, counter, memo[2])
+                return memo[2]
+        git = [Key(k) for k in keys if Key(k).algo.is_git]
+        live = {k for k in keys if not Key(k).algo.is_git}
+        live |= self.walker.closure(git)
+        with self._lock:
+            self.builds += 1
+            self._memo = (fingerprint, counter, live)
+        return live
+
+    def contains(self, key: bytes) -> bool:
+        return memo_contains(self._memo, key, lambda: self.write_counter)
