@@ -1,0 +1,742 @@
+"""`alkfs`, the command line: the same commands on a running mount (`--mount`) or on a
+store no daemon holds (`--store`).
+
+Through a mount every command uses only the mount's files (objects, extended attributes,
+pin symlinks, repository directories, the control and status files), so it works for any
+user the mount lets in. On a store it opens the library directly and holds the store lock
+for the command's duration, so it never races a daemon.
+
+Exit status: 0 done, 1 refused or failed (one line on stderr saying why), 2 bad usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import errno
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import IO, Any, NoReturn, Protocol
+
+from . import __version__
+from .durations import format_duration, parse_duration
+from .errors import (
+    AlkfsError,
+    Corrupt,
+    Exists,
+    Invalid,
+    Missing,
+    NotEmpty,
+    Refused,
+    Stale,
+    StoreIO,
+    StoreLocked,
+)
+from .keys import Algorithm, Key
+
+CHUNK = 1 << 20
+PIN_XATTR = "user.alkfs.pin."
+ALGO_LABELS = [a.label for a in Algorithm]
+CREATING = {"put", "repo create", "git import"}  # the commands that may create a store
+
+
+class Usage(Exception):
+    """Bad usage found after parsing (exit 2)."""
+
+
+# -- one place that turns failures into one line --------------------------------------
+
+_ERRNO_CLASS: dict[int, type[AlkfsError]] = {
+    errno.ENOENT: Missing,
+    errno.EEXIST: Exists,
+    errno.EINVAL: Invalid,
+    errno.EPERM: Refused,
+    errno.EACCES: Refused,
+    errno.EROFS: Refused,
+    errno.ENOTSUP: Refused,
+    errno.ENOTEMPTY: NotEmpty,
+    errno.EAGAIN: Stale,
+    errno.EIO: StoreIO,
+}
+
+
+@contextlib.contextmanager
+def through(what: str, **meanings: str) -> Iterator[None]:
+    """Turn an OSError from the mount into the library's family, worded for `what`.
+
+    `meanings` words a specific errno by its name, e.g. ENOENT="no such object".
+    """
+    try:
+        yield
+    except OSError as exc:
+        name = errno.errorcode.get(exc.errno or 0, str(exc.errno))
+        cls = _ERRNO_CLASS.get(exc.errno or 0, StoreIO)
+        raise cls(f"{what}: {meanings.get(name) or exc.strerror} ({name})") from exc
+
+
+def explain(exc: BaseException) -> str:
+    """The one line a failure gets on stderr."""
+    if isinstance(exc, StoreLocked):
+        text = f"{exc}; work through its mount with --mount"
+    elif isinstance(exc, AlkfsError):
+        text = str(exc)
+    elif isinstance(exc, OSError):
+        where = exc.filename if exc.filename is not None else ""
+        text = f"{where}: {exc.strerror}" if where else str(exc.strerror or exc)
+    else:
+        text = f"unexpected {type(exc).__name__}: {exc}"
+    return " ".join(text.split())
+
+
+# -- small shared helpers -----------------------------------------------------------------
+
+
+def iso(ns: int) -> str:
+    return datetime.fromtimestamp(ns / 1e9, UTC).isoformat(timespec="microseconds")
+
+
+def progress_bar(desc: str, total: int | None = None, unit: str = "obj") -> Any:
+    """A tqdm bar on a terminal; silent (and free) otherwise."""
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=desc, unit=unit, disable=not sys.stderr.isatty(), leave=False)
+
+
+def open_input(name: str) -> IO[bytes]:
+    return sys.stdin.buffer if name == "-" else open(name, "rb")  # noqa: SIM115
+
+
+@contextlib.contextmanager
+def output(path: str | None) -> Iterator[IO[bytes]]:
+    """stdout, or a file that appears under its name only once complete."""
+    if path is None or path == "-":
+        yield sys.stdout.buffer
+        sys.stdout.buffer.flush()
+        return
+    target = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent or ".")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            yield f
+        os.chmod(tmp, 0o666 & ~_umask())
+        os.replace(tmp, target)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def key_arg(text: str) -> Key:
+    try:
+        return Key.parse(text)
+    except Invalid:
+        raise argparse.ArgumentTypeError(
+            f"not a key: {text!r} (use <algo>/<hex> or a bare sha256 or git-sha1 hex)"
+        ) from None
+
+
+def duration_arg(text: str) -> float:
+    try:
+        return parse_duration(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def key_from_link(target: str) -> Key:
+    """The key a pin symlink (`../objects/<algo>/<hex>`) points at."""
+    parts = target.rstrip("/").split("/")
+    if len(parts) < 2:
+        raise StoreIO(f"unexpected pin link {target!r}")
+    return Key.from_hex(Algorithm.from_label(parts[-2]), parts[-1])
+
+
+# -- the two targets --------------------------------------------------------------------
+
+
+class Target(Protocol):
+    def put(self, path: str, algo: Algorithm, pin: str | None) -> Key: ...
+    def get(self, key: Key, out: IO[bytes]) -> None: ...
+    def stat(self, key: Key) -> dict[str, Any]: ...
+    def pin(self, name: str, key: Key) -> None: ...
+    def unpin(self, name: str) -> None: ...
+    def pins(self) -> list[tuple[str, Key]]: ...
+    def repo_create(self, repo_id: str, object_format: str) -> None: ...
+    def repo_rm(self, repo_id: str) -> None: ...
+    def repo_list(self) -> list[tuple[str, str]]: ...
+    def git_import(self, gitdir: str, repo_id: str) -> None: ...
+    def sweep(self, window_s: float | None) -> dict[str, Any]: ...
+    def verify(self) -> list[str]: ...
+    def status(self) -> dict[str, Any]: ...
+    def close(self) -> None: ...
+
+
+class StoreTarget:
+    """The library on a store directory, holding its lock."""
+
+    def __init__(self, path: str, create: bool) -> None:
+        from .app import Alkfs
+        from .store import DB_NAME
+
+        root = Path(path)
+        if not create and not (root / DB_NAME).exists():
+            raise Missing(f"no store at {root}")
+        self.root = root
+        self.app = Alkfs.open(root)
+        self.store = self.app.store
+
+    def close(self) -> None:
+        self.app.close()
+
+    def _stat(self, key: Key):  # noqa: ANN202 - ObjectStat
+        st = self.store.stat(key)
+        if st is None:
+            raise Missing(f"{key}: no such object")
+        return st
+
+    def put(self, path: str, algo: Algorithm, pin: str | None) -> Key:
+        with open_input(path) as f:
+            result = self.store.put(f, algo=algo)
+        try:
+            if pin is not None:
+                self.app.pins.pin(pin, result.key)
+        finally:
+            result.pin.release()
+        return result.key
+
+    def get(self, key: Key, out: IO[bytes]) -> None:
+        st = self._stat(key)
+        if st.tier != "large":
+            data = self.store.get(key)
+            if data is None:
+                raise Missing(f"{key}: no such object")
+            out.write(data)
+            return
+        path = self.store.large_path(key)
+        assert path is not None
+        try:
+            self.store.verify_file(key, path)  # streams the hash; Corrupt on a mismatch
+            with open(path, "rb") as f:
+                if not self.store.is_verified(key, os.fstat(f.fileno())):
+                    raise Corrupt(f"{key}: the file changed while it was read")
+                shutil.copyfileobj(f, out, CHUNK)
+        except FileNotFoundError:
+            raise Missing(f"{key}: no such object") from None
+
+    def stat(self, key: Key) -> dict[str, Any]:
+        st = self._stat(key)
+        return {
+            "key": str(key),
+            "algorithm": key.algo.label,
+            "size": st.size,
+            "tier": st.tier,
+            "stored_at": iso(st.stored_ns),
+            "pins": sorted(self.app.pins.names_for(key)),
+        }
+
+    def pin(self, name: str, key: Key) -> None:
+        self._stat(key)
+        self.app.pins.pin(name, key)
+
+    def unpin(self, name: str) -> None:
+        self.app.pins.unpin(name)
+
+    def pins(self) -> list[tuple[str, Key]]:
+        return sorted((p.name, p.key) for p in self.app.pins.list())
+
+    def repo_create(self, repo_id: str, object_format: str) -> None:
+        self.app.refs.create_repo(repo_id, object_format)
+
+    def repo_rm(self, repo_id: str) -> None:
+        self.app.refs.delete_repo(repo_id)
+
+    def repo_list(self) -> list[tuple[str, str]]:
+        return sorted((r.id, r.object_format) for r in self.app.refs.repos())
+
+    def git_import(self, gitdir: str, repo_id: str) -> None:
+        from .git.importer import import_repo
+
+        with progress_bar(f"import {repo_id}") as bar:
+            import_repo(self.app, gitdir, repo_id, progress=_ticker(bar))
+
+    def sweep(self, window_s: float | None) -> dict[str, Any]:
+        return self.store.sweep(window_s).to_dict()
+
+    def verify(self) -> list[str]:
+        total = sum(c["count"] for c in self.store.counts().values())
+        with progress_bar("verify", total) as bar:
+            bad = self.store.verify(progress=_ticker(bar))
+        return [str(k) for k in bad]
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "version": __version__,
+            "store": {
+                "path": str(self.root.resolve()),
+                "mode": self.store.mode,
+                "threshold": self.store.threshold,
+                "window_s": self.store.window_ns / 1e9,
+            },
+            "objects": self.store.counts(),
+            "pins": len(self.app.pins.list()),
+            "repos": len(self.app.refs.repos()),
+            "sweeping": False,
+            "last_sweep": None,
+            "corrupt": sorted(str(Key(k)) for k in self.store.corrupt),
+        }
+
+
+def _ticker(bar: Any) -> Callable[..., None]:
+    """A progress callback for the library: called with a running count (or nothing)."""
+    last = [0]
+
+    def tick(n: int | None = None, *_: object) -> None:
+        if isinstance(n, int):
+            bar.update(n - last[0])
+            last[0] = n
+        else:
+            bar.update(1)
+
+    return tick
+
+
+class MountTarget:
+    """A running mount, through its files only."""
+
+    def __init__(self, path: str) -> None:
+        self.root = Path(path)
+        if not (self.root / ".alkfs" / "status").is_file():
+            raise Missing(f"{self.root} is not an alkfs mount (no .alkfs/status)")
+
+    def close(self) -> None:
+        pass
+
+    def obj(self, key: Key) -> Path:
+        return self.root / "objects" / key.algo.label / key.hex
+
+    def put(self, path: str, algo: Algorithm, pin: str | None) -> Key:
+        hasher = algo.hasher()
+        if pin is not None and algo is Algorithm.SHA256:
+            # A new file under /pins stores (sha256) and pins in one step: no unpinned moment.
+            dest = self.root / "pins" / pin
+            what = f"pins/{pin}"
+        else:
+            dest = self.root / "objects" / algo.label / f".put-{os.getpid()}-{os.urandom(6).hex()}"
+            what = f"put {path}"
+        with (
+            open_input(path) as src,
+            through(what, EEXIST="the pin name is taken", EIO="the mount refused the content"),
+        ):
+            fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o444)
+            try:
+                while chunk := src.read(CHUNK):
+                    hasher.update(chunk)
+                    view = memoryview(chunk)
+                    while view:
+                        view = view[os.write(fd, view) :]
+            finally:
+                os.close(fd)  # the object is stored (or refused) here
+        key = Key.of(algo, hasher.digest())
+        with through(f"{key}", ENOENT="the mount did not store the object"):
+            os.stat(self.obj(key))
+        if pin is not None and algo is not Algorithm.SHA256:
+            self.pin(pin, key)
+        return key
+
+    def get(self, key: Key, out: IO[bytes]) -> None:
+        with (
+            through(f"{key}", ENOENT="no such object", EIO="the object is corrupt"),
+            open(self.obj(key), "rb") as f,
+        ):
+            shutil.copyfileobj(f, out, CHUNK)
+
+    def stat(self, key: Key) -> dict[str, Any]:
+        path = self.obj(key)
+        with through(f"{key}", ENOENT="no such object"):
+            st = os.stat(path)
+            tier = os.getxattr(path, "user.alkfs.tier").decode()
+            pins = os.getxattr(path, "user.alkfs.pins").decode()
+        return {
+            "key": str(key),
+            "algorithm": key.algo.label,
+            "size": st.st_size,
+            "tier": tier,
+            "stored_at": iso(st.st_mtime_ns),
+            "pins": sorted(p for p in pins.split(",") if p),
+        }
+
+    def pin(self, name: str, key: Key) -> None:
+        with through(
+            f"pin {name}",
+            ENOENT=f"{key}: no such object",
+            EEXIST="the name already pins another object",
+            ENOTSUP="not a valid pin name",
+        ):
+            os.setxattr(self.obj(key), PIN_XATTR + name, b"")
+
+    def unpin(self, name: str) -> None:
+        with through(f"unpin {name}", ENOENT="no such pin"):
+            os.unlink(self.root / "pins" / name)
+
+    def pins(self) -> list[tuple[str, Key]]:
+        pins_dir = self.root / "pins"
+        out = []
+        with through("pins"):
+            names = os.listdir(pins_dir)
+        for name in names:
+            try:
+                target = os.readlink(pins_dir / name)
+            except FileNotFoundError:
+                continue  # unpinned while we listed
+            except OSError as exc:
+                with through(f"pins/{name}"):
+                    raise exc
+            out.append((name, key_from_link(target)))
+        return sorted(out)
+
+    def repo_create(self, repo_id: str, object_format: str) -> None:
+        repo = self.root / "repos" / repo_id
+        if object_format != "sha1":
+            raise Refused(
+                f"repo {repo_id}: a {object_format} repository can only be created with --store"
+                " (mkdir through the mount makes sha1 repositories)"
+            )
+        with through(
+            f"repo {repo_id}",
+            EEXIST="the repository exists",
+            EINVAL="not a valid repository id",
+        ):
+            os.mkdir(repo)
+
+    def repo_rm(self, repo_id: str) -> None:
+        repo = self.root / "repos" / repo_id
+        with through(f"repo {repo_id}", ENOENT="no such repository"):
+            os.stat(repo)
+            refs = repo / "refs"
+            for top, dirs, files in os.walk(refs, topdown=False):
+                for name in files:
+                    os.unlink(os.path.join(top, name))
+                for name in dirs:
+                    os.rmdir(os.path.join(top, name))
+            with contextlib.suppress(FileNotFoundError):
+                os.rmdir(refs)
+        with through(f"repo {repo_id}", ENOTEMPTY="refs were written while it was removed"):
+            os.rmdir(repo)
+
+    def repo_list(self) -> list[tuple[str, str]]:
+        repos = self.root / "repos"
+        out = []
+        with through("repos"):
+            names = os.listdir(repos)
+        for name in names:
+            try:
+                config = (repos / name / "config").read_text()
+            except FileNotFoundError:
+                continue  # removed while we listed
+            m = re.search(r"^\s*objectformat\s*=\s*(\S+)", config, re.IGNORECASE | re.MULTILINE)
+            out.append((name, m.group(1).lower() if m else "sha1"))
+        return sorted(out)
+
+    def git_import(self, gitdir: str, repo_id: str) -> None:
+        """git itself pushes every ref (with its objects) into the mounted repository."""
+        repo = self.root / "repos" / repo_id
+        if not repo.is_dir():
+            src_format = _git(gitdir, "rev-parse", "--show-object-format").strip()
+            self.repo_create(repo_id, src_format)
+        cmd = ["git", f"--git-dir={gitdir}", "push", "--quiet", "--mirror", str(repo)]
+        if sys.stderr.isatty():
+            cmd.insert(4, "--progress")
+        done = subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+        if done.returncode != 0:
+            raise StoreIO(f"git import: git push into {repo} failed (exit {done.returncode})")
+        head = _git(gitdir, "symbolic-ref", "-q", "HEAD", check=False).strip()
+        if head:
+            with through(f"repos/{repo_id}/HEAD"):
+                (repo / "HEAD").write_text(f"ref: {head}\n")
+
+    def control(self, command: str) -> None:
+        with through(
+            f"control {command.split()[0]}",
+            EINVAL="the daemon does not know this command",
+            EACCES="only the mount's owner may write the control file",
+        ):
+            fd = os.open(self.root / ".alkfs" / "control", os.O_WRONLY)
+            try:
+                os.write(fd, f"{command}\n".encode())
+            finally:
+                os.close(fd)
+
+    def sweep(self, window_s: float | None) -> dict[str, Any]:
+        self.control("sweep" if window_s is None else f"sweep {format_duration(window_s)}")
+        report = self.status().get("last_sweep")
+        if report is None:
+            raise StoreIO("sweep: the daemon reported no sweep")
+        return report
+
+    def verify(self) -> list[str]:
+        self.control("verify")
+        return list(self.status().get("corrupt", []))
+
+    def status(self) -> dict[str, Any]:
+        with through("status"):
+            text = (self.root / ".alkfs" / "status").read_text()
+        try:
+            return json.loads(text)
+        except ValueError as exc:
+            raise StoreIO(f"status: the daemon's status is not JSON: {exc}") from exc
+
+
+def _git(gitdir: str, *args: str, check: bool = True) -> str:
+    done = subprocess.run(
+        ["git", f"--git-dir={gitdir}", *args], capture_output=True, text=True, check=False
+    )
+    if check and done.returncode != 0:
+        raise Invalid(f"{gitdir}: not a git repository ({done.stderr.strip() or 'git failed'})")
+    return done.stdout
+
+
+# -- the commands ---------------------------------------------------------------------------
+
+
+def emit_json(obj: Any) -> None:
+    print(json.dumps(obj, indent=2))
+
+
+def cmd_put(t: Target, a: argparse.Namespace) -> int:
+    if a.pin is not None and len(a.files) > 1:
+        raise Usage("--pin names one object: give one FILE with it")
+    for name in a.files:
+        print(t.put(name, Algorithm.from_label(a.algo), a.pin), flush=True)
+    return 0
+
+
+def cmd_get(t: Target, a: argparse.Namespace) -> int:
+    with output(a.output) as out:
+        t.get(a.key, out)
+    return 0
+
+
+def cmd_stat(t: Target, a: argparse.Namespace) -> int:
+    emit_json(t.stat(a.key))
+    return 0
+
+
+def cmd_pin(t: Target, a: argparse.Namespace) -> int:
+    t.pin(a.name, a.key)
+    return 0
+
+
+def cmd_unpin(t: Target, a: argparse.Namespace) -> int:
+    t.unpin(a.name)
+    return 0
+
+
+def cmd_pins(t: Target, a: argparse.Namespace) -> int:
+    for name, key in t.pins():
+        print(f"{name} {key}")
+    return 0
+
+
+def cmd_repo_create(t: Target, a: argparse.Namespace) -> int:
+    t.repo_create(a.id, a.object_format)
+    return 0
+
+
+def cmd_repo_rm(t: Target, a: argparse.Namespace) -> int:
+    t.repo_rm(a.id)
+    return 0
+
+
+def cmd_repo_list(t: Target, a: argparse.Namespace) -> int:
+    for repo_id, fmt in t.repo_list():
+        print(f"{repo_id} {fmt}")
+    return 0
+
+
+def cmd_git_import(t: Target, a: argparse.Namespace) -> int:
+    if not Path(a.gitdir).is_dir():
+        raise Missing(f"{a.gitdir}: no such directory")
+    t.git_import(a.gitdir, a.repo)
+    return 0
+
+
+def cmd_sweep(t: Target, a: argparse.Namespace) -> int:
+    report = t.sweep(a.window)
+    emit_json(report)
+    return 0
+
+
+class VerifyFailed(AlkfsError):
+    """verify found corrupt objects (already listed on stdout)."""
+
+
+def cmd_verify(t: Target, a: argparse.Namespace) -> int:
+    bad = t.verify()
+    emit_json({"corrupt": bad})
+    if bad:
+        raise VerifyFailed(f"{len(bad)} corrupt object{'s' if len(bad) != 1 else ''}")
+    return 0
+
+
+def cmd_status(t: Target, a: argparse.Namespace) -> int:
+    emit_json(t.status())
+    return 0
+
+
+# -- parsing --------------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    target = argparse.ArgumentParser(add_help=False)
+    group = target.add_argument_group("target (default: $ALKFS_MOUNT or $ALKFS_STORE)")
+    group.add_argument(
+        "--mount", metavar="MNT", default=argparse.SUPPRESS, help="work through a running mount"
+    )
+    group.add_argument(
+        "--store",
+        metavar="DIR",
+        default=argparse.SUPPRESS,
+        help="work on a store no daemon holds",
+    )
+
+    p = argparse.ArgumentParser(
+        prog="alkfs", description="The alkfs command line.", parents=[target]
+    )
+    p.add_argument("--version", action="version", version=f"alkfs {__version__}")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    def command(parent: Any, name: str, handler: Callable[..., int], help: str) -> Any:
+        c = parent.add_parser(name, parents=[target], help=help, description=help)
+        c.set_defaults(handler=handler)
+        return c
+
+    c = command(sub, "put", cmd_put, "store files; print <algo>/<hex> for each")
+    c.add_argument("--algo", choices=ALGO_LABELS, default="sha256")
+    c.add_argument("--pin", metavar="NAME", help="pin the (one) stored object as NAME")
+    c.add_argument("files", nargs="+", metavar="FILE", help="a file, or - for stdin")
+
+    c = command(sub, "get", cmd_get, "write an object's bytes (verified)")
+    c.add_argument("key", type=key_arg, metavar="KEY")
+    c.add_argument("-o", "--output", metavar="FILE", help="write to FILE instead of stdout")
+
+    c = command(sub, "stat", cmd_stat, "an object's metadata as JSON")
+    c.add_argument("key", type=key_arg, metavar="KEY")
+
+    c = command(sub, "pin", cmd_pin, "pin an object under a name")
+    c.add_argument("name", metavar="NAME")
+    c.add_argument("key", type=key_arg, metavar="KEY")
+
+    c = command(sub, "unpin", cmd_unpin, "remove a pin")
+    c.add_argument("name", metavar="NAME")
+
+    command(sub, "pins", cmd_pins, "list pins: NAME KEY per line")
+
+    repo = sub.add_parser("repo", help="repositories").add_subparsers(
+        dest="repo_command", metavar="ACTION", required=True
+    )
+    c = command(repo, "create", cmd_repo_create, "create a repository")
+    c.add_argument("id", metavar="ID")
+    c.add_argument("--object-format", choices=["sha1", "sha256"], default="sha1")
+    c = command(repo, "rm", cmd_repo_rm, "delete a repository and its refs")
+    c.add_argument("id", metavar="ID")
+    command(repo, "list", cmd_repo_list, "list repositories: ID FORMAT per line")
+
+    git = sub.add_parser("git", help="git").add_subparsers(
+        dest="git_command", metavar="ACTION", required=True
+    )
+    c = command(git, "import", cmd_git_import, "import a git repository's objects and refs")
+    c.add_argument("gitdir", metavar="GITDIR")
+    c.add_argument("--repo", required=True, metavar="ID")
+
+    c = command(sub, "sweep", cmd_sweep, "run a sweep; print its report as JSON")
+    c.add_argument("--window", type=duration_arg, metavar="DURATION", help="e.g. 0, 90s, 1h")
+
+    command(sub, "verify", cmd_verify, "re-hash every object; list corrupt ones")
+    command(sub, "status", cmd_status, "the store's status as JSON")
+    return p
+
+
+def command_name(a: argparse.Namespace) -> str:
+    sub = getattr(a, "repo_command", None) or getattr(a, "git_command", None)
+    return f"{a.command} {sub}" if sub else a.command
+
+
+def resolve_target(a: argparse.Namespace) -> tuple[str, str]:
+    """("mount" | "store", path) from the options, else the environment."""
+    mount = getattr(a, "mount", None)
+    store = getattr(a, "store", None)
+    if mount is not None and store is not None:
+        raise Usage("give --mount or --store, not both")
+    if mount is not None:
+        return "mount", mount
+    if store is not None:
+        return "store", store
+    env_mount, env_store = os.environ.get("ALKFS_MOUNT"), os.environ.get("ALKFS_STORE")
+    if env_mount and env_store:
+        raise Usage("both ALKFS_MOUNT and ALKFS_STORE are set: choose with --mount or --store")
+    if env_mount:
+        return "mount", env_mount
+    if env_store:
+        return "store", env_store
+    raise Usage("no target: give --mount MNT or --store DIR (or set ALKFS_MOUNT / ALKFS_STORE)")
+
+
+def _fail(prog: str, message: str, status: int) -> int:
+    print(f"{prog}: {message}", file=sys.stderr)
+    return status
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    a = parser.parse_args(argv)  # exits 2 on bad usage
+    name = command_name(a)
+
+    def usage(message: str) -> NoReturn:
+        parser.error(f"{name}: {message}")
+
+    try:
+        kind, path = resolve_target(a)
+    except Usage as exc:
+        usage(str(exc))
+    target: Target | None = None
+    try:
+        if kind == "mount":
+            target = MountTarget(path)
+        else:
+            target = StoreTarget(path, create=name in CREATING)
+        return a.handler(target, a)
+    except Usage as exc:
+        usage(str(exc))
+    except KeyboardInterrupt:
+        return _fail(f"alkfs {name}", "interrupted", 130)
+    except BrokenPipeError:
+        # The reader went away (`alkfs get KEY | head`): not our failure to report.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 1
+    except (AlkfsError, OSError) as exc:
+        return _fail(f"alkfs {name}", explain(exc), 1)
+    except Exception as exc:  # a bug: still one line, the traceback on request
+        if os.environ.get("ALKFS_DEBUG"):
+            raise
+        return _fail(f"alkfs {name}", explain(exc) + " (set ALKFS_DEBUG=1 for the traceback)", 1)
+    finally:
+        if target is not None:
+            target.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
