@@ -543,6 +543,60 @@ class Store:
             self.on_deleted(key.raw)
         return freed is not None
 
+    # -- batched puts (many small objects in one transaction) -----------------------
+    def put_many(self, items: list[tuple[bytes, Algorithm, Key | None]]) -> list[PutResult]:
+        """Store many (content, algo, expected key) at once, each like `put`: the small
+        ones share one kv transaction. Every item is checked before anything is stored
+        (a bad one raises and stores nothing of the small ones); each result carries
+        its own pin, to release once the object's name is published."""
+        checked: list[tuple[int, Key, bytes]] = []
+        results: list[PutResult | None] = [None] * len(items)
+        big: list[int] = []
+        for i, (data, algo, expect) in enumerate(items):
+            if expect is not None and expect.algo is not algo:
+                raise Invalid("the expected key has another algorithm")
+            if len(data) > self.threshold and self.mode != "mem":
+                big.append(i)
+                continue
+            if algo.is_git:
+                check_canonical(data[:MAX_HEADER], len(data))
+            key = Key.derive(algo, data)
+            if expect is not None and key != expect:
+                raise Verification(f"the content hashes to {key}, not {expect}")
+            checked.append((i, key, bytes(data)))
+        pins = [self.arbiter.acquire(key) for _, key, _ in checked]  # pin before publish
+        try:
+            stamp = now_ns()
+            if isinstance(self.kv, SqliteTier):
+                created = []
+                with self.kv.db.tx() as conn:
+                    for _, key, data in checked:
+                        cur = conn.execute(
+                            "INSERT OR IGNORE INTO blobs (key, size, stored_ns, value) "
+                            "VALUES (?, ?, ?, ?)",
+                            (key.raw, len(data), stamp, data),
+                        )
+                        if cur.rowcount != 1:
+                            conn.execute(
+                                "UPDATE blobs SET stored_ns = ? WHERE key = ?", (stamp, key.raw)
+                            )
+                        created.append(cur.rowcount == 1)
+            else:
+                created = [self.kv.put(key.raw, data, stamp) for _, key, data in checked]
+            for (i, key, _), pin, made in zip(checked, pins, created, strict=True):
+                results[i] = PutResult(key, pin, made)
+            for i in big:
+                data, algo, expect = items[i]
+                results[i] = self.put(data, algo=algo, expect=expect)
+        except BaseException:
+            for pin in pins:
+                pin.release()
+            for r in results:
+                if r is not None:
+                    r.pin.release()
+            raise
+        return [r for r in results if r is not None]
+
 
 def _write_all(fd: int, data: bytes | bytearray) -> None:
     view = memoryview(data)
