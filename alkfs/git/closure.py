@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 from ..errors import AlkfsError
 from ..keys import Algorithm, Key
 from ..tiers.sqlite import SqliteTier
-from .objects import _ENTRY
+from .objects import WALK_ENTRY
 from .refs import Refs, oid_key
 
 if TYPE_CHECKING:
@@ -90,7 +90,7 @@ class Walker:
         return live
 
     def _walk(self, algo: Algorithm, tips: set[bytes]) -> set[bytes]:
-        entry = _ENTRY[_FORMAT[algo]]
+        entry = WALK_ENTRY[_FORMAT[algo]]
         hexlen = algo.hex_len
         seen: set[bytes] = set()  # read (or named as a blob): never visited again
         found: set[bytes] = set()  # the closure

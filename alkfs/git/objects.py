@@ -89,6 +89,11 @@ _ENTRY = {
     fmt: re.compile(rb"([0-7]{5,6}) ([^\0]+)\0(.{%d})" % n, re.DOTALL) for fmt, n in FORMATS.items()
 }
 
+# The same, without capturing the name: the closure walk's parser.
+WALK_ENTRY = {
+    fmt: re.compile(rb"([0-7]{5,6}) [^\0]+\0(.{%d})" % n, re.DOTALL) for fmt, n in FORMATS.items()
+}
+
 
 @dataclass(frozen=True, slots=True)
 class TreeEntry:
@@ -146,7 +151,7 @@ def parse_tree(body: bytes, fmt: str) -> list[TreeEntry]:
 
 def tree_ids(body: bytes, fmt: str) -> list[tuple[bytes, bytes]]:
     """(mode, raw id) of every entry, fast: the walk's parser (names are not needed)."""
-    return [(m, oid) for m, _name, oid in _ENTRY[fmt].findall(body)]
+    return WALK_ENTRY[fmt].findall(body)
 
 
 def _headers(body: bytes) -> list[tuple[bytes, bytes]]:

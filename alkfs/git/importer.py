@@ -1,0 +1,267 @@
+"""Import a git repository: its objects, then all its refs in one atomic CAS batch.
+
+Objects come from `git cat-file --batch`, each verified against its id as it is
+stored. Objects already in the store are skipped, so a rerun reads no content.
+Every object of the source stays pinned (in-process, one Batch) from before it
+is looked up or stored until the refs that reach it have committed, so a sweep
+running during the import can never delete what the new refs will reference.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from ..errors import Invalid, Missing, Refused, Stale, StoreIO, Verification
+from ..keys import Algorithm, Key
+from ..tiers.sqlite import SqliteTier
+from .objects import FORMATS
+from .refs import Outcome, RefUpdate, algo_of, valid_ref_name
+
+if TYPE_CHECKING:
+    from ..app import Alkfs
+    from ..store import Store
+
+PUT_BATCH_ITEMS = 2048
+PUT_BATCH_BYTES = 16 << 20
+CHECK_BATCH = 500
+
+
+@dataclass
+class ImportResult:
+    repo_id: str
+    object_format: str
+    objects: int  # objects in the source
+    stored: int  # newly stored by this import
+    present: int  # already in the store, skipped
+    bytes: int  # canonical bytes newly stored
+    refs: dict[str, str] = field(default_factory=dict)  # the source's refs, as imported
+    head: str | None = None  # the symbolic HEAD's target, if the source had one
+    outcomes: list[Outcome] = field(default_factory=list)
+
+
+def _git(gitdir: str, *args: str, check: bool = True) -> subprocess.CompletedProcess[bytes]:
+    proc = subprocess.run(["git", f"--git-dir={gitdir}", *args], capture_output=True, check=False)
+    if check and proc.returncode != 0:
+        raise StoreIO(
+            f"git {' '.join(args)} failed: {proc.stderr.decode(errors='replace').strip()}"
+        )
+    return proc
+
+
+def resolve_gitdir(path: str) -> str:
+    """The git directory of a repository path (a bare repository or a work tree)."""
+    proc = subprocess.run(
+        ["git", "-C", os.fspath(path), "rev-parse", "--absolute-git-dir"],
+        capture_output=True,
+        check=False,
+    )
+    if proc.returncode != 0:
+        raise Missing(f"not a git repository: {path}")
+    return proc.stdout.decode().strip()
+
+
+def object_format(gitdir: str) -> str:
+    proc = _git(gitdir, "config", "--get", "extensions.objectformat", check=False)
+    fmt = proc.stdout.decode().strip().lower() or "sha1"
+    if fmt not in FORMATS:
+        raise Invalid(f"unknown object format {fmt!r} in {gitdir}")
+    return fmt
+
+
+def _present(store: Store, algo: Algorithm, ids: list[bytes], sizes: list[int]) -> list[bool]:
+    """Which ids the store holds (batched kv lookups; the large tier only for large objects)."""
+    prefix = bytes([algo.value])
+    have: set[bytes] = set()
+    kv = store.kv
+    if isinstance(kv, SqliteTier):
+        conn = kv.db.conn()
+        for i in range(0, len(ids), CHECK_BATCH):
+            chunk = [prefix + x for x in ids[i : i + CHECK_BATCH]]
+            marks = ",".join("?" * len(chunk))
+            have.update(
+                bytes(k)
+                for (k,) in conn.execute(f"SELECT key FROM blobs WHERE key IN ({marks})", chunk)
+            )
+        out = []
+        for x, size in zip(ids, sizes, strict=True):
+            k = prefix + x
+            if k in have:
+                out.append(True)
+            elif size > store.threshold and store.large is not None:
+                out.append(store.large.stat(k) is not None)
+            else:
+                out.append(False)
+        return out
+    return [store.has(Key(prefix + x)) for x in ids]
+
+
+def _progress(progress: bool | None, total: int, desc: str):
+    enabled = sys.stderr.isatty() if progress is None else progress
+    if not enabled:
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, unit="obj", desc=desc, file=sys.stderr, leave=False)
+
+
+def import_repo(
+    app: Alkfs, gitdir: str, repo_id: str, progress: bool | None = None
+) -> ImportResult:
+    """Import every object and ref of the git repository at `gitdir` as repository `repo_id`
+    (created, with the source's object format, if missing)."""
+    gitdir = resolve_gitdir(gitdir)
+    fmt = object_format(gitdir)
+    try:
+        repo = app.refs.repo(repo_id)
+        if repo.object_format != fmt:
+            raise Invalid(f"repository {repo_id!r} is {repo.object_format}, the source is {fmt}")
+    except Missing:
+        repo = app.refs.create_repo(repo_id, fmt)
+    algo = algo_of(fmt)
+    store = app.store
+    prefix = bytes([algo.value])
+
+    listing = _git(
+        gitdir,
+        "cat-file",
+        "--batch-all-objects",
+        "--unordered",
+        "--batch-check=%(objectname) %(objectsize)",
+    ).stdout.split()
+    ids = [bytes.fromhex(x.decode()) for x in listing[0::2]]
+    sizes = [int(x) for x in listing[1::2]]
+    result = ImportResult(repo_id, fmt, len(ids), 0, 0, 0)
+
+    held = store.arbiter.batch()
+    try:
+        for x in ids:
+            held.add(store.pin(prefix + x))  # pin, then look: nothing we skip can be deleted
+        present = _present(store, algo, ids, sizes)
+        missing = [x for x, p in zip(ids, present, strict=True) if not p]
+        result.present = len(ids) - len(missing)
+        if missing:
+            _store_objects(store, gitdir, algo, missing, len(missing) == len(ids), result, progress)
+        _import_refs(app, gitdir, repo.id, result)
+    finally:
+        held.release()
+    return result
+
+
+def _store_objects(
+    store: Store,
+    gitdir: str,
+    algo: Algorithm,
+    missing: list[bytes],
+    everything: bool,
+    result: ImportResult,
+    progress: bool | None,
+) -> None:
+    args = ["git", f"--git-dir={gitdir}", "cat-file", "--batch"]
+    if everything:
+        args += ["--batch-all-objects", "--unordered"]
+    proc = subprocess.Popen(
+        args,
+        stdin=subprocess.DEVNULL if everything else subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        bufsize=1 << 20,
+    )
+    feeder = None
+    if not everything:
+        assert proc.stdin is not None
+        stdin = proc.stdin
+
+        def feed() -> None:
+            try:
+                stdin.write(b"".join(x.hex().encode() + b"\n" for x in missing))
+            except BrokenPipeError:
+                pass
+            finally:
+                stdin.close()
+
+        feeder = threading.Thread(target=feed, daemon=True)
+        feeder.start()
+    bar = _progress(progress, len(missing), "objects")
+    wanted = set(missing)
+    prefix = bytes([algo.value])
+    assert proc.stdout is not None
+    out = proc.stdout
+    pending: list[tuple[bytes, Algorithm, Key | None]] = []
+    pending_bytes = 0
+
+    def flush() -> None:
+        nonlocal pending_bytes
+        for r in store.put_many(pending):
+            r.pin.release()  # the import's own pin (taken before the lookup) still holds it
+            result.stored += 1
+        if bar is not None:
+            bar.update(len(pending))
+        pending.clear()
+        pending_bytes = 0
+
+    try:
+        while line := out.readline():
+            oid, kind, size = line.split()
+            if size == b"missing" or kind == b"missing":
+                raise Missing(f"the source lost object {oid.decode()}")
+            n = int(size)
+            body = out.read(n)
+            out.read(1)
+            raw = bytes.fromhex(oid.decode())
+            if raw not in wanted:
+                raise Verification(f"git sent an object that was not asked for: {oid.decode()}")
+            data = b"%s %d\0%s" % (kind, n, body)
+            pending.append((data, algo, Key(prefix + raw)))
+            pending_bytes += len(data)
+            result.bytes += len(data)
+            if len(pending) >= PUT_BATCH_ITEMS or pending_bytes >= PUT_BATCH_BYTES:
+                flush()
+        if pending:
+            flush()
+    finally:
+        if bar is not None:
+            bar.close()
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+        if feeder is not None:
+            feeder.join()
+        out.close()
+        assert proc.stderr is not None
+        err = proc.stderr.read().decode(errors="replace")
+        proc.stderr.close()
+    if result.stored != len(missing):
+        raise StoreIO(f"git cat-file gave {result.stored} of {len(missing)} objects {err}".strip())
+
+
+def _import_refs(app: Alkfs, gitdir: str, repo_id: str, result: ImportResult) -> None:
+    lines = _git(gitdir, "for-each-ref", "--format=%(objectname) %(refname)").stdout.splitlines()
+    source: dict[str, str] = {}
+    for line in lines:
+        oid, _, name = line.decode(errors="surrogateescape").partition(" ")
+        if valid_ref_name(name) and name.startswith("refs/"):
+            source[name] = oid
+    result.refs = dict(sorted(source.items()))
+    current = app.refs.refs(repo_id)
+    updates = [
+        RefUpdate(name, oid, current.get(name))
+        for name, oid in result.refs.items()
+        if current.get(name) != oid
+    ]
+    if updates:
+        result.outcomes = app.refs.update(repo_id, updates, atomic=True)
+        failed = [o for o in result.outcomes if not o.ok and o.reason != "atomic-sibling-failed"]
+        if failed:
+            text = ", ".join(f"{o.name}: {o.reason}" for o in failed)
+            if all(o.reason in ("stale", "exists", "missing-ref") for o in failed):
+                raise Stale(f"refs moved during the import, none changed ({text})")
+            raise Refused(f"the refs were refused, none changed ({text})")
+    head = _git(gitdir, "symbolic-ref", "-q", "HEAD", check=False).stdout.decode().strip()
+    if head and valid_ref_name(head) and head.startswith("refs/"):
+        app.refs.set_head(repo_id, head)
+        result.head = head
