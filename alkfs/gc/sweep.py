@@ -33,6 +33,7 @@ class SweepReport:
     candidates_staged: int = 0
     deleted: int = 0
     cancelled_by_arbitration: int = 0
+    taken: int = 0  # candidates taken from the window: always deleted + cancelled_by_arbitration
     live: int = 0
     scanned: int = 0
     bytes_freed: int = 0
@@ -92,6 +93,7 @@ def _run(store: Store, report: SweepReport, window_ns: int) -> None:
     # Execute: overdue candidates, re-arbitrated one by one at delete time.
     window = store.window
     while batch := window.take(now_ns()):
+        report.taken += len(batch)
         try:
             protected_now = _protected_set(store)
         except Exception:
@@ -99,10 +101,15 @@ def _run(store: Store, report: SweepReport, window_ns: int) -> None:
             report.cancelled_by_arbitration += len(batch)
             continue
         for key, staged_ns in batch:
-            if store.written_since(key, staged_ns) or not arbiter.arbitrate(key, protected_now):
+            if not arbiter.arbitrate(key, protected_now):
                 report.cancelled_by_arbitration += 1
                 continue
             try:
+                # Checked under the delete marker: a put that published before it is
+                # seen here, and one after it waits for the delete and stores afresh.
+                if store.written_since(key, staged_ns):
+                    report.cancelled_by_arbitration += 1
+                    continue
                 freed = store.engine_delete(key)
             finally:
                 arbiter.conclude(key)
