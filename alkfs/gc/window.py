@@ -78,13 +78,13 @@ class MemoryWindow:
         self._lock = threading.Lock()
 
     def stage(self, rows: Iterable[tuple[bytes, int]], staged_ns: int) -> int:
-        n = 0
+        # Validated in full before anything changes: all or nothing, like the durable form.
+        params = [(bytes(k), int(v)) for k, v in rows]
         with self._lock:
-            for k, v in rows:
+            for k, v in params:
                 old = self._rows.get(k)
                 self._rows[k] = (max(v, old[0]), old[1]) if old else (v, staged_ns)
-                n += 1
-        return n
+        return len(params)
 
     def take(self, now_ns: int, limit: int = TAKE_BATCH) -> list[tuple[bytes, int]]:
         with self._lock:
