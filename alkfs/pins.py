@@ -62,7 +62,7 @@ class Pins:
             self.walker = closure.walker
         self.write_counter = 0
         self.builds = 0
-        self._memo: tuple[str, int, set[bytes]] | None = None
+        self._memo: tuple[str | None, int, set[bytes]] | None = None
         self._lock = threading.Lock()
 
     def _bump(self) -> None:
@@ -147,10 +147,11 @@ class Pins:
                 return memo[2]
         git = [Key(k) for k in keys if Key(k).algo.is_git]
         live = {k for k in keys if not Key(k).algo.is_git}
-        live |= self.walker.closure(git)
+        reached, missing = self.walker.walk(git)
+        live |= reached
         with self._lock:
             self.builds += 1
-            self._memo = (fingerprint, counter, live)
+            self._memo = (fingerprint if missing == 0 else None, counter, live)
         return live
 
     def contains(self, key: bytes) -> bool:

@@ -79,6 +79,11 @@ class Walker:
 
         Blob keys are included as named by their trees, whether stored or not;
         every other key is included only if its object was read."""
+        return self.walk(tips)[0]
+
+    def walk(self, tips: Iterable[Key]) -> tuple[set[bytes], int]:
+        """The closure, and how many needed objects could not be read (missing or corrupt)."""
+        missing = [0]
         by_algo: dict[Algorithm, set[bytes]] = {}
         for key in tips:
             if key.algo.is_git:
@@ -86,10 +91,10 @@ class Walker:
         live: set[bytes] = set()
         for algo, ids in by_algo.items():
             prefix = bytes([algo.value])
-            live.update(prefix + x for x in self._walk(algo, ids))
-        return live
+            live.update(prefix + x for x in self._walk(algo, ids, missing))
+        return live, missing[0]
 
-    def _walk(self, algo: Algorithm, tips: set[bytes]) -> set[bytes]:
+    def _walk(self, algo: Algorithm, tips: set[bytes], missing: list[int]) -> set[bytes]:
         entry = WALK_ENTRY[_FORMAT[algo]]
         hexlen = algo.hex_len
         seen: set[bytes] = set()  # read (or named as a blob): never visited again
@@ -101,6 +106,7 @@ class Walker:
                 break
             seen |= frontier
             objects = self._fetch(algo, list(frontier))
+            missing[0] += len(frontier) - len(objects)
             nxt: set[bytes] = set()
             blobs: list[bytes] = []
             for oid, data in objects.items():
@@ -152,7 +158,9 @@ class RefClosure:
         self.refs = refs
         self.walker = Walker(store)
         self.builds = 0  # how many walks ran (a memo hit runs none)
-        self._memo: tuple[str, int, set[bytes]] | None = None  # fingerprint, counter, keys
+        # (fingerprint, counter, keys); the fingerprint is None when the walk met a missing
+        # object, so that a later mark walks again (the object may have been stored since)
+        self._memo: tuple[str | None, int, set[bytes]] | None = None
         self._lock = threading.Lock()
 
     def _counter(self) -> int:
@@ -167,10 +175,10 @@ class RefClosure:
                 self._memo = (fingerprint, counter, memo[2])
                 return memo[2]
         tips = [k for k in (oid_key(oid) for _r, _n, oid in rows) if k is not None]
-        keys = self.walker.closure(tips)
+        keys, missing = self.walker.walk(tips)
         with self._lock:
             self.builds += 1
-            self._memo = (fingerprint, counter, keys)
+            self._memo = (fingerprint if missing == 0 else None, counter, keys)
         return keys
 
     def contains(self, key: bytes) -> bool:
