@@ -15,6 +15,7 @@ import argparse
 import contextlib
 import errno
 import json
+import logging
 import os
 import re
 import shutil
@@ -103,11 +104,11 @@ def iso(ns: int) -> str:
     return datetime.fromtimestamp(ns / 1e9, UTC).isoformat(timespec="microseconds")
 
 
-def progress_bar(desc: str, total: int | None = None, unit: str = "obj") -> Any:
+def progress_bar(desc: str, total: int | None = None) -> Any:
     """A tqdm bar on a terminal; silent (and free) otherwise."""
     from tqdm import tqdm
 
-    return tqdm(total=total, desc=desc, unit=unit, disable=not sys.stderr.isatty(), leave=False)
+    return tqdm(total=total, desc=desc, unit="obj", disable=not sys.stderr.isatty(), leave=False)
 
 
 def open_input(name: str) -> IO[bytes]:
@@ -269,8 +270,7 @@ class StoreTarget:
     def git_import(self, gitdir: str, repo_id: str) -> None:
         from .git.importer import import_repo
 
-        with progress_bar(f"import {repo_id}") as bar:
-            import_repo(self.app, gitdir, repo_id, progress=_ticker(bar))
+        import_repo(self.app, gitdir, repo_id)  # its own progress bar, on a terminal only
 
     def sweep(self, window_s: float | None) -> dict[str, Any]:
         return self.store.sweep(window_s).to_dict()
@@ -278,7 +278,7 @@ class StoreTarget:
     def verify(self) -> list[str]:
         total = sum(c["count"] for c in self.store.counts().values())
         with progress_bar("verify", total) as bar:
-            bad = self.store.verify(progress=_ticker(bar))
+            bad = self.store.verify(progress=lambda n: bar.update(n - bar.n))
         return [str(k) for k in bad]
 
     def status(self) -> dict[str, Any]:
@@ -297,20 +297,6 @@ class StoreTarget:
             "last_sweep": None,
             "corrupt": sorted(str(Key(k)) for k in self.store.corrupt),
         }
-
-
-def _ticker(bar: Any) -> Callable[..., None]:
-    """A progress callback for the library: called with a running count (or nothing)."""
-    last = [0]
-
-    def tick(n: int | None = None, *_: object) -> None:
-        if isinstance(n, int):
-            bar.update(n - last[0])
-            last[0] = n
-        else:
-            bar.update(1)
-
-    return tick
 
 
 class MountTarget:
@@ -515,11 +501,19 @@ def emit_json(obj: Any) -> None:
     print(json.dumps(obj, indent=2))
 
 
-def cmd_put(t: Target, a: argparse.Namespace) -> int:
-    if a.pin is not None and len(a.files) > 1:
+def check_usage(a: argparse.Namespace) -> None:
+    """What argparse cannot say, checked before any target is touched."""
+    if a.command == "put" and a.pin is not None and len(a.files) > 1:
         raise Usage("--pin names one object: give one FILE with it")
+
+
+def cmd_put(t: Target, a: argparse.Namespace) -> int:
     for name in a.files:
-        print(t.put(name, Algorithm.from_label(a.algo), a.pin), flush=True)
+        try:
+            key = t.put(name, Algorithm.from_label(a.algo), a.pin)
+        except AlkfsError as exc:
+            raise type(exc)(f"{name}: {exc}") from exc  # which of the files failed
+        print(key, flush=True)
     return 0
 
 
@@ -707,7 +701,12 @@ def main(argv: list[str] | None = None) -> int:
     def usage(message: str) -> NoReturn:
         parser.error(f"{name}: {message}")
 
+    logging.basicConfig(  # the library's log lines would break the one-line rule
+        level=logging.DEBUG if os.environ.get("ALKFS_DEBUG") else logging.CRITICAL + 1,
+        format="alkfs: %(name)s: %(message)s",
+    )
     try:
+        check_usage(a)
         kind, path = resolve_target(a)
     except Usage as exc:
         usage(str(exc))
