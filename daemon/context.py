@@ -1,0 +1,107 @@
+"""What every node can reach: the store (and refs and pins when the git layer is there),
+the options, the one helper for blocking work, the inode table and the invalidator."""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import trio
+
+from alkfs.keys import Key
+from alkfs.store import Store
+
+from .inodes import InodeTable
+from .invalidate import Invalidator
+
+log = logging.getLogger("alkfsd")
+
+T = TypeVar("T")
+
+OBJECT_TIMEOUT = 3600.0  # entry and attribute timeout of immutable things
+DIR_TIMEOUT = 3600.0
+DYNAMIC_TIMEOUT = 1.0  # status, metrics: their size changes
+INVALIDATE_WAIT_S = 10.0  # how long a sweep request waits for the kernel to drop entries
+
+# A deletion view maps a deleted key to the kernel entries that showed it:
+# (parent inode, name, inode of the entry) triples, e.g. /objects/<algo>/<hex>.
+DeletionView = Callable[[Key], Iterable[tuple[int, bytes, int]]]
+
+
+@dataclass
+class Options:
+    read_only: bool = False
+    allow_other: bool = False
+    threads: int = 16
+
+
+class Context:
+    """Shared by every node of one mount. Owned by the trio thread, except where noted."""
+
+    def __init__(
+        self,
+        store: Store,
+        *,
+        app: Any = None,
+        options: Options | None = None,
+        live: bool = True,
+    ) -> None:
+        self.store = store
+        self.app = app
+        self.refs = getattr(app, "refs", None)
+        self.pins = getattr(app, "pins", None)
+        self.options = options or Options()
+        self.inodes = InodeTable()
+        self.invalidator = Invalidator(live)
+        self.limiter = trio.CapacityLimiter(self.options.threads)
+        self.deletion_views: list[DeletionView] = []
+        self.errors: dict[tuple[str, int], int] = {}
+        self.mountpoint: str | None = None
+        self.started_ns = time.time_ns()
+        self.uid = os.getuid()
+        self.gid = os.getgid()
+        store.deleted_hooks.append(self._on_deleted)
+
+    @property
+    def read_only(self) -> bool:
+        return self.options.read_only
+
+    async def run_sync(self, fn: Callable[..., T], *args: Any) -> T:
+        """The one way to run blocking work (sqlite writes, big file I/O, big hashes, sweeps)."""
+        return await trio.to_thread.run_sync(fn, *args, limiter=self.limiter)
+
+    # -- sweeps -------------------------------------------------------------------
+    def _on_deleted(self, raw_key: bytes) -> None:
+        """Store hook, called in the sweeping thread: queue the kernel invalidations."""
+        key = Key(raw_key)
+        for view in list(self.deletion_views):
+            try:
+                for parent, name, ino in view(key):
+                    self.invalidator.submit(parent, name, ino)
+            except Exception:
+                log.exception("deletion view failed for %s", key)
+
+    async def sweep(self, window_s: float | None = None):
+        """Run one sweep in a worker thread; return once the kernel has been told what went."""
+        report = await self.run_sync(self.store.sweep, window_s)
+        log.info("sweep %s", report.to_json())
+        seq = self.invalidator.submitted
+        if not await self.run_sync(self.invalidator.wait, seq, INVALIDATE_WAIT_S):
+            log.warning("sweep: the kernel did not take every invalidation in time")
+        return report
+
+    async def verify(self) -> list[Key]:
+        bad = await self.run_sync(self.store.verify)
+        log.info("verify: %d corrupt object(s)%s", len(bad), "".join(f" {k}" for k in bad))
+        return bad
+
+    def close(self) -> None:
+        try:
+            self.store.deleted_hooks.remove(self._on_deleted)
+        except ValueError:
+            pass
+        self.invalidator.stop()

@@ -1,0 +1,302 @@
+"""The pyfuse3 Operations: find the node by inode (or the handle by number) and call it.
+
+Dispatch only. Every handler wears `fuse_op` (errors.py): library errors become
+their errno in one place, anything unexpected is logged with its traceback and
+answered with EIO, so no request can take the mount down.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import pyfuse3
+
+from .context import Context
+from .errors import fail, fuse_op
+from .nodes.base import DirHandle, Handle, Node, wants_write
+from .nodes.root import Root
+
+log = logging.getLogger("alkfsd")
+
+
+def _ino(self: Operations, ino: int, *rest: Any) -> str:
+    node = self.inodes.get(ino)
+    return node.describe() if node is not None else f"inode {ino}"
+
+
+def _child(self: Operations, ino: int, name: bytes, *rest: Any) -> str:
+    node = self.inodes.get(ino)
+    base = node.describe() if node is not None else f"inode {ino}"
+    return f"{base.rstrip('/')}/{name.decode('utf-8', 'backslashreplace')}"
+
+
+def _fh(self: Operations, fh: int, *rest: Any) -> str:
+    h = self.handles.get(fh)
+    return h.node.describe() if h is not None else f"handle {fh}"
+
+
+def _dh(self: Operations, fh: int, *rest: Any) -> str:
+    h = self.dirs.get(fh)
+    return h.node.describe() if h is not None else f"dir handle {fh}"
+
+
+class Operations(pyfuse3.Operations):
+    supports_dot_lookup = True
+    enable_writeback_cache = False
+
+    def __init__(self, ctx: Context) -> None:
+        super().__init__()
+        self.ctx = ctx
+        self.inodes = ctx.inodes
+        self.root = Root(ctx)
+        self.inodes.remember(self.root, permanent=True)
+        self.root.register_permanent()
+        self.handles: dict[int, Handle] = {}
+        self.dirs: dict[int, DirHandle] = {}
+        self._next_fh = 1
+        self.readdir_reply = pyfuse3.readdir_reply  # replaced by the direct-call tests
+
+    # -- helpers ------------------------------------------------------------------
+    def count_error(self, op: str, code: int) -> None:
+        k = (op, code)
+        self.ctx.errors[k] = self.ctx.errors.get(k, 0) + 1
+
+    def node(self, ino: int) -> Node:
+        node = self.inodes.get(ino)
+        if node is None:
+            fail(errno.ENOENT, f"inode {ino} is not known")
+        return node
+
+    def _fh_for(self) -> int:
+        fh = self._next_fh
+        self._next_fh += 1
+        return fh
+
+    def _mutating(self, node: Node | None = None) -> None:
+        if self.ctx.read_only and not (node is not None and node.writable_when_read_only):
+            fail(errno.EROFS, "the mount is read-only")
+
+    def _entry(self, node: Node) -> pyfuse3.EntryAttributes:
+        """Count `node` as handed to the kernel and return its attributes."""
+        self.inodes.remember(node)
+        return node.attr()
+
+    # -- names ----------------------------------------------------------------------
+    @fuse_op(_child)
+    async def lookup(self, parent_inode: int, name: bytes, ctx: Any) -> pyfuse3.EntryAttributes:
+        parent = self.node(parent_inode)
+        if name == b".":
+            child = parent
+        elif name == b"..":
+            child = parent.parent or parent
+        else:
+            child = await parent.lookup(name, ctx)
+        return self._entry(child)
+
+    async def forget(self, inode_list: Sequence[tuple[int, int]]) -> None:
+        try:
+            for ino, n in inode_list:
+                self.inodes.forget(ino, n)
+        except Exception:
+            log.exception("forget failed")
+
+    @fuse_op(_ino)
+    async def getattr(self, inode: int, ctx: Any) -> pyfuse3.EntryAttributes:
+        return await self.node(inode).getattr(ctx)
+
+    @fuse_op(_ino)
+    async def setattr(
+        self, inode: int, attr: Any, fields: Any, fh: int | None, ctx: Any
+    ) -> pyfuse3.EntryAttributes:
+        node = self.node(inode)
+        self._mutating(node)
+        handle = self.handles.get(fh) if fh is not None else None
+        return await node.setattr(attr, fields, handle, ctx)
+
+    @fuse_op(_ino)
+    async def readlink(self, inode: int, ctx: Any) -> bytes:
+        return await self.node(inode).readlink(ctx)
+
+    @fuse_op(_child)
+    async def mknod(
+        self, parent_inode: int, name: bytes, mode: int, rdev: int, ctx: Any
+    ) -> pyfuse3.EntryAttributes:
+        self._mutating()
+        return self._entry(await self.node(parent_inode).mknod(name, mode, rdev, ctx))
+
+    @fuse_op(_child)
+    async def mkdir(
+        self, parent_inode: int, name: bytes, mode: int, ctx: Any
+    ) -> pyfuse3.EntryAttributes:
+        self._mutating()
+        return self._entry(await self.node(parent_inode).mkdir(name, mode, ctx))
+
+    @fuse_op(_child)
+    async def unlink(self, parent_inode: int, name: bytes, ctx: Any) -> None:
+        self._mutating()
+        await self.node(parent_inode).unlink(name, ctx)
+
+    @fuse_op(_child)
+    async def rmdir(self, parent_inode: int, name: bytes, ctx: Any) -> None:
+        self._mutating()
+        await self.node(parent_inode).rmdir(name, ctx)
+
+    @fuse_op(_child)
+    async def symlink(
+        self, parent_inode: int, name: bytes, target: bytes, ctx: Any
+    ) -> pyfuse3.EntryAttributes:
+        self._mutating()
+        return self._entry(await self.node(parent_inode).symlink(name, target, ctx))
+
+    @fuse_op(_child)
+    async def rename(
+        self,
+        parent_inode_old: int,
+        name_old: bytes,
+        parent_inode_new: int,
+        name_new: bytes,
+        flags: int,
+        ctx: Any,
+    ) -> None:
+        self._mutating()
+        old = self.node(parent_inode_old)
+        new = self.node(parent_inode_new)
+        await old.rename(name_old, new, name_new, flags, ctx)
+
+    @fuse_op(lambda self, ino, parent, name, *r: _child(self, parent, name))
+    async def link(
+        self, inode: int, new_parent_inode: int, new_name: bytes, ctx: Any
+    ) -> pyfuse3.EntryAttributes:
+        self._mutating()
+        target = self.node(inode)
+        return self._entry(await self.node(new_parent_inode).link(new_name, target, ctx))
+
+    # -- files ------------------------------------------------------------------------
+    @fuse_op(_ino)
+    async def open(self, inode: int, flags: int, ctx: Any) -> pyfuse3.FileInfo:
+        node = self.node(inode)
+        if wants_write(flags):
+            self._mutating(node)
+        handle = await node.open(flags, ctx)
+        fh = self._fh_for()
+        self.handles[fh] = handle
+        return pyfuse3.FileInfo(fh=fh, keep_cache=handle.keep_cache, direct_io=handle.direct_io)
+
+    @fuse_op(_child)
+    async def create(
+        self, parent_inode: int, name: bytes, mode: int, flags: int, ctx: Any
+    ) -> tuple[pyfuse3.FileInfo, pyfuse3.EntryAttributes]:
+        self._mutating()
+        child, handle = await self.node(parent_inode).create(name, mode, flags, ctx)
+        attr = self._entry(child)
+        fh = self._fh_for()
+        self.handles[fh] = handle
+        fi = pyfuse3.FileInfo(fh=fh, keep_cache=handle.keep_cache, direct_io=handle.direct_io)
+        return fi, attr
+
+    def _handle(self, fh: int) -> Handle:
+        h = self.handles.get(fh)
+        if h is None:
+            fail(errno.EBADF, f"no open file {fh}")
+        return h
+
+    @fuse_op(_fh)
+    async def read(self, fh: int, off: int, size: int) -> bytes | memoryview:
+        return await self._handle(fh).read(off, size)
+
+    @fuse_op(_fh)
+    async def write(self, fh: int, off: int, buf: bytes) -> int:
+        return await self._handle(fh).write(off, buf)
+
+    @fuse_op(_fh)
+    async def flush(self, fh: int) -> None:
+        await self._handle(fh).flush()
+
+    @fuse_op(_fh)
+    async def fsync(self, fh: int, datasync: bool) -> None:
+        await self._handle(fh).fsync(datasync)
+
+    @fuse_op(_fh)
+    async def release(self, fh: int) -> None:
+        h = self.handles.pop(fh, None)
+        if h is not None:
+            await h.release()
+
+    # -- directories --------------------------------------------------------------------
+    @fuse_op(_ino)
+    async def opendir(self, inode: int, ctx: Any) -> int:
+        dh = await self.node(inode).opendir(ctx)
+        fh = self._fh_for()
+        self.dirs[fh] = dh
+        return fh
+
+    @fuse_op(_dh)
+    async def readdir(self, fh: int, start_id: int, token: Any) -> None:
+        dh = self.dirs.get(fh)
+        if dh is None:
+            fail(errno.EBADF, f"no open directory {fh}")
+        reply = self.readdir_reply
+        inodes = self.inodes
+
+        def emit(name: bytes, node: Node, next_id: int) -> bool:
+            inodes.ino_for(node)
+            if not reply(token, name, node.attr(), next_id):
+                return False
+            inodes.remember(node)
+            return True
+
+        await dh.node.readdir(dh, start_id, emit)
+
+    @fuse_op(_dh)
+    async def releasedir(self, fh: int) -> None:
+        dh = self.dirs.pop(fh, None)
+        if dh is not None:
+            await dh.release()
+
+    @fuse_op(_dh)
+    async def fsyncdir(self, fh: int, datasync: bool) -> None:
+        return None
+
+    # -- extended attributes ------------------------------------------------------------
+    @fuse_op(lambda self, ino, name, *r: f"{_ino(self, ino)} [{name!r}]")
+    async def getxattr(self, inode: int, name: bytes, ctx: Any) -> bytes:
+        return await self.node(inode).getxattr(name, ctx)
+
+    @fuse_op(_ino)
+    async def listxattr(self, inode: int, ctx: Any) -> list[bytes]:
+        return await self.node(inode).listxattr(ctx)
+
+    @fuse_op(lambda self, ino, name, *r: f"{_ino(self, ino)} [{name!r}]")
+    async def setxattr(self, inode: int, name: bytes, value: bytes, ctx: Any) -> None:
+        node = self.node(inode)
+        self._mutating(node)
+        await node.setxattr(name, value, ctx)
+
+    @fuse_op(lambda self, ino, name, *r: f"{_ino(self, ino)} [{name!r}]")
+    async def removexattr(self, inode: int, name: bytes, ctx: Any) -> None:
+        node = self.node(inode)
+        self._mutating(node)
+        await node.removexattr(name, ctx)
+
+    # -- the file system ----------------------------------------------------------------
+    @fuse_op()
+    async def access(self, inode: int, mode: int, ctx: Any) -> bool:
+        return True
+
+    @fuse_op()
+    async def statfs(self, ctx: Any) -> pyfuse3.StatvfsData:
+        out = pyfuse3.StatvfsData()
+        path = self.ctx.store.path
+        if path is not None:
+            st = os.statvfs(path)
+            for f in ("f_bsize", "f_frsize", "f_blocks", "f_bfree", "f_bavail"):
+                setattr(out, f, getattr(st, f))
+            out.f_files = st.f_files
+            out.f_ffree = st.f_ffree
+            out.f_favail = st.f_favail
+        out.f_namemax = 255
+        return out

@@ -1,0 +1,284 @@
+"""alkfsd: mount a store and serve it until unmounted, SIGINT or SIGTERM (then exit 0).
+
+    alkfsd STORE MNT [--threshold N] [--window 1h] [--kv-only] [--sweep-every 15m]
+                     [--read-only] [--allow-other] [--config FILE] [--demo]
+
+The config file (TOML) takes the same keys (`store`, `mountpoint`, `threshold`,
+`window`, `kv_only`, `sweep_every`, `read_only`, `allow_other`, `demo`); flags on the
+command line win. Readiness is reported to systemd (`READY=1` on $NOTIFY_SOCKET)
+once the mount answers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tomllib
+from typing import Any
+
+import pyfuse3
+import trio
+
+from alkfs.errors import AlkfsError, StoreLocked
+
+from .context import Context, Options
+from .fs import Operations
+from .nodes.control import duration
+
+log = logging.getLogger("alkfsd")
+
+MAX_TASKS = 64
+CONFIG_KEYS = {
+    "store",
+    "mountpoint",
+    "threshold",
+    "window",
+    "kv_only",
+    "sweep_every",
+    "read_only",
+    "allow_other",
+    "demo",
+}
+
+
+class Usage(Exception):
+    pass
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="alkfsd", description="Mount an alkfs store with FUSE.")
+    p.add_argument("store", nargs="?", help="the store directory (created on first use)")
+    p.add_argument("mountpoint", nargs="?", help="where to mount it")
+    p.add_argument("--threshold", type=int, help="kv/large threshold in bytes (at creation)")
+    p.add_argument("--window", help="sweep delete window, e.g. 0, 15m, 1h (default 1h)")
+    p.add_argument("--kv-only", action="store_true", default=None, help="sqlite only")
+    p.add_argument("--sweep-every", help="run a sweep periodically, e.g. 15m")
+    p.add_argument("--read-only", action="store_true", default=None, help="refuse every change")
+    p.add_argument("--allow-other", action="store_true", default=None, help="let other users in")
+    p.add_argument("--config", help="TOML file with the same keys")
+    p.add_argument("--demo", action="store_true", default=None, help="fill a fresh store")
+    return p
+
+
+def settings(argv: list[str] | None) -> dict[str, Any]:
+    args = parser().parse_args(argv)
+    out: dict[str, Any] = {}
+    if args.config:
+        try:
+            with open(args.config, "rb") as f:
+                raw = tomllib.load(f)
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise Usage(f"cannot read the config {args.config}: {exc}") from None
+        for k, v in raw.items():
+            key = k.replace("-", "_")
+            if key == "mount":
+                key = "mountpoint"
+            if key not in CONFIG_KEYS:
+                raise Usage(f"unknown key {k!r} in {args.config}")
+            out[key] = v
+    for key in CONFIG_KEYS:
+        v = getattr(args, key)
+        if v is not None:
+            out[key] = v
+    if not out.get("store") or not out.get("mountpoint"):
+        raise Usage("STORE and MOUNTPOINT are required (on the command line or in --config)")
+    try:
+        for key in ("window", "sweep_every"):
+            if out.get(key) is not None:
+                out[key] = duration(str(out[key]))
+    except ValueError as exc:
+        raise Usage(str(exc)) from None
+    if out.get("threshold") is not None and int(out["threshold"]) <= 0:
+        raise Usage("--threshold must be positive")
+    return out
+
+
+def sd_notify(message: str) -> None:
+    """Tell systemd (Type=notify) something; silent when not run by systemd."""
+    addr = os.environ.get("NOTIFY_SOCKET")
+    if not addr:
+        return
+    if addr.startswith("@"):
+        addr = "\0" + addr[1:]
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as s:
+            s.connect(addr)
+            s.sendall(message.encode())
+    except OSError as exc:
+        log.warning("sd_notify to %s failed: %s", addr, exc)
+
+
+def clear_stale_mount(mnt: str) -> None:
+    """A mount left by a dead daemon answers ENOTCONN; detach it so we can mount again."""
+    try:
+        os.stat(mnt)
+    except FileNotFoundError:
+        os.makedirs(mnt, exist_ok=True)
+    except OSError as exc:
+        if exc.errno != errno.ENOTCONN:
+            raise
+        log.warning("clearing a stale mount at %s (errno=ENOTCONN)", mnt)
+        subprocess.run(["fusermount3", "-uz", mnt], check=False, capture_output=True)
+
+
+def open_app(store: str, conf: dict[str, Any]) -> tuple[Any, Any]:
+    kw = {
+        "mode": "kv-only" if conf.get("kv_only") else None,
+        "threshold": conf.get("threshold"),
+        "window_s": conf.get("window"),
+    }
+    try:
+        from alkfs.app import Alkfs
+    except ImportError:  # the git layer is not there: a bare store, no liveness sources
+        from alkfs.store import Store
+
+        s = Store.open(store, **kw)
+        return None, s
+    app = Alkfs.open(store, **kw)
+    return app, app.store
+
+
+def demo(app: Any, store: Any) -> None:
+    """Fill a fresh store with a few samples, a pin, and this directory's git history."""
+    from alkfs.keys import Algorithm
+
+    if any(c["count"] for c in store.counts().values()):
+        log.info("demo: the store is not empty; adding nothing")
+        return
+    welcome = store.add(b"Welcome to alkfs: every file here is named by the hash of its content.\n")
+    store.add(b"the same idea, another hash: blake3\n", algo=Algorithm.BLAKE3)
+    if store.mode == "dual-tier":
+        store.add(b"a large object lives as a file of its own.\n" * (store.threshold // 40 + 100))
+    log.info("demo: stored samples; welcome is sha256/%s", welcome.hex)
+    pins = getattr(app, "pins", None)
+    if pins is not None:
+        pins.pin("welcome", welcome)
+        log.info("demo: pinned sha256/%s as welcome", welcome.hex)
+    if app is None:
+        return
+    try:
+        from alkfs.git.importer import import_repo
+    except ImportError:
+        return
+    try:
+        top = subprocess.run(
+            ["git", "rev-parse", "--show-toplevel"], capture_output=True, text=True, check=True
+        ).stdout.strip()
+        result = import_repo(app, top, "alkfs", progress=False)
+        log.info("demo: imported %s as repository alkfs (%s)", top, result)
+    except Exception as exc:
+        log.info("demo: no git history imported (%s)", exc)
+
+
+async def serve(ctx: Context, mnt: str, sweep_every: float | None) -> None:
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(_signals)
+        nursery.start_soon(_ready, ctx, mnt)
+        if sweep_every:
+            nursery.start_soon(_sweeper, ctx, sweep_every)
+        await pyfuse3.main(min_tasks=1, max_tasks=MAX_TASKS)
+        nursery.cancel_scope.cancel()
+
+
+async def _signals() -> None:
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async for signum in signals:
+            log.info("%s: unmounting", signal.Signals(signum).name)
+            sd_notify("STOPPING=1")
+            pyfuse3.terminate()
+
+
+async def _ready(ctx: Context, mnt: str) -> None:
+    await ctx.run_sync(os.stat, mnt)  # answered by our own loop: the mount works
+    sd_notify("READY=1\nSTATUS=serving " + mnt)
+    log.info("ready: %s serves %s", mnt, ctx.store.path)
+
+
+async def _sweeper(ctx: Context, every: float) -> None:
+    while True:
+        await trio.sleep(every)
+        try:
+            await ctx.sweep()
+        except Exception:
+            log.exception("periodic sweep failed")
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(
+        stream=sys.stderr,
+        level=logging.INFO,
+        format="%(asctime)s alkfsd[%(process)d] %(levelname)s %(message)s",
+    )
+    logging.getLogger("pyfuse3").setLevel(logging.WARNING)
+    try:
+        conf = settings(argv)
+    except Usage as exc:
+        print(f"alkfsd: {exc}", file=sys.stderr)
+        return 2
+    store_path = os.path.abspath(str(conf["store"]))
+    mnt = os.path.abspath(str(conf["mountpoint"]))
+    try:
+        clear_stale_mount(mnt)
+    except OSError as exc:
+        print(f"alkfsd: cannot use the mountpoint {mnt}: {exc}", file=sys.stderr)
+        return 1
+    try:
+        app, store = open_app(store_path, conf)
+    except StoreLocked as exc:
+        print(f"alkfsd: {exc}", file=sys.stderr)
+        return 1
+    except AlkfsError as exc:
+        print(f"alkfsd: cannot open the store {store_path}: {exc}", file=sys.stderr)
+        return 1
+    ctx: Context | None = None
+    mounted = False
+    try:
+        if conf.get("demo"):
+            demo(app, store)
+        options = Options(
+            read_only=bool(conf.get("read_only")), allow_other=bool(conf.get("allow_other"))
+        )
+        ctx = Context(store, app=app, options=options, live=True)
+        ctx.mountpoint = mnt
+        ops = Operations(ctx)
+        fuse_options = set(pyfuse3.default_options)
+        fuse_options |= {"fsname=alkfs:" + store_path.replace(",", "_"), "subtype=alkfs"}
+        if options.allow_other:
+            fuse_options.add("allow_other")
+        try:
+            pyfuse3.init(ops, mnt, fuse_options)
+        except RuntimeError as exc:
+            print(f"alkfsd: cannot mount at {mnt}: {exc}", file=sys.stderr)
+            return 1
+        mounted = True
+        log.info(
+            "mounted %s at %s (mode %s, threshold %d, window %ss%s)",
+            store_path,
+            mnt,
+            store.mode,
+            store.threshold,
+            store.window_ns / 1e9,
+            ", read-only" if options.read_only else "",
+        )
+        trio.run(serve, ctx, mnt, conf.get("sweep_every"))
+    finally:
+        if mounted:
+            pyfuse3.close(unmount=True)
+            log.info("unmounted %s", mnt)
+        if ctx is not None:
+            ctx.close()
+        if app is not None:
+            app.close()
+        else:
+            store.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

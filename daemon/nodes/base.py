@@ -1,0 +1,410 @@
+"""The node interface: one class per kind of file or directory in the mount.
+
+How to add a part of the tree (e.g. daemon/nodes/pins.py)
+-------------------------------------------------------------
+1. Write a class deriving from `Dir`, `StaticDir`, `File` or `Symlink` (all `Node`s).
+   A top-level node is constructed as `Cls(ctx, parent)` (`parent` is the root).
+2. Register it with ONE line in `daemon/nodes/root.py`'s `TOP_LEVEL` registry:
+   `b"pins": "alkfsd.nodes.pins:PinsDir",`.
+Nothing in fs.py changes: fs.py finds the node by inode and calls the method
+of the same name; every method below has the right default answer.
+
+Identity and inodes
+    `ident` is a hashable tuple naming what the node *is*, unique across the mount,
+    e.g. `("object", raw_key)`, `("pin", b"release-1")`, `("dir", "/repos/foo/refs")`.
+    The inode number is derived from it (`ino_seed()`, override for speed), so the
+    same thing keeps its number for the mount's life. Construct child nodes freely
+    in `lookup`/`readdir`; the framework counts the ones handed to the kernel and
+    keeps the newest instance for an equal ident (permanent nodes stay as they are),
+    so keep durable state in the store or the context, not in node instances.
+
+Attributes (cheap, no I/O: readdirplus asks for thousands)
+    `mode()`, `size()`, `mtime_ns()`, `nlink()`; `attr()` builds EntryAttributes
+    from them with `entry_timeout` / `attr_timeout` (long for immutable things).
+    `getattr(ctx)` may refresh before answering.
+
+Directories (`Dir`)
+    `lookup(name, ctx) -> Node`   ENOENT (raise `fail(errno.ENOENT)`) when absent.
+    `readdir(dh, start, emit)`     call `emit(name, node, next_offset)` per entry, in a
+                                   stable order, resuming after `start` (0 = beginning);
+                                   return as soon as `emit` returns False. Offsets
+                                   must be > 2 and unique; `dh.state` is a dict
+                                   private to this open directory (cursor caches).
+                                   `.` and `..` are not listed (the kernel adds them).
+    write side: `create(name, mode, flags, ctx) -> (Node, Handle)`,
+    `mkdir(name, mode, ctx) -> Node`, `symlink(name, target, ctx) -> Node`,
+    `link(name, node, ctx) -> Node` (called on the NEW parent), `unlink(name, ctx)`,
+    `rmdir(name, ctx)`, `rename(name, new_parent, new_name, flags, ctx)` (on the OLD
+    parent), `mknod(...)`. Defaults: ENOENT for a name that is not there, else EPERM.
+
+Files (`File`) and symlinks (`Symlink`)
+    `open(flags, ctx) -> Handle`   default: read-only; a write open is EPERM.
+    `Handle.read(off, size)`, `.write(off, buf) -> int`, `.flush()`, `.fsync(datasync)`,
+    `.release()`; `Handle.keep_cache` / `.direct_io` go to the kernel with the open.
+    `readlink(ctx) -> bytes` (symlinks; EINVAL otherwise).
+
+Any node
+    `setattr(attr, fields, handle, ctx) -> EntryAttributes` (default EPERM for any change),
+    `getxattr(name, ctx) -> bytes` (ENODATA), `listxattr(ctx) -> list[bytes]` ([]),
+    `setxattr(name, value, ctx)` (ENOTSUP), `removexattr(name, ctx)` (ENODATA).
+    Never answer ENOSYS for xattrs: the kernel would disable them mount-wide.
+
+Errors
+    Raise `fail(errno.EXXX, "why")` (from alkfsd.errors) or let a library error
+    (alkfs.errors) propagate: fs.py maps it to its errno and logs one line. Do slow
+    work through `await self.ctx.run_sync(fn, *args)` (sqlite writes, big file I/O,
+    hashing big buffers); cheap page-cached reads may run inline.
+
+Mutations in read-only mode are refused with EROFS by fs.py before they reach a
+node (namespace changes, xattr changes, setattr, write opens) unless the node sets
+`writable_when_read_only = True` (the control file does).
+
+Deleted objects: a view that shows store objects under names registers a callable
+in `ctx.deletion_views` mapping a deleted `Key` to `(parent_ino, name, ino)`
+entries; the sweep asks the kernel to drop those entries (see context.py).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import pyfuse3
+
+from ..context import DIR_TIMEOUT, OBJECT_TIMEOUT
+from ..errors import fail
+from ..inodes import derive
+
+if TYPE_CHECKING:
+    from ..context import Context
+
+Emit = Callable[[bytes, "Node", int], bool]
+FIRST_OFFSET = 3  # readdir offsets are never 0, 1 or 2 (NFS re-export reads those specially)
+WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_TRUNC
+
+
+def wants_write(flags: int) -> bool:
+    return bool(flags & (os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_TRUNC))
+
+
+class Handle:
+    """An open file. Defaults: no reads (EBADF), no writes (EBADF), nothing to flush."""
+
+    keep_cache: bool = False
+    direct_io: bool = False
+
+    def __init__(self, node: Node) -> None:
+        self.node = node
+
+    async def read(self, off: int, size: int) -> bytes | memoryview:
+        fail(errno.EBADF, "not open for reading")
+
+    async def write(self, off: int, buf: bytes) -> int:
+        fail(errno.EBADF, "not open for writing")
+
+    async def flush(self) -> None:
+        return None
+
+    async def fsync(self, datasync: bool) -> None:
+        return None
+
+    async def release(self) -> None:
+        return None
+
+
+class BytesHandle(Handle):
+    """Serves a buffer computed at open (small generated files)."""
+
+    def __init__(self, node: Node, data: bytes, *, direct_io: bool = False) -> None:
+        super().__init__(node)
+        self.data = data
+        self.direct_io = direct_io
+
+    async def read(self, off: int, size: int) -> bytes:
+        return self.data[off : off + size]
+
+
+class DirHandle:
+    """An open directory; `state` is the node's to keep a cursor in."""
+
+    def __init__(self, node: Node) -> None:
+        self.node = node
+        self.state: dict[Any, Any] = {}
+
+    async def release(self) -> None:
+        return None
+
+
+class Node:
+    """Base of every file and directory in the mount (see the module docstring)."""
+
+    is_dir: ClassVar[bool] = False
+    entry_timeout: float = OBJECT_TIMEOUT
+    attr_timeout: float = OBJECT_TIMEOUT
+    writable_when_read_only: ClassVar[bool] = False
+
+    __slots__ = ("ctx", "ident", "ino", "parent", "name")
+
+    def __init__(self, ctx: Context, ident: tuple, parent: Node | None, name: bytes) -> None:
+        self.ctx = ctx
+        self.ident = ident
+        self.parent = parent
+        self.name = name
+        self.ino = 0
+
+    def ino_seed(self) -> int:
+        return derive(self.ident)
+
+    @property
+    def path(self) -> str:
+        """The node's path in the mount (for logs)."""
+        parts = []
+        node: Node | None = self
+        while node is not None and node.parent is not None:
+            parts.append(node.name.decode("utf-8", "backslashreplace"))
+            node = node.parent
+        return "/" + "/".join(reversed(parts))
+
+    def describe(self) -> str:
+        return self.path
+
+    # -- attributes ---------------------------------------------------------------
+    def mode(self) -> int:
+        return stat.S_IFREG | 0o444
+
+    def size(self) -> int:
+        return 0
+
+    def mtime_ns(self) -> int:
+        return self.ctx.started_ns
+
+    def nlink(self) -> int:
+        return 1
+
+    def attr(self) -> pyfuse3.EntryAttributes:
+        a = pyfuse3.EntryAttributes()
+        a.st_ino = self.ino
+        a.generation = 0
+        a.entry_timeout = self.entry_timeout
+        a.attr_timeout = self.attr_timeout
+        a.st_mode = self.mode()
+        a.st_nlink = self.nlink()
+        a.st_uid = self.ctx.uid
+        a.st_gid = self.ctx.gid
+        a.st_rdev = 0
+        size = self.size()
+        a.st_size = size
+        a.st_blksize = 131072
+        a.st_blocks = (size + 511) // 512
+        t = self.mtime_ns()
+        a.st_atime_ns = t
+        a.st_mtime_ns = t
+        a.st_ctime_ns = t
+        return a
+
+    async def getattr(self, ctx: Any) -> pyfuse3.EntryAttributes:
+        return self.attr()
+
+    async def setattr(self, attr: Any, fields: Any, handle: Handle | None, ctx: Any) -> Any:
+        if changes_anything(fields):
+            fail(errno.EPERM, "its attributes cannot be changed")
+        return self.attr()
+
+    # -- extended attributes --------------------------------------------------------
+    async def getxattr(self, name: bytes, ctx: Any) -> bytes:
+        fail(errno.ENODATA)
+
+    async def listxattr(self, ctx: Any) -> list[bytes]:
+        return []
+
+    async def setxattr(self, name: bytes, value: bytes, ctx: Any) -> None:
+        fail(errno.ENOTSUP, f"no settable attribute {name!r}")
+
+    async def removexattr(self, name: bytes, ctx: Any) -> None:
+        fail(errno.ENODATA)
+
+    # -- files ------------------------------------------------------------------------
+    async def open(self, flags: int, ctx: Any) -> Handle:
+        fail(errno.EISDIR if self.is_dir else errno.EPERM)
+
+    async def readlink(self, ctx: Any) -> bytes:
+        fail(errno.EINVAL, "not a symbolic link")
+
+    # -- directories --------------------------------------------------------------------
+    async def opendir(self, ctx: Any) -> DirHandle:
+        fail(errno.ENOTDIR)
+
+    async def lookup(self, name: bytes, ctx: Any) -> Node:
+        fail(errno.ENOTDIR)
+
+    async def readdir(self, dh: DirHandle, start: int, emit: Emit) -> None:
+        fail(errno.ENOTDIR)
+
+    async def create(self, name: bytes, mode: int, flags: int, ctx: Any) -> tuple[Node, Handle]:
+        fail(errno.ENOTDIR)
+
+    async def mkdir(self, name: bytes, mode: int, ctx: Any) -> Node:
+        fail(errno.ENOTDIR)
+
+    async def mknod(self, name: bytes, mode: int, rdev: int, ctx: Any) -> Node:
+        fail(errno.ENOTDIR)
+
+    async def symlink(self, name: bytes, target: bytes, ctx: Any) -> Node:
+        fail(errno.ENOTDIR)
+
+    async def link(self, name: bytes, node: Node, ctx: Any) -> Node:
+        fail(errno.ENOTDIR)
+
+    async def unlink(self, name: bytes, ctx: Any) -> None:
+        fail(errno.ENOTDIR)
+
+    async def rmdir(self, name: bytes, ctx: Any) -> None:
+        fail(errno.ENOTDIR)
+
+    async def rename(
+        self, name: bytes, new_parent: Node, new_name: bytes, flags: int, ctx: Any
+    ) -> None:
+        fail(errno.ENOTDIR)
+
+
+def changes_anything(fields: Any) -> bool:
+    return any(
+        getattr(fields, f, False)
+        for f in (
+            "update_atime",
+            "update_mtime",
+            "update_ctime",
+            "update_mode",
+            "update_uid",
+            "update_gid",
+            "update_size",
+        )
+    )
+
+
+class File(Node):
+    """A read-only regular file; subclasses override `open` (and `size`)."""
+
+    __slots__ = ()
+
+    async def open(self, flags: int, ctx: Any) -> Handle:
+        if wants_write(flags):
+            fail(errno.EPERM, "read-only file")
+        return Handle(self)
+
+
+class Symlink(Node):
+    __slots__ = ("target",)
+
+    def __init__(
+        self, ctx: Context, ident: tuple, parent: Node | None, name: bytes, target: bytes
+    ) -> None:
+        super().__init__(ctx, ident, parent, name)
+        self.target = target
+
+    def mode(self) -> int:
+        return stat.S_IFLNK | 0o777
+
+    def size(self) -> int:
+        return len(self.target)
+
+    async def readlink(self, ctx: Any) -> bytes:
+        return self.target
+
+    async def open(self, flags: int, ctx: Any) -> Handle:
+        fail(errno.ELOOP)
+
+
+class Dir(Node):
+    """A directory. Defaults: empty, nothing can be created or removed in it."""
+
+    is_dir = True
+    entry_timeout = DIR_TIMEOUT
+    attr_timeout = DIR_TIMEOUT
+    __slots__ = ()
+
+    def mode(self) -> int:
+        return stat.S_IFDIR | 0o755
+
+    def nlink(self) -> int:
+        return 2
+
+    async def opendir(self, ctx: Any) -> DirHandle:
+        return DirHandle(self)
+
+    async def lookup(self, name: bytes, ctx: Any) -> Node:
+        fail(errno.ENOENT)
+
+    async def readdir(self, dh: DirHandle, start: int, emit: Emit) -> None:
+        return None
+
+    async def _existing(self, name: bytes, ctx: Any) -> Node:
+        return await self.lookup(name, ctx)  # ENOENT when absent
+
+    async def create(self, name: bytes, mode: int, flags: int, ctx: Any) -> tuple[Node, Handle]:
+        fail(errno.EPERM, "files cannot be created here")
+
+    async def mkdir(self, name: bytes, mode: int, ctx: Any) -> Node:
+        fail(errno.EPERM, "directories cannot be created here")
+
+    async def mknod(self, name: bytes, mode: int, rdev: int, ctx: Any) -> Node:
+        fail(errno.EPERM, "special files cannot be created here")
+
+    async def symlink(self, name: bytes, target: bytes, ctx: Any) -> Node:
+        fail(errno.EPERM, "symbolic links cannot be created here")
+
+    async def link(self, name: bytes, node: Node, ctx: Any) -> Node:
+        fail(errno.EPERM, "hard links cannot be created here")
+
+    async def unlink(self, name: bytes, ctx: Any) -> None:
+        child = await self._existing(name, ctx)
+        fail(errno.EISDIR if child.is_dir else errno.EPERM, f"{child.path} cannot be removed")
+
+    async def rmdir(self, name: bytes, ctx: Any) -> None:
+        child = await self._existing(name, ctx)
+        fail(errno.EPERM if child.is_dir else errno.ENOTDIR, f"{child.path} cannot be removed")
+
+    async def rename(
+        self, name: bytes, new_parent: Node, new_name: bytes, flags: int, ctx: Any
+    ) -> None:
+        child = await self._existing(name, ctx)
+        fail(errno.EPERM, f"{child.path} cannot be renamed")
+
+
+class StaticDir(Dir):
+    """A directory with a fixed list of children, built once by `children()`."""
+
+    __slots__ = ("_children", "_index")
+
+    def __init__(self, ctx: Context, ident: tuple, parent: Node | None, name: bytes) -> None:
+        super().__init__(ctx, ident, parent, name)
+        self._children: list[tuple[bytes, Node]] | None = None
+        self._index: dict[bytes, Node] = {}
+
+    def children(self) -> list[tuple[bytes, Node]]:
+        """(name, node) in listing order; called once."""
+        return []
+
+    def _entries(self) -> list[tuple[bytes, Node]]:
+        if self._children is None:
+            self._children = self.children()
+            self._index = dict(self._children)
+        return self._children
+
+    async def lookup(self, name: bytes, ctx: Any) -> Node:
+        self._entries()
+        node = self._index.get(name)
+        if node is None:
+            fail(errno.ENOENT)
+        return node
+
+    async def readdir(self, dh: DirHandle, start: int, emit: Emit) -> None:
+        entries = self._entries()
+        first = 0 if start < FIRST_OFFSET else start - FIRST_OFFSET + 1
+        for i in range(first, len(entries)):
+            name, node = entries[i]
+            if not emit(name, node, i + FIRST_OFFSET):
+                return

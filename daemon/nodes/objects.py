@@ -1,0 +1,433 @@
+"""/objects/<algo>/<hex>: every stored object as a read-only, verified, cacheable file."""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import stat
+import threading
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+from alkfs.errors import Corrupt, Invalid
+from alkfs.git.objects import MAX_HEADER, parse_header
+from alkfs.keys import Algorithm, Key
+from alkfs.store import ObjectStat
+
+from ..errors import fail
+from .base import FIRST_OFFSET, DirHandle, Emit, File, Handle, Node, StaticDir, changes_anything
+from .base import Dir as _Dir
+
+if TYPE_CHECKING:
+    from ..context import Context
+
+log = logging.getLogger("alkfsd")
+
+PAGE = 512  # objects fetched per listing query
+INLINE_VERIFY = 65536  # kv objects up to this size are loaded and hashed on the trio thread
+VERIFY_CHUNK = 1 << 20
+VERIFY_AHEAD = 8 << 20  # how far the verifier may hash ahead of what was served
+
+XATTR = b"user.alkfs."
+X_ALGO = b"user.alkfs.algorithm"
+X_SIZE = b"user.alkfs.size"
+X_TIER = b"user.alkfs.tier"
+X_GIT_TYPE = b"user.alkfs.git.type"
+X_PINS = b"user.alkfs.pins"
+X_PIN = b"user.alkfs.pin."
+READ_ONLY_XATTRS = (X_ALGO, X_SIZE, X_TIER, X_GIT_TYPE, X_PINS)
+
+
+def format_ns(ns: int) -> str:
+    """A creation time as text: ISO 8601, UTC, milliseconds (as the sweep report's)."""
+    return datetime.fromtimestamp(ns / 1e9, UTC).isoformat(timespec="milliseconds")
+
+
+def cookie(key: Key) -> int:
+    """The readdir offset after `key`: 62 bits of its digest, so it is stable and ordered."""
+    return (int.from_bytes(key.raw[1:9], "big") >> 2) + FIRST_OFFSET
+
+
+def after_cookie(algo: Algorithm, offset: int) -> Key:
+    """The greatest key whose cookie is `offset` (resume point when the exact key is unknown)."""
+    top = ((offset - FIRST_OFFSET) << 2) | 3
+    rest = algo.digest_len - 8
+    return Key(bytes([algo.value]) + top.to_bytes(8, "big") + b"\xff" * rest)
+
+
+class ObjectsDir(StaticDir):
+    """/objects: one directory per algorithm, always listed."""
+
+    __slots__ = ()
+
+    def __init__(self, ctx: Context, parent: Node) -> None:
+        super().__init__(ctx, ("dir", "/objects"), parent, b"objects")
+        for _, node in self._entries():
+            ctx.inodes.remember(node, permanent=True)
+        ctx.deletion_views.append(self._deleted)
+
+    def children(self) -> list[tuple[bytes, Node]]:
+        return [(a.label.encode(), AlgoDir(self.ctx, self, a)) for a in Algorithm]
+
+    def algo_dir(self, algo: Algorithm) -> AlgoDir:
+        node = self._index[algo.label.encode()]
+        assert isinstance(node, AlgoDir)
+        return node
+
+    def _deleted(self, key: Key) -> list[tuple[int, bytes, int]]:
+        d = self.algo_dir(key.algo)
+        known = self.ctx.inodes.known(("object", key.raw))
+        return [(d.ino, key.hex.encode(), known.ino if known is not None else 0)]
+
+
+class AlgoDir(_Dir):
+    """/objects/<algo>: lists in key order, a page at a time, resuming from the last key."""
+
+    __slots__ = ("algo",)
+
+    def __init__(self, ctx: Context, parent: Node, algo: Algorithm) -> None:
+        super().__init__(ctx, ("dir", f"/objects/{algo.label}"), parent, algo.label.encode())
+        self.algo = algo
+
+    def key_of(self, name: bytes) -> Key | None:
+        if len(name) != self.algo.hex_len:
+            return None
+        try:
+            return Key.from_hex(self.algo, name.decode("ascii"))
+        except (UnicodeDecodeError, Invalid):
+            return None
+
+    async def lookup(self, name: bytes, ctx: Any) -> Node:
+        key = self.key_of(name)
+        if key is None:
+            fail(errno.ENOENT)
+        st = self.ctx.store.stat(key)
+        if st is None:
+            fail(errno.ENOENT)
+        return ObjectFile(self.ctx, self, st)
+
+    async def readdir(self, dh: DirHandle, start: int, emit: Emit) -> None:
+        store = self.ctx.store
+        recent: dict[int, bytes] = dh.state.setdefault("recent", {})
+        after: Key | None
+        if start < FIRST_OFFSET:
+            after = None
+        elif (raw := recent.get(start)) is not None:
+            after = Key(raw)
+        else:
+            after = after_cookie(self.algo, start)
+        while True:
+            page = store.list(after=after, limit=PAGE, algo=self.algo)
+            if not page:
+                return
+            if len(recent) > 4 * PAGE:
+                recent.clear()
+            for st in page:
+                key = st.key
+                c = cookie(key)
+                if not emit(key.hex.encode(), ObjectFile(self.ctx, self, st), c):
+                    return
+                recent[c] = key.raw
+            if len(page) < PAGE:
+                return
+            after = page[-1].key
+
+
+class ObjectFile(File):
+    """One object. Attributes come from the listing or lookup that made the node."""
+
+    __slots__ = ("st",)
+
+    def __init__(self, ctx: Context, parent: Node, st: ObjectStat) -> None:
+        super().__init__(ctx, ("object", st.key.raw), parent, st.key.hex.encode())
+        self.st = st
+
+    @property
+    def key(self) -> Key:
+        return self.st.key
+
+    def ino_seed(self) -> int:
+        return int.from_bytes(self.st.key.raw[1:9], "big") ^ (self.st.key.raw[0] << 56)
+
+    def describe(self) -> str:
+        return str(self.st.key)
+
+    def mode(self) -> int:
+        return stat.S_IFREG | 0o444
+
+    def size(self) -> int:
+        return self.st.size
+
+    def mtime_ns(self) -> int:
+        return self.st.stored_ns
+
+    # -- reads ------------------------------------------------------------------------
+    async def open(self, flags: int, ctx: Any) -> Handle:
+        if flags & (os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_TRUNC):
+            fail(errno.EPERM, f"{self.key} is immutable")
+        store = self.ctx.store
+        key = self.key
+        if self.st.tier == "large":
+            if key.raw in store.corrupt:
+                raise Corrupt(f"{key} is known to be corrupt")
+            path = store.large_path(key)
+            if path is None:
+                fail(errno.ENOENT)
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                fst = os.fstat(fd)
+            except BaseException:
+                os.close(fd)
+                raise
+            return LargeHandle(self, fd, fst, store.is_verified(key, fst))
+        if self.st.size <= INLINE_VERIFY:
+            data = store.get(key)
+        else:
+            data = await self.ctx.run_sync(store.get, key)
+        if data is None:
+            fail(errno.ENOENT, f"{key} is gone")
+        return KvHandle(self, data)
+
+    # -- touch: freshen -----------------------------------------------------------------
+    async def setattr(self, attr: Any, fields: Any, handle: Handle | None, ctx: Any) -> Any:
+        if fields.update_size or fields.update_mode or fields.update_uid or fields.update_gid:
+            fail(errno.EPERM, f"{self.key} is immutable")
+        if changes_anything(fields):
+            if not await self.ctx.run_sync(self.ctx.store.freshen, self.key):
+                fail(errno.ENOENT, f"{self.key} is gone")
+            st = self.ctx.store.stat(self.key)
+            if st is not None:
+                self.st = st
+        return self.attr()
+
+    # -- extended attributes -----------------------------------------------------------------
+    def _pin_names(self) -> list[str]:
+        pins = self.ctx.pins
+        if pins is None:
+            return []
+        return sorted(str(n) for n in pins.names_for(self.key))
+
+    def _git_type(self) -> str:
+        store = self.ctx.store
+        head: bytes | None
+        if self.st.tier == "large":
+            path = store.large_path(self.key)
+            with open(path, "rb") as f:  # type: ignore[arg-type]
+                head = f.read(MAX_HEADER)
+        else:
+            value = store.kv_value(self.key)
+            head = None if value is None else value[:MAX_HEADER]
+        if head is None:
+            fail(errno.ENOENT)
+        return parse_header(head)[0]
+
+    async def listxattr(self, ctx: Any) -> list[bytes]:
+        names = [X_ALGO, X_SIZE, X_TIER]
+        if self.key.algo.is_git:
+            names.append(X_GIT_TYPE)
+        names.append(X_PINS)
+        names += [X_PIN + n.encode() for n in self._pin_names()]
+        return names
+
+    async def getxattr(self, name: bytes, ctx: Any) -> bytes:
+        if name == X_ALGO:
+            return self.key.algo.label.encode()
+        if name == X_SIZE:
+            return str(self.st.size).encode()
+        if name == X_TIER:
+            return b"large" if self.st.tier == "large" else b"kv"
+        if name == X_GIT_TYPE and self.key.algo.is_git:
+            return self._git_type().encode()
+        if name == X_PINS:
+            return ",".join(self._pin_names()).encode()
+        if name.startswith(X_PIN) and self.ctx.pins is not None:
+            pin_name = name[len(X_PIN) :].decode("utf-8", "surrogateescape")
+            rec = self.ctx.pins.get(pin_name)
+            if rec is not None and rec.key == self.key:
+                return format_ns(rec.created_ns).encode()
+        fail(errno.ENODATA)
+
+    async def setxattr(self, name: bytes, value: bytes, ctx: Any) -> None:
+        if name in READ_ONLY_XATTRS:
+            fail(errno.EPERM, f"{name.decode()} is read-only")
+        if name.startswith(X_PIN) and len(name) > len(X_PIN):
+            await self._pin(name[len(X_PIN) :].decode("utf-8", "surrogateescape"))
+            return
+        fail(errno.ENOTSUP, f"no settable attribute {name!r}")
+
+    async def removexattr(self, name: bytes, ctx: Any) -> None:
+        if name in READ_ONLY_XATTRS:
+            fail(errno.EPERM, f"{name.decode()} is read-only")
+        if name.startswith(X_PIN) and len(name) > len(X_PIN):
+            await self._unpin(name[len(X_PIN) :].decode("utf-8", "surrogateescape"))
+            return
+        fail(errno.ENODATA)
+
+    async def _pin(self, name: str) -> None:
+        pins = self.ctx.pins
+        if pins is None or not hasattr(pins, "pin"):
+            fail(errno.ENOTSUP, "pins are not available")
+        await self.ctx.run_sync(pins.pin, name, self.key)
+
+    async def _unpin(self, name: str) -> None:
+        pins = self.ctx.pins
+        if pins is None or not hasattr(pins, "unpin"):
+            fail(errno.ENODATA)
+        rec = pins.get(name)
+        if rec is None or rec.key != self.key:
+            fail(errno.ENODATA, f"no pin {name!r} on {self.key}")
+        await self.ctx.run_sync(pins.unpin, name)
+
+
+class KvHandle(Handle):
+    """A small object, loaded and verified at open."""
+
+    keep_cache = True
+
+    def __init__(self, node: Node, data: bytes) -> None:
+        super().__init__(node)
+        self.data = data
+
+    async def read(self, off: int, size: int) -> bytes:
+        return self.data[off : off + size]
+
+
+class LargeHandle(Handle):
+    """A large-tier file, served by pread. Unless this very file was verified before,
+    a verifier thread hashes it alongside the reads, and the read that reaches the
+    end waits for the verdict: a mismatch fails that read (EIO) and every later one."""
+
+    keep_cache = True
+
+    def __init__(self, node: ObjectFile, fd: int, fst: os.stat_result, verified: bool) -> None:
+        super().__init__(node)
+        self.obj = node
+        self.fd = fd
+        self.fst = fst
+        self.size = fst.st_size
+        self.verified = verified
+        self.verifier: Verifier | None = None
+        self.nowait = True
+
+    async def read(self, off: int, size: int) -> bytes | bytearray:
+        if off >= self.size:
+            if not self.verified and self.size == 0:
+                await self._verdict()
+            return b""
+        n = min(size, self.size - off)
+        data = await self._pread(off, n)
+        if not self.verified:
+            v = self.verifier
+            if v is None:
+                v = self.verifier = Verifier(self.obj, self.fd, self.fst)
+            v.advance(off + len(data))
+            if off + len(data) >= self.size:
+                await self._verdict()
+        return data
+
+    async def _verdict(self) -> None:
+        v = self.verifier
+        if v is None:
+            v = self.verifier = Verifier(self.obj, self.fd, self.fst)
+        v.advance(self.size)
+        ok = await self.obj.ctx.run_sync(v.wait)
+        if not ok:
+            raise Corrupt(f"{self.obj.key}: stored bytes do not hash to the key")
+        self.verified = True
+
+    async def _pread(self, off: int, n: int) -> bytes | bytearray:
+        got = 0
+        buf = bytearray(n)
+        if self.nowait:
+            try:
+                got = os.preadv(self.fd, [buf], off, os.RWF_NOWAIT)
+            except BlockingIOError:
+                got = 0
+            except OSError as exc:
+                if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
+                    raise
+                self.nowait = False
+        if got == n:
+            return buf
+        rest = await self.obj.ctx.run_sync(os.pread, self.fd, n - got, off + got)
+        return bytes(buf[:got]) + rest
+
+    async def release(self) -> None:
+        if self.verifier is not None:
+            self.verifier.cancel()
+        os.close(self.fd)
+
+
+class Verifier:
+    """Hashes one large file sequentially in its own thread, never more than
+    VERIFY_AHEAD past what was served, and remembers the verdict in the store."""
+
+    def __init__(self, obj: ObjectFile, fd: int, fst: os.stat_result) -> None:
+        self.obj = obj
+        self.store = obj.ctx.store
+        self.fd = os.dup(fd)  # its own descriptor: the handle may be released first
+        self.fst = fst
+        self.size = fst.st_size
+        self._cond = threading.Condition()
+        self._high = 0
+        self._cancelled = False
+        self._result: bool | None = None
+        threading.Thread(target=self._run, name=f"verify {obj.key.hex[:12]}", daemon=True).start()
+
+    def advance(self, upto: int) -> None:
+        with self._cond:
+            if upto > self._high:
+                self._high = upto
+                self._cond.notify_all()
+
+    def cancel(self) -> None:
+        with self._cond:
+            self._cancelled = True
+            self._cond.notify_all()
+
+    def wait(self) -> bool:
+        with self._cond:
+            self._cond.wait_for(lambda: self._result is not None or self._cancelled)
+            return bool(self._result)
+
+    def _run(self) -> None:
+        key = self.obj.key
+        ok = False
+        try:
+            h = key.algo.hasher()
+            pos = 0
+            chunk = b"-"
+            while pos < self.size:
+                with self._cond:
+                    self._cond.wait_for(lambda at=pos: self._cancelled or self._high > at)
+                    if self._cancelled:
+                        return
+                    limit = min(self.size, max(self._high + VERIFY_AHEAD, pos + VERIFY_CHUNK))
+                while pos < limit:
+                    chunk = os.pread(self.fd, min(VERIFY_CHUNK, limit - pos), pos)
+                    if not chunk:
+                        break
+                    h.update(chunk)
+                    pos += len(chunk)
+                if not chunk:
+                    break
+            tail = os.pread(self.fd, 1, pos)
+            ok = pos == self.size and not tail and h.digest() == key.digest
+            if ok:
+                self.store.remember_verified(key, self.fst)
+            else:
+                mark_corrupt(self.store, key)
+        except Exception:
+            log.exception("verifying %s failed", key)
+            mark_corrupt(self.store, key)
+        finally:
+            os.close(self.fd)
+            with self._cond:
+                self._result = ok
+                self._cond.notify_all()
+
+
+def mark_corrupt(store: Any, key: Key) -> None:
+    mark = getattr(store, "mark_corrupt", None) or store._mark_corrupt
+    mark(key)

@@ -1,0 +1,122 @@
+"""The figures behind /.alkfs/status (JSON, SPEC §3.6) and /.alkfs/metrics (Prometheus).
+
+`figures()` reads the store (a GROUP BY and a walk of the large tier): call it
+in a worker thread.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+import alkfs
+from alkfs.keys import Key
+
+if TYPE_CHECKING:
+    from .context import Context
+
+
+def _number(x: float) -> int | float:
+    return int(x) if float(x).is_integer() else x
+
+
+def figures(ctx: Context) -> dict[str, Any]:
+    store = ctx.store
+    last = store.last_sweep
+    return {
+        "version": alkfs.__version__,
+        "store": {
+            "path": None if store.path is None else str(store.path),
+            "mode": store.mode,
+            "threshold": store.threshold,
+            "window_s": _number(store.window_ns / 1e9),
+        },
+        "objects": store.counts(),
+        "pins": len(ctx.pins.list()) if ctx.pins is not None else 0,
+        "repos": len(ctx.refs.repos()) if ctx.refs is not None else 0,
+        "sweeping": store.arbiter.sweeping,
+        "last_sweep": None if last is None else last.to_dict(),
+        "corrupt": sorted(str(Key(k)) for k in list(store.corrupt)),
+        "mount": {
+            "path": ctx.mountpoint,
+            "read_only": ctx.read_only,
+            "pid": os.getpid(),
+        },
+    }
+
+
+def status_json(ctx: Context) -> bytes:
+    return (json.dumps(figures(ctx), indent=2) + "\n").encode()
+
+
+class _Figures:
+    """A prometheus_client collector over one snapshot of the figures."""
+
+    def __init__(self, fig: dict[str, Any], errors: dict[tuple[str, int], int]) -> None:
+        self.fig = fig
+        self.errors = errors
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        fig = self.fig
+        count = GaugeMetricFamily("alkfs_objects", "Objects stored", labels=["algo", "tier"])
+        size = GaugeMetricFamily("alkfs_object_bytes", "Bytes stored", labels=["algo"])
+        for algo, c in fig["objects"].items():
+            count.add_metric([algo, "kv"], c["kv"])
+            count.add_metric([algo, "large"], c["large"])
+            size.add_metric([algo], c["bytes"])
+        yield count
+        yield size
+        yield GaugeMetricFamily("alkfs_pins", "Durable pins", value=fig["pins"])
+        yield GaugeMetricFamily("alkfs_repos", "Repositories", value=fig["repos"])
+        yield GaugeMetricFamily(
+            "alkfs_corrupt_objects", "Objects whose bytes do not hash", value=len(fig["corrupt"])
+        )
+        yield GaugeMetricFamily(
+            "alkfs_sweeping", "1 while a sweep runs", value=int(fig["sweeping"])
+        )
+        st = fig["store"]
+        yield GaugeMetricFamily("alkfs_threshold_bytes", "kv/large threshold", st["threshold"])
+        yield GaugeMetricFamily("alkfs_window_seconds", "Sweep delete window", st["window_s"])
+        last = fig["last_sweep"]
+        if last is not None:
+            for field in (
+                "candidates_staged",
+                "deleted",
+                "cancelled_by_arbitration",
+                "live",
+                "scanned",
+                "bytes_freed",
+            ):
+                yield GaugeMetricFamily(
+                    f"alkfs_last_sweep_{field}", f"Last sweep: {field}", value=last[field]
+                )
+            yield GaugeMetricFamily(
+                "alkfs_last_sweep_duration_seconds", "Last sweep: duration", last["duration_s"]
+            )
+            yield GaugeMetricFamily(
+                "alkfs_last_sweep_aborted",
+                "Last sweep aborted (1) or ran (0)",
+                int(bool(last["aborted"])),
+            )
+        errs = CounterMetricFamily(
+            "alkfs_fuse_errors", "FUSE requests answered with an error", labels=["op", "errno"]
+        )
+        for (op, code), n in sorted(self.errors.items()):
+            errs.add_metric([op, errno.errorcode.get(code, str(code))], n)
+        yield errs
+
+
+def metrics_text(ctx: Context, errors: dict[tuple[str, int], int]) -> bytes:
+    """Prometheus text; `errors` is a copy of ctx.errors taken on the trio thread."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Figures(figures(ctx), errors))  # type: ignore[arg-type]
+    return generate_latest(registry)
