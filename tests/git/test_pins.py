@@ -1,0 +1,159 @@
+"""Durable named pins and the liveness they give."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from alkfs.app import Alkfs
+from alkfs.errors import Exists, Invalid, Missing
+from alkfs.git.importer import import_repo
+from alkfs.git.objects import canonical
+from alkfs.keys import Algorithm, Key
+
+from .conftest import stored_keys
+from .test_closure import WriteBlocker, _wait_pinned
+
+
+def test_a_pin_names_one_object_and_is_listed(app):
+    key = app.store.add(b"release\n")
+    record = app.pins.pin("release-1", key)
+    assert (record.name, record.key) == ("release-1", key)
+    assert app.pins.get("release-1") == record
+    assert app.pins.list() == [record]
+    assert app.pins.names_for(key) == ["release-1"]
+    assert app.pins.get("nope") is None
+
+
+def test_pinning_the_same_object_again_is_idempotent(app):
+    key = app.store.add(b"x")
+    first = app.pins.pin("p", key)
+    assert app.pins.pin("p", key) == first
+    assert app.pins.list() == [first]
+
+
+def test_a_name_used_by_another_object_is_refused(app):
+    a, b = app.store.add(b"a"), app.store.add(b"b")
+    app.pins.pin("p", a)
+    with pytest.raises(Exists):
+        app.pins.pin("p", b)
+    assert app.pins.get("p").key == a
+
+
+def test_pinning_an_absent_object_or_with_a_bad_name_is_refused(app):
+    key = app.store.add(b"here")
+    with pytest.raises(Missing):
+        app.pins.pin("p", Key.derive(Algorithm.SHA256, b"absent"))
+    for bad in ["", ".x", "a/b", "a b", "x" * 129, "-x"]:
+        with pytest.raises(Invalid):
+            app.pins.pin(bad, key)
+    app.pins.pin("x" * 128, key)
+    assert [p.name for p in app.pins.list()] == ["x" * 128]
+
+
+def test_one_object_may_carry_many_names(app):
+    key = app.store.add(b"shared")
+    app.pins.pin("b", key)
+    app.pins.pin("a", key)
+    assert app.pins.names_for(key) == ["a", "b"]
+
+
+def test_unpin_and_rename(app):
+    a, b = app.store.add(b"a"), app.store.add(b"b")
+    app.pins.pin("one", a)
+    app.pins.pin("two", b)
+    app.pins.rename("one", "uno")
+    assert [p.name for p in app.pins.list()] == ["two", "uno"]
+    assert app.pins.get("uno").key == a
+    with pytest.raises(Exists):
+        app.pins.rename("uno", "two")
+    with pytest.raises(Missing):
+        app.pins.rename("gone", "x")
+    with pytest.raises(Invalid):
+        app.pins.rename("uno", "bad name")
+    app.pins.unpin("uno")
+    with pytest.raises(Missing):
+        app.pins.unpin("uno")
+    assert [p.name for p in app.pins.list()] == ["two"]
+
+
+def test_pins_survive_a_reopen(tmp_path, app):
+    key = app.store.add(b"durable")
+    record = app.pins.pin("keep", key)
+    app.close()
+    again = Alkfs.open(tmp_path / "store", window_s=0)
+    try:
+        assert again.pins.list() == [record]
+        for _ in range(2):
+            assert again.store.sweep(0).deleted == 0
+        assert again.store.has(key)
+    finally:
+        again.close()
+
+
+def test_a_pin_on_a_plain_object_keeps_that_object_only(app):
+    kept = app.store.add(b"kept")
+    dropped = app.store.add(b"dropped")
+    assert app.store.has(dropped)
+    app.pins.pin("kept", kept)
+    assert app.store.sweep(0).candidates_staged == 1
+    assert app.store.sweep(0).deleted == 1
+    assert stored_keys(app) == {kept.raw}
+    assert not app.store.has(dropped)
+
+
+def test_a_pin_on_a_git_commit_keeps_its_whole_closure(app, make_repo):
+    src = make_repo()
+    src.write("a.txt", "a\n")
+    c1 = src.commit("one")
+    src.write("b.txt", "b\n")
+    src.commit("two")
+    import_repo(app, src.gitdir, "r", progress=False)
+    app.pins.pin("old", Key.from_hex(Algorithm.GIT_SHA1, c1))
+    app.refs.delete_repo("r")
+    first, second = app.store.sweep(0), app.store.sweep(0)
+    kept = src.rev_list_keys(c1)
+    assert first.candidates_staged == len(src.all_object_keys() - kept)
+    assert second.deleted == first.candidates_staged
+    assert stored_keys(app) == kept
+    assert app.pins.live_keys() == kept
+
+
+def test_unpinning_makes_the_object_a_candidate(app):
+    key = app.store.add(b"temporary")
+    app.pins.pin("t", key)
+    assert app.store.sweep(0).candidates_staged == 0
+    app.pins.unpin("t")
+    assert app.store.sweep(0).candidates_staged == 1
+    assert app.store.sweep(0).deleted == 1
+    assert not app.store.has(key)
+
+
+def test_contains_is_live_when_cold_or_after_a_pin_write_and_exact_otherwise(app):
+    a, b = app.store.add(b"a"), app.store.add(b"b")
+    app.pins.pin("a", a)
+    assert app.pins.contains(b.raw) is True
+    app.pins.live_keys()
+    assert (app.pins.contains(a.raw), app.pins.contains(b.raw)) == (True, False)
+    app.pins.pin("b", b)
+    assert app.pins.contains(b.raw) is True
+    assert app.pins.builds == 1
+
+
+def test_a_pin_write_straddling_a_mark_answers_live_never_dead(app):
+    key = app.store.add(canonical("blob", b"pinned mid-mark\n"), Algorithm.GIT_SHA1)
+    app.pins.live_keys()  # a built memo, so the answer is not merely cold
+    blocker = WriteBlocker(app)
+    done = threading.Event()
+    writer = threading.Thread(target=lambda: (app.pins.pin("late", key), done.set()))
+    writer.start()
+    _wait_pinned(app, key)  # in-process pin held, the row waits on the database lock
+    assert app.pins.live_keys() == set()
+    assert app.pins.write_counter == 0
+    blocker.release()
+    writer.join()
+    assert done.is_set()
+    assert app.store.arbiter.pin_count(key) == 0
+    assert app.pins.write_counter == 1
+    assert app.pins.contains(key.raw) is True
