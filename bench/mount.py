@@ -1,0 +1,536 @@
+"""Mount benchmark: alkfs through FUSE against plain files and against bindfs over the same files.
+
+Run as root from the repository with the project's venv (needs /dev/fuse, bindfs, git):
+
+    .venv/bin/python bench/mount.py            # full sizes
+    .venv/bin/python bench/mount.py --quick    # smaller sizes, same scenarios
+    .venv/bin/python bench/mount.py --check    # exit 1 if a target fails
+
+Only public tools are driven: `cat`, `find | xargs cat`, `ls -l`, `git`. bindfs (Debian's)
+is the peer FUSE filesystem: it serves the very same bytes from a plain directory, so
+"alkfs vs bindfs" isolates what alkfs adds over a minimal pass-through FUSE filesystem.
+
+The store is populated through the library (Store.put / put_many, git.importer) before the
+daemon starts. The script starts its own `alkfsd` and `bindfs -f` under a temporary
+directory and always stops them by PID (SIGTERM, then SIGKILL) and unmounts them
+(`fusermount3 -u`, then `-uz`), whatever happens.
+
+Scenarios (full / --quick sizes):
+
+1. Sequential read of one 1 GiB (128 MiB) object with `cat`: the alkfs object file, a plain
+   file with the same bytes, and that file through bindfs. "First read" drops the page cache
+   first (`echo 3 > /proc/sys/vm/drop_caches`, or, where that is not permitted, remounts and
+   evicts the backing files with posix_fadvise); "repeated" reads a warm file.
+2. 20,000 (2,000) objects of 4 KiB read with `find DIR -type f -print0 | xargs -0 cat`: the
+   store's blake3 directory (holding exactly these objects) against the same files in a plain
+   directory and through bindfs; cold and warm.
+3. `ls -l` of the 100,000 (10,000)-entry /objects/sha256 directory against a plain directory
+   of the same names and sizes; the first listing after the cache drop, and repeated.
+4. git over a generated repository of at least 50,000 (5,000) objects (git fast-import,
+   cached under bench/out/): `git rev-list --objects --all` and `git log --stat -n 2000`
+   in a repository with no objects of its own whose objects/info/alternates names
+   MNT/git/sha1, against the same repository packed natively, and against the same objects
+   loose in a plain object directory served by bindfs (again through alternates). The
+   outputs are checked identical before anything is timed.
+
+Each time is the median of several runs. Ratios are throughput ratios (baseline time /
+alkfs time: above 1 means alkfs is faster). Targets: repeated large reads >= 0.9x plain;
+first large reads >= 0.5x bindfs; small objects and git through alternates no slower than
+bindfs over the same loose files (>= 1.0x); `ls -l` at most 3x the plain directory's time
+(>= 0.33x).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import json
+import os
+import random
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+OUT = HERE / "out"
+sys.path.insert(0, str(HERE.parent))
+
+from alkfs.app import Alkfs  # noqa: E402
+from alkfs.git.importer import import_repo  # noqa: E402
+from alkfs.keys import Algorithm  # noqa: E402
+
+BIN = Path(sys.executable).parent
+
+
+@dataclass(frozen=True)
+class Sizes:
+    large_mib: int
+    small_count: int
+    ls_count: int
+    git_commits: int  # ~8 objects per commit
+    runs: int
+
+
+FULL = Sizes(large_mib=1024, small_count=20_000, ls_count=100_000, git_commits=6_600, runs=3)
+QUICK = Sizes(large_mib=128, small_count=2_000, ls_count=10_000, git_commits=700, runs=3)
+
+
+# -- mounts, always cleaned up ------------------------------------------------------------
+
+
+def mounted(mnt: Path) -> bool:
+    with open("/proc/self/mounts") as f:
+        return any(line.split()[1] == str(mnt) for line in f)
+
+
+@dataclass
+class Mount:
+    name: str
+    argv: list[str]
+    mnt: Path
+    log: Path
+    proc: subprocess.Popen | None = None
+
+    def start(self, timeout: float = 60) -> None:
+        self.mnt.mkdir(parents=True, exist_ok=True)
+        with open(self.log, "ab") as log:
+            self.proc = subprocess.Popen(
+                self.argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True
+            )
+        deadline = time.monotonic() + timeout
+        while not mounted(self.mnt):
+            if self.proc.poll() is not None:
+                raise RuntimeError(
+                    f"{self.name} exited {self.proc.returncode} before mounting: "
+                    + self.log.read_text(errors="replace")[-2000:]
+                )
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{self.name} did not mount {self.mnt} within {timeout}s")
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        proc, self.proc = self.proc, None
+        if proc is not None and proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(10)
+        for flags in ("-u", "-uz"):
+            if not mounted(self.mnt):
+                break
+            subprocess.run(["fusermount3", flags, str(self.mnt)], capture_output=True)
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+
+class Mounts:
+    def __init__(self, work: Path) -> None:
+        self.work = work
+        self.all: list[Mount] = []
+
+    def alkfsd(self, store: Path, mnt: Path) -> Mount:
+        argv = [str(BIN / "alkfsd"), str(store), str(mnt)]
+        return self._add(Mount("alkfsd", argv, mnt, self.work / "alkfsd.log"))
+
+    def bindfs(self, src: Path, mnt: Path) -> Mount:
+        argv = ["bindfs", "-f", str(src), str(mnt)]
+        return self._add(Mount(f"bindfs {src.name}", argv, mnt, self.work / "bindfs.log"))
+
+    def _add(self, m: Mount) -> Mount:
+        self.all.append(m)
+        m.start()
+        return m
+
+    def stop_all(self) -> None:
+        for m in reversed(self.all):
+            with contextlib.suppress(Exception):
+                m.stop()
+
+
+# -- caches and timing -------------------------------------------------------------------------
+
+
+def can_drop_caches() -> bool:
+    try:
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("3\n")
+        return True
+    except OSError:
+        return False
+
+
+def evict(path: Path) -> None:
+    """Drop one file's pages from the page cache (works without privileges)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+class Cache:
+    def __init__(self, mounts: Mounts, backing: list[Path]) -> None:
+        self.mounts = mounts
+        self.backing = backing  # big files to evict when drop_caches is not ours
+        self.drop = can_drop_caches()
+
+    def cold(self) -> None:
+        os.sync()
+        if self.drop:
+            with open("/proc/sys/vm/drop_caches", "w") as f:
+                f.write("3\n")
+            return
+        for m in self.mounts.all:
+            m.restart()
+        for p in self.backing:
+            evict(p)
+
+
+def timed(cmd: str) -> float:
+    t0 = time.perf_counter()
+    subprocess.run(["bash", "-c", cmd], stdout=subprocess.DEVNULL, check=True)
+    return time.perf_counter() - t0
+
+
+def median_time(cmd: str, runs: int, before: Callable[[], None] | None = None) -> float:
+    times = []
+    for _ in range(runs):
+        if before is not None:
+            before()
+        times.append(timed(cmd))
+    return statistics.median(times)
+
+
+# -- reporting --------------------------------------------------------------------------------
+
+
+@dataclass
+class Report:
+    rows: list[dict] = field(default_factory=list)
+
+    def line(
+        self,
+        scenario: str,
+        times: dict[str, float],
+        versus: str,
+        target: float,
+        nbytes: int | None = None,
+        note: str = "",
+    ) -> None:
+        ratio = times[versus] / times["alkfs"]
+        ok = ratio >= target
+        parts = []
+        for name, t in times.items():
+            rate = f" {nbytes / t / 1e6:,.0f} MB/s" if nbytes else ""
+            parts.append(f"{name} {t:.3f}s{rate}")
+        print(f"  {scenario:<34} " + " | ".join(parts))
+        print(
+            f"  {'':<34} alkfs vs {versus}: {ratio:.2f}x (target >= {target:g}x) "
+            f"{'PASS' if ok else 'FAIL'}{'  ' + note if note else ''}",
+            flush=True,
+        )
+        self.rows.append(
+            {
+                "scenario": scenario,
+                "times_s": times,
+                "versus": versus,
+                "ratio": round(ratio, 3),
+                "target": target,
+                "pass": ok,
+            }
+        )
+
+    @property
+    def failed(self) -> list[str]:
+        return [r["scenario"] for r in self.rows if not r["pass"]]
+
+
+# -- populating -------------------------------------------------------------------------------
+
+
+def write_random(path: Path, nbytes: int) -> None:
+    chunk = 64 << 20
+    with open(path, "wb") as f:
+        left = nbytes
+        while left:
+            n = min(chunk, left)
+            f.write(os.urandom(n))
+            left -= n
+
+
+def small_payloads(count: int, size: int, seed: int) -> Iterator[bytes]:
+    rng = random.Random(seed)
+    for _ in range(count):
+        yield rng.randbytes(size)
+
+
+def put_files(app: Alkfs, plain: Path, algo: Algorithm, payloads: Iterator[bytes]) -> int:
+    """Store every payload under `algo` and write the same bytes to plain/<hex>."""
+    plain.mkdir(parents=True, exist_ok=True)
+    n = 0
+    batch: list[tuple[bytes, Algorithm, None]] = []
+
+    def flush() -> None:
+        for result, (data, _, _) in zip(app.store.put_many(batch), batch, strict=True):
+            result.pin.release()
+            (plain / result.key.hex).write_bytes(data)
+        batch.clear()
+
+    for data in payloads:
+        batch.append((data, algo, None))
+        n += 1
+        if len(batch) >= 2000:
+            flush()
+    flush()
+    return n
+
+
+# -- the git repository -------------------------------------------------------------------------
+
+WORDS = (
+    "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi rho "
+    "sigma tau upsilon phi chi psi omega store object tree blob commit mount fuse sweep pin"
+).split()
+
+
+def fast_import_stream(commits: int, dirs: int = 100, files: int = 40, touched: int = 3) -> bytes:
+    """A linear history (with a branch merged back every 500 commits and a tag every 250)
+    where each commit rewrites `touched` files in distinct directories."""
+    rng = random.Random(42)
+    out = bytearray()
+
+    def data(b: bytes) -> None:
+        out.extend(b"data %d\n" % len(b) + b + b"\n")
+
+    for c in range(1, commits + 1):
+        branch = "side" if c % 500 in range(490, 500) else "main"
+        out += b"commit refs/heads/%s\nmark :%d\n" % (branch.encode(), c)
+        out += b"committer Bench <bench@example.com> %d +0000\n" % (1_700_000_000 + 60 * c)
+        data(f"change {c}\n\n{' '.join(rng.choices(WORDS, k=12))}\n".encode())
+        if c == 1:
+            pass
+        elif c % 500 == 490:
+            out += b"from :%d\n" % (c - 1)  # the side branch forks from main
+        elif c % 500 == 0:
+            out += b"from :%d\nmerge :%d\n" % (c - 11, c - 1)  # main merges the side branch
+        else:
+            out += b"from :%d\n" % (c - 1)
+        for d in rng.sample(range(dirs), touched):
+            path = f"d{d:03d}/f{rng.randrange(files):02d}.txt"
+            lines = (
+                " ".join(rng.choices(WORDS, k=rng.randrange(4, 14)))
+                for _ in range(rng.randrange(10, 60))
+            )
+            body = f"{path} at {c}\n" + "\n".join(lines) + "\n"
+            out += f"M 100644 inline {path}\n".encode()
+            data(body.encode())
+        if c % 250 == 0:
+            out += b"tag v%d\nfrom :%d\n" % (c // 250, c)
+            out += b"tagger Bench <bench@example.com> %d +0000\n" % (1_700_000_000 + 60 * c)
+            data(b"release %d\n" % (c // 250))
+    return bytes(out)
+
+
+def git(*args: str, **kw) -> str:
+    return subprocess.run(["git", *args], check=True, capture_output=True, text=True, **kw).stdout
+
+
+def build_git(commits: int) -> tuple[Path, Path, int]:
+    """(packed source, loose object copy, object count), cached under bench/out/."""
+    base = OUT / f"git-{commits}"
+    src, loose, done = base / "src.git", base / "loose.git", base / "done"
+    if not done.exists():
+        shutil.rmtree(base, ignore_errors=True)
+        base.mkdir(parents=True)
+        git("init", "-q", "--bare", "-b", "main", str(src))
+        subprocess.run(
+            ["git", f"--git-dir={src}", "fast-import", "--quiet"],
+            input=fast_import_stream(commits),
+            check=True,
+        )
+        git(f"--git-dir={src}", "repack", "-a", "-d", "-f", "-q")
+        git(f"--git-dir={src}", "pack-refs", "--all")
+        git("init", "-q", "--bare", "-b", "main", str(loose))
+        for pack in (src / "objects" / "pack").glob("*.pack"):
+            with open(pack, "rb") as f:
+                subprocess.run(
+                    ["git", f"--git-dir={loose}", "unpack-objects", "-q"], stdin=f, check=True
+                )
+        done.write_text("ok\n")
+    count = (
+        len(git(f"--git-dir={src}", "cat-file", "--batch-all-objects", "--batch-check").split("\n"))
+        - 1
+    )
+    return src, loose, count
+
+
+def alternates_repo(path: Path, src: Path, objects: Path) -> Path:
+    """A bare repository with src's refs, no objects, and `objects` as its alternate."""
+    shutil.rmtree(path, ignore_errors=True)
+    git("init", "-q", "--bare", "-b", "main", str(path))
+    shutil.copy(src / "packed-refs", path / "packed-refs")
+    (path / "objects" / "info" / "alternates").write_text(f"{objects}\n")
+    return path
+
+
+# -- the scenarios ----------------------------------------------------------------------------------
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="smaller sizes")
+    ap.add_argument("--check", action="store_true", help="exit 1 if a target fails")
+    ap.add_argument("--keep", action="store_true", help="keep the temporary directory")
+    a = ap.parse_args()
+    sizes = QUICK if a.quick else FULL
+    if os.geteuid() != 0:
+        print("bench/mount.py needs root (FUSE mounts, drop_caches)", file=sys.stderr)
+        return 2
+    for tool in ("bindfs", "fusermount3", "git"):
+        if shutil.which(tool) is None:
+            print(f"bench/mount.py needs {tool}", file=sys.stderr)
+            return 2
+
+    OUT.mkdir(exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="alkfs-bench-mount-"))
+    mounts = Mounts(work)
+    report = Report()
+    try:
+        run(sizes, work, mounts, report, quick=a.quick)
+    finally:
+        mounts.stop_all()
+        if not a.keep:
+            shutil.rmtree(work, ignore_errors=True)
+    name = "mount-quick.json" if a.quick else "mount.json"
+    (OUT / name).write_text(json.dumps(report.rows, indent=2) + "\n")
+    if report.failed:
+        print(f"FAILED targets: {', '.join(report.failed)}")
+    else:
+        print("all targets PASS")
+    return 1 if a.check and report.failed else 0
+
+
+def run(sizes: Sizes, work: Path, mounts: Mounts, report: Report, quick: bool) -> None:
+    store, plain, mnt, bind = work / "store", work / "plain", work / "mnt", work / "bind"
+    plain.mkdir()
+    print(
+        f"bench/mount.py ({'quick' if quick else 'full'}): {os.cpu_count()} CPUs, "
+        f"{subprocess.run(['uname', '-r'], capture_output=True, text=True).stdout.strip()}, "
+        f"median of {sizes.runs} runs",
+        flush=True,
+    )
+
+    # -- populate through the library --------------------------------------------------------
+    t0 = time.perf_counter()
+    large_plain = plain / "large.bin"
+    write_random(large_plain, sizes.large_mib << 20)
+    src, loose, git_objects = build_git(sizes.git_commits)
+    with Alkfs.open(store) as app:
+        with open(large_plain, "rb") as f:
+            result = app.store.put(f)
+        result.pin.release()
+        large_key = result.key
+        # /objects/sha256 holds exactly ls_count entries: the large object and the listing set
+        ls_plain = plain / "ls"
+        put_files(app, ls_plain, Algorithm.SHA256, small_payloads(sizes.ls_count - 1, 100, 1))
+        os.link(large_plain, ls_plain / large_key.hex)
+        # /objects/blake3 holds exactly the small-read set
+        put_files(
+            app, plain / "small", Algorithm.BLAKE3, small_payloads(sizes.small_count, 4096, 2)
+        )
+        imported = import_repo(app, str(src), "bench", progress=False)
+    print(
+        f"  populated in {time.perf_counter() - t0:.1f}s: {sizes.large_mib} MiB object, "
+        f"{sizes.ls_count:,} sha256, {sizes.small_count:,} blake3, "
+        f"{imported.objects:,} git objects ({git_objects:,} in the source)",
+        flush=True,
+    )
+
+    alk = mounts.alkfsd(store, mnt)
+    mounts.bindfs(plain, bind)
+    bind_objects = mounts.bindfs(loose / "objects", work / "bindobj").mnt
+    cache = Cache(mounts, [large_plain, store / "large"])
+    print(f"  page cache drop: {'drop_caches' if cache.drop else 'remount + fadvise'}", flush=True)
+    runs = sizes.runs
+
+    # -- 1. one large object ---------------------------------------------------------------------
+    nbytes = sizes.large_mib << 20
+    print(f"[1] sequential read of a {sizes.large_mib} MiB object (cat)", flush=True)
+    paths = {
+        "plain": large_plain,
+        "bindfs": bind / "large.bin",
+        "alkfs": mnt / "objects" / "sha256" / large_key.hex,
+    }
+    first = {n: median_time(f"cat '{p}'", runs, cache.cold) for n, p in paths.items()}
+    report.line("first read", first, "bindfs", 0.5, nbytes)
+    warm = {}
+    for n, p in paths.items():
+        timed(f"cat '{p}'")
+        warm[n] = median_time(f"cat '{p}'", runs)
+    report.line("repeated read", warm, "plain", 0.9, nbytes)
+
+    # -- 2. many small objects -------------------------------------------------------------------
+    print(f"[2] {sizes.small_count:,} objects of 4 KiB (find | xargs cat)", flush=True)
+    dirs = {
+        "plain": plain / "small",
+        "bindfs": bind / "small",
+        "alkfs": mnt / "objects" / "blake3",
+    }
+    cmd = "find '{}' -type f -print0 | xargs -0 cat"
+    cold = {n: median_time(cmd.format(d), runs, cache.cold) for n, d in dirs.items()}
+    report.line("cold", cold, "bindfs", 1.0)
+    warm = {n: median_time(cmd.format(d), runs) for n, d in dirs.items()}
+    report.line("warm", warm, "bindfs", 1.0)
+
+    # -- 3. a big directory -----------------------------------------------------------------------
+    print(f"[3] ls -l of a {sizes.ls_count:,}-entry directory", flush=True)
+    dirs = {"plain": plain / "ls", "alkfs": mnt / "objects" / "sha256"}
+    listing = {n: len(os.listdir(d)) for n, d in dirs.items()}
+    assert listing["plain"] == listing["alkfs"] == sizes.ls_count, listing
+    cmd = "LC_ALL=C ls -l '{}'"
+    first = {n: median_time(cmd.format(d), runs, cache.cold) for n, d in dirs.items()}
+    report.line("first listing", first, "plain", 1 / 3)
+    warm = {n: median_time(cmd.format(d), runs) for n, d in dirs.items()}
+    report.line("repeated listing", warm, "plain", 1 / 3)
+
+    # -- 4. git through alternates --------------------------------------------------------------
+    print(f"[4] git over {git_objects:,} objects", flush=True)
+    repos = {
+        "native": src,
+        "bindfs": alternates_repo(work / "alt-bindfs.git", src, bind_objects),
+        "alkfs": alternates_repo(work / "alt-alkfs.git", src, alk.mnt / "git" / "sha1"),
+    }
+    for title, args in (
+        ("rev-list --objects --all", "rev-list --objects --all"),
+        ("log --stat -n 2000", "log --stat -n 2000"),
+    ):
+        digests = {
+            n: hashlib.sha256(git(f"--git-dir={r}", *args.split()).encode()).hexdigest()
+            for n, r in repos.items()
+        }
+        if len(set(digests.values())) != 1:
+            raise RuntimeError(f"git {args}: outputs differ between {digests}")
+        cmd = "git --git-dir='{}' " + args
+        cold = {n: median_time(cmd.format(r), runs, cache.cold) for n, r in repos.items()}
+        report.line(f"{title} (cold)", cold, "bindfs", 1.0)
+        warm = {n: median_time(cmd.format(r), runs) for n, r in repos.items()}
+        report.line(f"{title} (warm)", warm, "bindfs", 1.0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
