@@ -421,9 +421,11 @@ class Store:
         try:
             with open(path, "rb") as f:
                 st = os.fstat(f.fileno())
-                if self.is_verified(key, st):
-                    return f.read()
                 data = f.read()
+                # Served unhashed only if this very file was verified before and did
+                # not change while it was read (an edit changes its ctime).
+                if self.is_verified(key, st) and self.is_verified(key, os.fstat(f.fileno())):
+                    return data
         except FileNotFoundError:
             return None
         self._check(key, data)
@@ -469,14 +471,41 @@ class Store:
             if path is None:
                 return None
             try:
-                self.verify_file(key, path)
                 with open(path, "rb") as f:
-                    piece = os.pread(f.fileno(), length, offset)
-                    if not self.is_verified(key, os.fstat(f.fileno())):
-                        raise Corrupt(f"{key}: the file changed while it was read")
+                    piece = self._large_slice(key, f, offset, length)
             except FileNotFoundError:
                 return None
         return piece, hashlib.sha256(piece).hexdigest()
+
+    def _large_slice(self, key: Key, f: BinaryIO, offset: int, length: int) -> bytes:
+        """A slice of an open large-tier file, never unverified bytes.
+
+        Fast path: the file was verified before and is unchanged across the pread.
+        Otherwise one streaming pass hashes the whole file and keeps the slice from
+        that same pass, so a freshen (times change, bytes do not) racing the read is
+        no error, and an edit is Corrupt."""
+        fd = f.fileno()
+        st = os.fstat(fd)
+        if self.is_verified(key, st):
+            piece = os.pread(fd, length, offset)
+            if self.is_verified(key, os.fstat(fd)):
+                return piece
+            st = os.fstat(fd)
+        h = key.algo.hasher()
+        parts: list[bytes] = []
+        pos = 0
+        end = offset + length
+        while chunk := os.pread(fd, CHUNK, pos):
+            h.update(chunk)
+            lo, hi = max(offset, pos), min(end, pos + len(chunk))
+            if lo < hi:
+                parts.append(chunk[lo - pos : hi - pos])
+            pos += len(chunk)
+        if h.digest() != key.digest:
+            self._mark_corrupt(key)
+            raise Corrupt(f"{key}: stored bytes do not hash to the key")
+        self.remember_verified(key, st)
+        return b"".join(parts)
 
     def verify(self, progress: Callable[[int], None] | None = None) -> list[Key]:
         """Re-hash every object (ignoring what was remembered); returns the corrupt ones."""
