@@ -10,6 +10,7 @@ import contextlib
 import os
 import threading
 import time
+import weakref
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -33,7 +34,7 @@ class Database:
             raise Invalid("an in-memory sqlite database cannot hold the WAL posture")
         self.path = Path(text)
         self._local = threading.local()
-        self._all: list[sqlite3.Connection] = []
+        self._all: dict[int, sqlite3.Connection] = {}
         self._lock = threading.Lock()
         self._closed = False
         self.conn()  # open now so a bad posture is a construction error
@@ -67,15 +68,25 @@ class Database:
         return self.pragma_of(self.conn(), name)
 
     def conn(self) -> sqlite3.Connection:
-        conn = getattr(self._local, "conn", None)
-        if conn is None:
+        slot = getattr(self._local, "slot", None)
+        if slot is None or self._closed:
             if self._closed:
                 raise StoreIO("the store is closed")
             conn = self._open()
-            self._local.conn = conn
+            slot = _Slot(conn)
+            self._local.slot = slot
             with self._lock:
-                self._all.append(conn)
-        return conn
+                self._all[id(conn)] = conn
+            # Closed when its thread ends (the thread-local slot goes with it): a
+            # daemon's worker threads come and go, their connections must not pile up.
+            weakref.finalize(slot, self._retire, conn)
+        return slot.conn
+
+    def _retire(self, conn: sqlite3.Connection) -> None:
+        with self._lock:
+            self._all.pop(id(conn), None)
+        with contextlib.suppress(sqlite3.Error):
+            conn.close()
 
     @contextlib.contextmanager
     def tx(self) -> Iterator[sqlite3.Connection]:
@@ -96,10 +107,19 @@ class Database:
     def close(self) -> None:
         with self._lock:
             self._closed = True
-            conns, self._all = self._all, []
+            conns, self._all = list(self._all.values()), {}
         for conn in conns:
             with contextlib.suppress(sqlite3.Error):
                 conn.close()
+
+
+class _Slot:
+    """One thread's connection; its finalizer closes the connection with the thread."""
+
+    __slots__ = ("conn", "__weakref__")
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self.conn = conn
 
 
 Error = sqlite3.Error

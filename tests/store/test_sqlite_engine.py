@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import threading
 from collections.abc import Iterator
@@ -57,6 +58,36 @@ def test_the_schema_is_created_once_and_reopening_is_a_no_op(tmp_path: Path) -> 
         assert conn.execute("SELECT count(*) FROM blobs").fetchone()[0] == 1
     finally:
         conn.close()
+
+
+def open_db_files(root: Path) -> int:
+    """File descriptors this process holds on the store's sqlite file."""
+    n = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            if os.readlink(f"/proc/self/fd/{fd}") == str(root / DB_NAME):
+                n += 1
+        except OSError:
+            continue
+    return n
+
+
+def test_a_finished_threads_connection_is_closed_with_it(tmp_path: Path) -> None:
+    """Worker threads come and go (trio's thread cache): their connections must not pile up."""
+
+    def use(store: Store) -> None:
+        assert store.has(store.add(b"touched from a worker thread"))
+
+    with Store.open(tmp_path / "s") as store:
+        for rounds in (1, 30):
+            for _ in range(rounds):
+                worker = threading.Thread(target=use, args=(store,))
+                worker.start()
+                worker.join()
+            if rounds == 1:
+                after_one = open_db_files(tmp_path / "s")
+        assert open_db_files(tmp_path / "s") == after_one
+    assert open_db_files(tmp_path / "s") == 0
 
 
 # -- the kv engine --------------------------------------------------------------------
