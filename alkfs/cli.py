@@ -100,6 +100,11 @@ def explain(exc: BaseException) -> str:
 # -- small shared helpers -----------------------------------------------------------------
 
 
+def _number(x: float) -> int | float:
+    """Whole numbers print as integers in JSON, as the daemon's status does."""
+    return int(x) if float(x).is_integer() else x
+
+
 def iso(ns: int) -> str:
     return datetime.fromtimestamp(ns / 1e9, UTC).isoformat(timespec="microseconds")
 
@@ -288,7 +293,7 @@ class StoreTarget:
                 "path": str(self.root.resolve()),
                 "mode": self.store.mode,
                 "threshold": self.store.threshold,
-                "window_s": self.store.window_ns / 1e9,
+                "window_s": _number(self.store.window_ns / 1e9),
             },
             "objects": self.store.counts(),
             "pins": len(self.app.pins.list()),
@@ -321,10 +326,15 @@ class MountTarget:
             what = f"pins/{pin}"
         else:
             dest = self.root / "objects" / algo.label / f".put-{os.getpid()}-{os.urandom(6).hex()}"
-            what = f"put {path}"
+            what = f"objects/{algo.label}"
         with (
             open_input(path) as src,
-            through(what, EEXIST="the pin name is taken", EIO="the mount refused the content"),
+            through(
+                what,
+                EEXIST="the pin name is taken",
+                EIO="the mount refused the content",
+                EPERM="the mount refused the write",
+            ),
         ):
             fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o444)
             try:

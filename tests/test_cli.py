@@ -329,7 +329,7 @@ def test_status_has_the_spec_shape_with_exact_counts(store, files):
             "path": str(store.resolve()),
             "mode": "dual-tier",
             "threshold": 131072,
-            "window_s": 3600.0,
+            "window_s": 3600,
         },
         "objects": {
             "sha256": {"count": 2, "bytes": 300_012, "kv": 1, "large": 1},
