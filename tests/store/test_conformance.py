@@ -18,6 +18,9 @@ from alkfs.keys import Algorithm, Key
 from alkfs.store import DEFAULT_THRESHOLD, LARGE_DIR, ObjectStat
 
 from .conftest import (
+    TUNED_THRESHOLD as TUNED,
+)
+from .conftest import (
     Column,
     FailingStream,
     SetProtect,
@@ -732,3 +735,29 @@ def test_a_both_tier_miss_has_the_same_shape_per_op_in_every_mode(column: Column
         assert counts3(store.sweep()) == (1, 0, 0)
         assert counts3(store.sweep()) == (0, 1, 0)
         assert_miss_shapes(store, key)
+
+
+# -- fresh, isolated opens ------------------------------------------------------------
+
+
+def test_every_open_is_a_fresh_isolated_store(tmp_path) -> None:
+    a = open_column("dual-tier", tmp_path / "a")
+    b = open_column("dual-tier", tmp_path / "b")
+    try:
+        content_a = patterned(2 * TUNED + 5, 167)
+        content_b = patterned(TUNED - 5, 191)
+        key_a = a.store.add(io.BytesIO(content_a))
+        key_b = b.store.add(chunked(content_b))
+        assert (a.store.has(key_a), a.store.has(key_b)) == (True, False)
+        assert (b.store.has(key_a), b.store.has(key_b)) == (False, True)
+        assert a.media() == (0, 1)
+        assert b.media() == (1, 0)
+        c = open_column("dual-tier", tmp_path / "c")
+        try:
+            assert c.media() == (0, 0)
+            assert not c.store.has(key_a) and not c.store.has(key_b)
+        finally:
+            c.store.close()
+    finally:
+        a.store.close()
+        b.store.close()
