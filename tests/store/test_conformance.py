@@ -18,9 +18,7 @@ from alkfs.keys import Algorithm, Key
 from alkfs.store import DEFAULT_THRESHOLD, LARGE_DIR, ObjectStat
 
 from .conftest import (
-    TUNED_THRESHOLD as TUNED,
-)
-from .conftest import (
+    TUNED_THRESHOLD,
     Column,
     FailingStream,
     SetProtect,
@@ -744,8 +742,8 @@ def test_every_open_is_a_fresh_isolated_store(tmp_path) -> None:
     a = open_column("dual-tier", tmp_path / "a")
     b = open_column("dual-tier", tmp_path / "b")
     try:
-        content_a = patterned(2 * TUNED + 5, 167)
-        content_b = patterned(TUNED - 5, 191)
+        content_a = patterned(2 * TUNED_THRESHOLD + 5, 167)
+        content_b = patterned(TUNED_THRESHOLD - 5, 191)
         key_a = a.store.add(io.BytesIO(content_a))
         key_b = b.store.add(chunked(content_b))
         assert (a.store.has(key_a), a.store.has(key_b)) == (True, False)
