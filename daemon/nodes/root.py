@@ -20,6 +20,9 @@ log = logging.getLogger("alkfsd")
 # Listing order is this order.
 TOP_LEVEL: dict[bytes, str] = {
     b"objects": "alkfsd.nodes.objects:ObjectsDir",
+    b"git": "alkfsd.nodes.gitview:GitDir",
+    b"repos": "alkfsd.nodes.repos:ReposDir",
+    b"pins": "alkfsd.nodes.pins:PinsDir",
     b".alkfs": "alkfsd.nodes.control:AlkfsDir",
 }
 # ---------------------------------------------------------------------------------

@@ -1,0 +1,430 @@
+"""/git/sha1 and /git/sha256: the store's git objects as a git object directory.
+
+`/git/<format>/<xx>/<rest>` is the loose object of the key `<xx><rest>`: a zlib
+stream of stored deflate blocks (alkfs.git.objects.loose_size / encode_loose), so
+its size is known without compressing and any range is arithmetic over the
+canonical bytes. `pack/` and `info/` are empty. A repository whose
+`objects/info/alternates` names the directory reads every stored object of its
+format; /repos/<id>/objects resolves objects through the same nodes.
+
+All 256 fan-out directories always exist and are listed, empty or not. git opens
+`<xx>/<rest>` by path, so a fan-out directory is one lookup whose entry the
+kernel keeps for the mount's life (long timeouts, one inode per directory); a
+directory that appeared only once it held an object would need a negative entry
+with a short timeout, or an invalidation on every first object of a prefix, and
+git would re-ask for it. git's enumerations (`--batch-all-objects`, fsck,
+abbreviated ids) open all 256 paths anyway, and in any store of more than a few
+thousand objects every prefix is populated.
+
+Cost per object is what git through alternates pays: lookup + open + read +
+flush + release. Lookups and opens of kv objects are answered inline (one
+indexed sqlite read, no thread hop); an open pushes the whole loose file into
+the kernel's page cache (`notify_store`) the first time the kernel's inode is
+opened, which saves the read and the attribute refresh a read would cause.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import weakref
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import pyfuse3
+
+from alkfs.errors import Corrupt, Invalid
+from alkfs.git.objects import BLOCK, encode_loose, loose_size
+from alkfs.keys import Algorithm, Key
+from alkfs.store import ObjectStat
+
+from ..errors import fail
+from .base import FIRST_OFFSET, Dir, DirHandle, Emit, Handle, Node, StaticDir, wants_write
+from .objects import INLINE_VERIFY, PAGE, LargeHandle, ObjectFile, after_cookie, cookie
+
+if TYPE_CHECKING:
+    from ..context import Context
+
+log = logging.getLogger("alkfsd")
+
+FORMATS = {b"sha1": Algorithm.GIT_SHA1, b"sha256": Algorithm.GIT_SHA256}
+FANOUT = tuple(b"%02x" % i for i in range(256))
+FIRST_PAGE = 64  # objects asked for by the first listing query of a fan-out directory
+PUSH_MAX = 1 << 20  # loose files up to this size are pushed into the page cache at open
+ADLER_CHUNK = 1 << 20
+LOOSE_INO = 1 << 61  # keeps loose-file inode numbers apart from /objects' ones
+
+_ZHEADER = b"\x78\x01"
+_STRIDE = BLOCK + 5  # a stored block: 5 header bytes, then up to BLOCK bytes of the object
+
+
+# -- the loose form by arithmetic ---------------------------------------------------------------
+def loose_segments(n: int, offset: int, size: int) -> Iterator[bytes | tuple[int, int] | slice]:
+    """Bytes [offset, offset+size) of the loose file of an `n`-byte object, in order, as
+    `bytes` (framing: the zlib header, stored-block headers), `(start, length)` (a range
+    of the canonical object) or a `slice` of the big-endian adler32 trailer."""
+    total = loose_size(n)
+    end = min(offset + size, total)
+    trailer = total - 4
+    last = max(1, -(-n // BLOCK)) - 1
+    pos = max(offset, 0)
+    while pos < end:
+        if pos < 2:
+            yield _ZHEADER[pos:end]
+            pos = min(end, 2)
+        elif pos >= trailer:
+            yield slice(pos - trailer, end - trailer)
+            pos = end
+        else:
+            block, within = divmod(pos - 2, _STRIDE)
+            start = block * BLOCK
+            clen = min(BLOCK, n - start)
+            if within < 5:
+                head = (
+                    bytes([block == last])
+                    + clen.to_bytes(2, "little")
+                    + (clen ^ 0xFFFF).to_bytes(2, "little")
+                )
+                piece = head[within : within + end - pos]
+                yield piece
+                pos += len(piece)
+            else:
+                cpos = start + within - 5
+                length = min(start + clen, cpos + end - pos) - cpos
+                yield (cpos, length)
+                pos += length
+
+
+# -- per-mount state ----------------------------------------------------------------------------
+@dataclass
+class _State:
+    """What the git views remember for one mount (kept off node instances, which the
+    framework replaces freely)."""
+
+    pushed: set[int] = field(default_factory=set)  # inodes whose pages the kernel was given
+    adler: dict[bytes, tuple[tuple[int, int, int, int], int]] = field(default_factory=dict)
+
+
+_STATES: weakref.WeakKeyDictionary[Context, _State] = weakref.WeakKeyDictionary()
+
+
+def state(ctx: Context) -> _State:
+    st = _STATES.get(ctx)
+    if st is None:
+        st = _STATES[ctx] = _State()
+    return st
+
+
+def _identity(fst: os.stat_result) -> tuple[int, int, int, int]:
+    return (fst.st_ino, fst.st_size, fst.st_mtime_ns, fst.st_ctime_ns)
+
+
+def repo_fanout_ident(repo: Any, xx: bytes) -> tuple:
+    """The identity of /repos/<id>/objects/<xx> (repos.py), found here when objects go."""
+    return ("repo-fanout", repo.id, repo.created_ns, xx)
+
+
+# -- nodes ----------------------------------------------------------------------------------------
+class GitDir(StaticDir):
+    """/git: one object directory per git object format."""
+
+    __slots__ = ()
+
+    def __init__(self, ctx: Context, parent: Node) -> None:
+        super().__init__(ctx, ("dir", "/git"), parent, b"git")
+        for _, node in self._entries():
+            ctx.inodes.remember(node, permanent=True)
+        ctx.deletion_views.append(self._deleted)
+
+    def children(self) -> list[tuple[bytes, Node]]:
+        return [(name, ObjectDir(self.ctx, self, algo)) for name, algo in FORMATS.items()]
+
+    def object_dir(self, algo: Algorithm) -> ObjectDir:
+        node = self._index[b"sha1" if algo is Algorithm.GIT_SHA1 else b"sha256"]
+        assert isinstance(node, ObjectDir)
+        return node
+
+    def _deleted(self, key: Key) -> list[tuple[int, bytes, int]]:
+        """The kernel entries that showed `key`: /git/<format>/<xx>/<rest> and every
+        /repos/<id>/objects/<xx>/<rest> the kernel has looked up."""
+        if not key.algo.is_git:
+            return []
+        known = self.ctx.inodes.known(("loose", key.raw))
+        ino = known.ino if known is not None else 0
+        xx, rest = key.hex[:2].encode(), key.hex[2:].encode()
+        fan = self.object_dir(key.algo).fanout(xx)
+        out = [(fan.ino, rest, ino)]
+        refs = self.ctx.refs
+        if refs is not None:
+            fmt = "sha1" if key.algo is Algorithm.GIT_SHA1 else "sha256"
+            for repo in refs.repos():
+                if repo.object_format == fmt:
+                    d = self.ctx.inodes.known(repo_fanout_ident(repo, xx))
+                    if d is not None:
+                        out.append((d.ino, rest, ino))
+        return out
+
+
+class ObjectDir(StaticDir):
+    """/git/<format>: 256 fan-out directories, then empty `info/` and `pack/`."""
+
+    __slots__ = ("algo",)
+
+    def __init__(self, ctx: Context, parent: Node, algo: Algorithm) -> None:
+        label = "sha1" if algo is Algorithm.GIT_SHA1 else "sha256"
+        self.algo = algo
+        super().__init__(ctx, ("dir", f"/git/{label}"), parent, label.encode())
+
+    def children(self) -> list[tuple[bytes, Node]]:
+        out: list[tuple[bytes, Node]] = [
+            (xx, FanoutDir(self.ctx, self, self.algo, xx)) for xx in FANOUT
+        ]
+        out.append((b"info", EmptyDir(self.ctx, ("dir", f"{self.path}/info"), self, b"info")))
+        out.append((b"pack", EmptyDir(self.ctx, ("dir", f"{self.path}/pack"), self, b"pack")))
+        for _, node in out:
+            self.ctx.inodes.remember(node, permanent=True)
+        return out
+
+    def fanout(self, xx: bytes) -> FanoutDir:
+        self._entries()
+        node = self._index[xx]
+        assert isinstance(node, FanoutDir)
+        return node
+
+
+class EmptyDir(Dir):
+    """A directory that is always empty (`pack/`, `info/`)."""
+
+    __slots__ = ()
+
+    def __init__(self, ctx: Context, ident: tuple, parent: Node, name: bytes) -> None:
+        super().__init__(ctx, ident, parent, name)
+
+
+class FanoutDir(Dir):
+    """/git/<format>/<xx>: the objects whose id starts with xx, listed a page at a time in
+    key order (offsets are the objects' cookies, as in /objects)."""
+
+    __slots__ = ("algo", "prefix")
+
+    def __init__(
+        self, ctx: Context, parent: Node, algo: Algorithm, xx: bytes, ident: tuple | None = None
+    ) -> None:
+        super().__init__(ctx, ident or ("dir", f"{parent.path}/{xx.decode()}"), parent, xx)
+        self.algo = algo
+        self.prefix = int(xx, 16)
+
+    async def lookup(self, name: bytes, ctx: Any) -> Node:
+        if len(name) != self.algo.hex_len - 2:
+            fail(errno.ENOENT)
+        try:
+            key = Key.from_hex(self.algo, self.name.decode() + name.decode("ascii"))
+        except (UnicodeDecodeError, Invalid):
+            fail(errno.ENOENT)
+        st = self.ctx.store.stat(key)
+        if st is None:
+            fail(errno.ENOENT)
+        return LooseFile.fresh(self.ctx, self, st)
+
+    async def readdir(self, dh: DirHandle, start: int, emit: Emit) -> None:
+        store, algo, prefix = self.ctx.store, self.algo, self.prefix
+        recent: dict[int, bytes] = dh.state.setdefault("recent", {})
+        if start >= FIRST_OFFSET and dh.state.get("end") == start:
+            return  # the kernel asks once more after the last entry: no query for that
+        after: Key | None
+        if start < FIRST_OFFSET:
+            rest = algo.digest_len - 1
+            after = Key.of(algo, bytes([prefix - 1]) + b"\xff" * rest) if prefix else None
+        elif (raw := recent.get(start)) is not None:
+            after = Key(raw)
+        else:
+            after = after_cookie(algo, start)
+        # A prefix holds 1/256 of the store: start with a small page, grow while it lasts.
+        limit = FIRST_PAGE
+        while True:
+            page = store.list(after=after, limit=limit, algo=algo)
+            if len(recent) > 4 * PAGE:
+                recent.clear()
+            for st in page:
+                key = st.key
+                if key.raw[1] != prefix:
+                    dh.state["end"] = cookie(after) if after is not None else 0
+                    return
+                c = cookie(key)
+                if not emit(key.hex[2:].encode(), LooseFile.fresh(self.ctx, self, st), c):
+                    return
+                recent[c] = key.raw
+                after = key
+            if len(page) < limit:
+                dh.state["end"] = cookie(after) if after is not None else 0
+                return
+            limit = min(limit * 4, PAGE)
+
+
+class LooseFile(ObjectFile):
+    """One object in loose form. The same inode under /git/<format>/<xx>/ and every
+    /repos/<id>/objects/<xx>/, so the kernel's cached pages serve them all. Attributes,
+    times (touch freshens: git freshens what it finds in an alternate) and extended
+    attributes are the object's, as in /objects."""
+
+    __slots__ = ()
+
+    def __init__(self, ctx: Context, parent: Node, st: ObjectStat) -> None:
+        super().__init__(ctx, parent, st)
+        self.ident = ("loose", st.key.raw)
+        self.name = st.key.hex[2:].encode()
+
+    @classmethod
+    def fresh(cls, ctx: Context, parent: Node, st: ObjectStat) -> LooseFile:
+        """A node about to be handed to the kernel. When the kernel holds no inode for it
+        (never did, or forgot it), a new kernel inode with an empty page cache will be
+        made, so the next open may push pages again."""
+        node = cls(ctx, parent, st)
+        inodes = ctx.inodes
+        ino = inodes.ino_for(node)
+        if inodes.lookups(ino) == 0:
+            state(ctx).pushed.discard(ino)
+        return node
+
+    def ino_seed(self) -> int:
+        raw = self.st.key.raw
+        return int.from_bytes(raw[1:9], "big") ^ (raw[0] << 56) ^ LOOSE_INO
+
+    def describe(self) -> str:
+        return f"{self.st.key} (loose)"
+
+    def size(self) -> int:
+        return loose_size(self.st.size)
+
+    async def open(self, flags: int, ctx: Any) -> Handle:
+        if wants_write(flags):
+            fail(errno.EPERM, f"{self.key} is immutable")
+        if self.st.tier == "large":
+            inner = await super().open(flags, ctx)
+            assert isinstance(inner, LargeHandle)
+            return LooseLargeHandle(self, inner)
+        handle = LooseKvHandle(self)
+        if self._should_push():
+            self._push(await handle.load())
+        return handle
+
+    async def load(self) -> bytes:
+        """The loose file of a kv object, verified (small ones inline, no thread hop)."""
+        store = self.ctx.store
+        if self.st.size <= INLINE_VERIFY:
+            canonical = store.get(self.key)
+        else:
+            canonical = await self.ctx.run_sync(store.get, self.key)
+        if canonical is None:
+            fail(errno.ENOENT, f"{self.key} is gone")
+        return encode_loose(canonical)
+
+    def _should_push(self) -> bool:
+        return (
+            self.ctx.invalidator.live
+            and self.ino not in state(self.ctx).pushed
+            and loose_size(self.st.size) <= PUSH_MAX
+        )
+
+    def _push(self, data: bytes) -> None:
+        """Give the kernel the file's pages before answering its first open.
+
+        Safe from deadlock: the kernel locks a page while a read of it waits for us, and
+        no read of this inode can be pending before the first open of it is answered;
+        `pushed` is reset only when the kernel holds no inode of this number (see
+        `fresh`), so a later open of a known inode never pushes again."""
+        pushed = state(self.ctx).pushed
+        if self.ino in pushed:
+            return
+        pushed.add(self.ino)
+        try:
+            pyfuse3.notify_store(self.ino, 0, data)
+        except OSError as exc:  # the kernel dropped the inode meanwhile: reads still work
+            log.debug("notify_store %s: %s", self.key, exc)
+
+
+class LooseKvHandle(Handle):
+    """A kv object in loose form, loaded at the first read: an open of a file whose pages
+    the kernel already holds costs no query."""
+
+    keep_cache = True
+
+    def __init__(self, node: LooseFile) -> None:
+        super().__init__(node)
+        self.loose = node
+        self.data: bytes | None = None
+
+    async def load(self) -> bytes:
+        if self.data is None:
+            self.data = await self.loose.load()
+        return self.data
+
+    async def read(self, off: int, size: int) -> bytes:
+        return (await self.load())[off : off + size]
+
+
+class LooseLargeHandle(Handle):
+    """A large object in loose form: the canonical bytes come from the /objects reader
+    (pread, verified as they are served), the framing is arithmetic, and the adler32
+    trailer is summed along sequential reads (a thread finishes it otherwise)."""
+
+    keep_cache = True
+
+    def __init__(self, node: LooseFile, inner: LargeHandle) -> None:
+        super().__init__(node)
+        self.loose = node
+        self.inner = inner
+        self.n = inner.size
+        self.adler_pos = 0
+        self.adler = 1
+
+    async def read(self, off: int, size: int) -> bytes:
+        out = bytearray()
+        for seg in loose_segments(self.n, off, size):
+            if isinstance(seg, bytes):
+                out += seg
+            elif isinstance(seg, tuple):
+                start, length = seg
+                data = await self.inner.read(start, length)
+                if len(data) != length:
+                    raise Corrupt(f"{self.loose.key}: the file is shorter than its size")
+                if start == self.adler_pos:
+                    self.adler = zlib.adler32(data, self.adler)
+                    self.adler_pos += length
+                out += data
+            else:
+                out += (await self._adler32()).to_bytes(4, "big")[seg]
+        return bytes(out)
+
+    async def _adler32(self) -> int:
+        if self.n:
+            await self.inner.read(self.n - 1, 1)  # completes the verification, or fails
+        if self.adler_pos == self.n:
+            return self.adler
+        cache = state(self.loose.ctx).adler
+        ident = _identity(self.inner.fst)
+        hit = cache.get(self.loose.key.raw)
+        if hit is not None and hit[0] == ident:
+            return hit[1]
+        value = await self.loose.ctx.run_sync(self._sum_rest)
+        if len(cache) > 4096:
+            cache.clear()
+        cache[self.loose.key.raw] = (ident, value)
+        return value
+
+    def _sum_rest(self) -> int:
+        value, pos = self.adler, self.adler_pos
+        while pos < self.n:
+            chunk = os.pread(self.inner.fd, min(ADLER_CHUNK, self.n - pos), pos)
+            if not chunk:
+                raise Corrupt(f"{self.loose.key}: the file is shorter than its size")
+            value = zlib.adler32(chunk, value)
+            pos += len(chunk)
+        self.adler, self.adler_pos = value, pos
+        return value
+
+    async def release(self) -> None:
+        await self.inner.release()
