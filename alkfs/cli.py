@@ -71,16 +71,17 @@ _ERRNO_CLASS: dict[int, type[AlkfsError]] = {
 
 @contextlib.contextmanager
 def through(what: str, **meanings: str) -> Iterator[None]:
-    """Turn an OSError from the mount into the library's family, worded for `what`.
+    """Turn an OSError from the mount into the library's family, with the errno's name.
 
-    `meanings` words a specific errno by its name, e.g. ENOENT="no such object".
+    `meanings` words an expected errno in full, as the library would (ENOENT="no pin 'x'");
+    any other errno reads `<what>: <strerror>`.
     """
     try:
         yield
     except OSError as exc:
         name = errno.errorcode.get(exc.errno or 0, str(exc.errno))
         cls = _ERRNO_CLASS.get(exc.errno or 0, StoreIO)
-        raise cls(f"{what}: {meanings.get(name) or exc.strerror} ({name})") from exc
+        raise cls(f"{meanings.get(name) or f'{what}: {exc.strerror}'} ({name})") from exc
 
 
 def explain(exc: BaseException) -> str:
@@ -323,17 +324,15 @@ class MountTarget:
         if pin is not None and algo is Algorithm.SHA256:
             # A new file under /pins stores (sha256) and pins in one step: no unpinned moment.
             dest = self.root / "pins" / pin
-            what = f"pins/{pin}"
         else:
             dest = self.root / "objects" / algo.label / f".put-{os.getpid()}-{os.urandom(6).hex()}"
-            what = f"objects/{algo.label}"
         with (
             open_input(path) as src,
             through(
-                what,
-                EEXIST="the pin name is taken",
+                str(dest.relative_to(self.root)),
+                EEXIST=f"the pin {pin!r} exists",
+                EINVAL=f"invalid pin name {pin!r}",
                 EIO="the mount refused the content",
-                EPERM="the mount refused the write",
             ),
         ):
             fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o444)
@@ -346,7 +345,7 @@ class MountTarget:
             finally:
                 os.close(fd)  # the object is stored (or refused) here
         key = Key.of(algo, hasher.digest())
-        with through(f"{key}", ENOENT="the mount did not store the object"):
+        with through(str(key), ENOENT=f"{key}: the mount did not store the object"):
             os.stat(self.obj(key))
         if pin is not None and algo is not Algorithm.SHA256:
             self.pin(pin, key)
@@ -354,14 +353,18 @@ class MountTarget:
 
     def get(self, key: Key, out: IO[bytes]) -> None:
         with (
-            through(f"{key}", ENOENT="no such object", EIO="the object is corrupt"),
+            through(
+                str(key),
+                ENOENT=f"{key}: no such object",
+                EIO=f"{key}: the object is corrupt (see alkfs status)",
+            ),
             open(self.obj(key), "rb") as f,
         ):
             shutil.copyfileobj(f, out, CHUNK)
 
     def stat(self, key: Key) -> dict[str, Any]:
         path = self.obj(key)
-        with through(f"{key}", ENOENT="no such object"):
+        with through(str(key), ENOENT=f"{key}: no such object"):
             st = os.stat(path)
             tier = os.getxattr(path, "user.alkfs.tier").decode()
             pins = os.getxattr(path, "user.alkfs.pins").decode()
@@ -378,13 +381,14 @@ class MountTarget:
         with through(
             f"pin {name}",
             ENOENT=f"{key}: no such object",
-            EEXIST="the name already pins another object",
-            ENOTSUP="not a valid pin name",
+            EEXIST=f"the pin {name!r} names another object",
+            ENOTSUP=f"invalid pin name {name!r}",
+            EINVAL=f"invalid pin name {name!r}",
         ):
             os.setxattr(self.obj(key), PIN_XATTR + name, b"")
 
     def unpin(self, name: str) -> None:
-        with through(f"unpin {name}", ENOENT="no such pin"):
+        with through(f"unpin {name}", ENOENT=f"no pin {name!r}"):
             os.unlink(self.root / "pins" / name)
 
     def pins(self) -> list[tuple[str, Key]]:
@@ -412,14 +416,14 @@ class MountTarget:
             )
         with through(
             f"repo {repo_id}",
-            EEXIST="the repository exists",
-            EINVAL="not a valid repository id",
+            EEXIST=f"repository {repo_id!r} exists",
+            EINVAL=f"invalid repository id {repo_id!r}",
         ):
             os.mkdir(repo)
 
     def repo_rm(self, repo_id: str) -> None:
         repo = self.root / "repos" / repo_id
-        with through(f"repo {repo_id}", ENOENT="no such repository"):
+        with through(f"repo {repo_id}", ENOENT=f"no repository {repo_id!r}"):
             os.stat(repo)
             refs = repo / "refs"
             for top, dirs, files in os.walk(refs, topdown=False):
@@ -429,7 +433,10 @@ class MountTarget:
                     os.rmdir(os.path.join(top, name))
             with contextlib.suppress(FileNotFoundError):
                 os.rmdir(refs)
-        with through(f"repo {repo_id}", ENOTEMPTY="refs were written while it was removed"):
+        with through(
+            f"repo {repo_id}",
+            ENOTEMPTY=f"repository {repo_id!r}: refs were written while it was removed",
+        ):
             os.rmdir(repo)
 
     def repo_list(self) -> list[tuple[str, str]]:
@@ -466,8 +473,8 @@ class MountTarget:
     def control(self, command: str) -> None:
         with through(
             f"control {command.split()[0]}",
-            EINVAL="the daemon does not know this command",
-            EACCES="only the mount's owner may write the control file",
+            EINVAL=f"the daemon refused the command {command!r}",
+            EACCES="only the mount's owner may write its control file",
         ):
             fd = os.open(self.root / ".alkfs" / "control", os.O_WRONLY)
             try:
