@@ -91,6 +91,8 @@ class Store:
         threshold: int,
         window_s: float,
         db: Database | None,
+        *,
+        clear_staging: bool = True,
     ) -> None:
         if mode not in MODES:
             raise Invalid(f"unknown mode {mode!r}")
@@ -111,7 +113,7 @@ class Store:
             self.window = SqliteWindow(db)
             if mode == "dual-tier":
                 assert path is not None
-                self.large = LocalTier(path / LARGE_DIR)
+                self.large = LocalTier(path / LARGE_DIR, clear_staging=clear_staging)
         self.last_sweep: SweepReport | None = None
         self.corrupt: set[bytes] = set()
         self.deleted_hooks: list[Callable[[bytes], None]] = []
@@ -149,6 +151,7 @@ class Store:
                 int(meta["threshold"]),
                 DEFAULT_WINDOW_S if window_s is None else window_s,
                 db,
+                clear_staging=lock,  # beside a lock holder, staging files are its puts
             )
         except BaseException:
             if lock_fd is not None:

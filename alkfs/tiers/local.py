@@ -30,13 +30,16 @@ def _fsync_dir(path: Path) -> None:
 class LocalTier:
     name = "large"
 
-    def __init__(self, root: str | os.PathLike[str]) -> None:
+    def __init__(self, root: str | os.PathLike[str], clear_staging: bool = True) -> None:
+        """`clear_staging`: remove what a crashed writer left. Only the store's lock
+        holder may: beside a holder, those files are its puts in flight."""
         self.root = Path(root)
         self.staging = self.root / STAGING
         self.staging.mkdir(parents=True, exist_ok=True)
-        for stale in os.listdir(self.staging):
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(self.staging / stale)
+        if clear_staging:
+            for stale in os.listdir(self.staging):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(self.staging / stale)
 
     def path(self, key: bytes) -> Path:
         k = Key(key)

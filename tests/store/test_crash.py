@@ -170,3 +170,42 @@ def test_a_killed_writer_releases_the_store_lock_and_a_second_run_appends(tmp_pa
     # The second run re-puts the first run's contents (dedup) and goes on.
     assert {first[i] for i in first} <= set(second.values())
     assert check_reopened(root, "small", second) == set()
+
+
+def test_opening_the_store_beside_its_holder_leaves_the_holders_staging_alone(
+    tmp_path: Path,
+) -> None:
+    """Only the lock holder clears staging: a second, lock-free open (a tool working beside
+    the daemon) must not pull the staging file out from under a put in flight."""
+    import threading
+
+    root = tmp_path / "store"
+    data = bytes(range(256)) * 40
+    spilled = threading.Event()
+    resume = threading.Event()
+
+    def slow():
+        yield data[:4096]  # past the threshold: the put has its staging file now
+        spilled.set()
+        assert resume.wait(30)
+        yield data[4096:]
+
+    results: list = []
+    with Store.open(root, threshold=THRESHOLD, window_s=0) as holder:
+        writer = threading.Thread(target=lambda: results.append(holder.put(slow())))
+        writer.start()
+        try:
+            assert spilled.wait(30)
+            assert len(os.listdir(root / LARGE_DIR / ".staging")) == 1
+            with Store.open(root, lock=False) as beside:
+                assert beside.list() == []
+            assert len(os.listdir(root / LARGE_DIR / ".staging")) == 1
+        finally:
+            resume.set()
+            writer.join()
+        (result,) = results
+        result.pin.release()
+        assert holder.get(result.key) == data
+    with Store.open(root) as reopened:
+        assert reopened.get(result.key) == data
+        assert os.listdir(root / LARGE_DIR / ".staging") == []
