@@ -9,6 +9,8 @@ running during the import can never delete what the new refs will reference.
 
 from __future__ import annotations
 
+import collections
+import concurrent.futures
 import os
 import subprocess
 import sys
@@ -24,11 +26,14 @@ from .refs import Outcome, RefUpdate, algo_of, valid_ref_name
 
 if TYPE_CHECKING:
     from ..app import Alkfs
+    from ..gc.arbiter import Batch
     from ..store import Store
 
-PUT_BATCH_ITEMS = 2048
+PUT_BATCH_ITEMS = 4096
 PUT_BATCH_BYTES = 16 << 20
+MAX_INFLIGHT = 2
 CHECK_BATCH = 500
+SAMPLE = 256  # ids looked up first: none present means a first import
 
 
 @dataclass
@@ -42,6 +47,20 @@ class ImportResult:
     refs: dict[str, str] = field(default_factory=dict)  # the source's refs, as imported
     head: str | None = None  # the symbolic HEAD's target, if the source had one
     outcomes: list[Outcome] = field(default_factory=list)
+
+
+_WRITER: concurrent.futures.ThreadPoolExecutor | None = None
+_WRITER_LOCK = threading.Lock()
+
+
+def _writer() -> concurrent.futures.ThreadPoolExecutor:
+    """The one writer thread, kept for the process (so a store gets at most one extra
+    sqlite connection from imports, closed with the store)."""
+    global _WRITER
+    with _WRITER_LOCK:
+        if _WRITER is None:
+            _WRITER = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="alkfs-import")
+        return _WRITER
 
 
 def _git(gitdir: str, *args: str, check: bool = True) -> subprocess.CompletedProcess[bytes]:
@@ -139,13 +158,29 @@ def import_repo(
 
     held = store.arbiter.batch()
     try:
-        for x in ids:
-            held.add(store.pin(prefix + x))  # pin, then look: nothing we skip can be deleted
-        present = _present(store, algo, ids, sizes)
-        missing = [x for x, p in zip(ids, present, strict=True) if not p]
-        result.present = len(ids) - len(missing)
-        if missing:
-            _store_objects(store, gitdir, algo, missing, len(missing) == len(ids), result, progress)
+        sample = ids[:: max(1, len(ids) // SAMPLE)]
+        if not any(_present(store, algo, sample, sizes[:: max(1, len(ids) // SAMPLE)])):
+            # A first import: store everything in git's own order. Whatever is present
+            # after all is deduplicated (and freshened) by the put, which pins it too.
+            _store_objects(store, gitdir, algo, ids, True, result, progress, held)
+            result.present = len(ids) - result.stored
+        else:
+            present = _present(store, algo, ids, sizes)
+            # Pin what is present, then look again: nothing skipped can be deleted before
+            # the refs commit. What is missing is pinned by the put that stores it.
+            for x, p in zip(ids, present, strict=True):
+                if p:
+                    held.add(store.pin(prefix + x))
+            recheck = [i for i, p in enumerate(present) if p]
+            again = _present(store, algo, [ids[i] for i in recheck], [sizes[i] for i in recheck])
+            for i, still in zip(recheck, again, strict=True):
+                present[i] = still
+            missing = [x for x, p in zip(ids, present, strict=True) if not p]
+            result.present = len(ids) - len(missing)
+            if missing:
+                _store_objects(
+                    store, gitdir, algo, missing, len(missing) == len(ids), result, progress, held
+                )
         _import_refs(app, gitdir, repo.id, result)
     finally:
         held.release()
@@ -160,6 +195,7 @@ def _store_objects(
     everything: bool,
     result: ImportResult,
     progress: bool | None,
+    held: Batch,
 ) -> None:
     args = ["git", f"--git-dir={gitdir}", "cat-file", "--batch"]
     if everything:
@@ -193,15 +229,30 @@ def _store_objects(
     out = proc.stdout
     pending: list[tuple[bytes, Algorithm, Key | None]] = []
     pending_bytes = 0
+    received = 0
+
+    # Puts run on one long-lived writer thread (sqlite releases the GIL while it works),
+    # overlapping with the parsing here; at most MAX_INFLIGHT batches are in flight.
+    inflight: collections.deque[tuple[list, concurrent.futures.Future]] = collections.deque()
+
+    def collect() -> None:
+        nonlocal received
+        batch, future = inflight.popleft()
+        for (data, _, _), r in zip(batch, future.result(), strict=True):
+            held.add(r.pin)  # kept until the refs commit
+            if r.created:
+                result.stored += 1
+                result.bytes += len(data)
+            received += 1
+        if bar is not None:
+            bar.update(len(batch))
 
     def flush() -> None:
-        nonlocal pending_bytes
-        for r in store.put_many(pending):
-            r.pin.release()  # the import's own pin (taken before the lookup) still holds it
-            result.stored += 1
-        if bar is not None:
-            bar.update(len(pending))
-        pending.clear()
+        nonlocal pending, pending_bytes
+        while len(inflight) >= MAX_INFLIGHT:
+            collect()
+        inflight.append((pending, _writer().submit(store.put_many, pending)))
+        pending = []
         pending_bytes = 0
 
     try:
@@ -216,14 +267,22 @@ def _store_objects(
             if raw not in wanted:
                 raise Verification(f"git sent an object that was not asked for: {oid.decode()}")
             data = b"%s %d\0%s" % (kind, n, body)
-            pending.append((data, algo, Key(prefix + raw)))
+            pending.append((data, algo, Key(prefix + raw)))  # verified against its id
             pending_bytes += len(data)
-            result.bytes += len(data)
             if len(pending) >= PUT_BATCH_ITEMS or pending_bytes >= PUT_BATCH_BYTES:
                 flush()
         if pending:
             flush()
+        while inflight:
+            collect()
     finally:
+        while inflight:  # after a failure: wait for the writer, release what it pinned
+            batch, future = inflight.popleft()
+            try:
+                for r in future.result():
+                    r.pin.release()
+            except Exception:
+                pass
         if bar is not None:
             bar.close()
         if proc.poll() is None:
@@ -235,8 +294,8 @@ def _store_objects(
         assert proc.stderr is not None
         err = proc.stderr.read().decode(errors="replace")
         proc.stderr.close()
-    if result.stored != len(missing):
-        raise StoreIO(f"git cat-file gave {result.stored} of {len(missing)} objects {err}".strip())
+    if received != len(missing):
+        raise StoreIO(f"git cat-file gave {received} of {len(missing)} objects {err}".strip())
 
 
 def _import_refs(app: Alkfs, gitdir: str, repo_id: str, result: ImportResult) -> None:

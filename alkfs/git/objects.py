@@ -94,6 +94,11 @@ WALK_ENTRY = {
     fmt: re.compile(rb"([0-7]{5,6}) [^\0]+\0(.{%d})" % n, re.DOTALL) for fmt, n in FORMATS.items()
 }
 
+# Only the ids, every entry consumed: the walk's parser for trees without gitlinks.
+ID_ONLY = {
+    fmt: re.compile(rb"[0-7]{5,6} [^\0]+\0(.{%d})" % n, re.DOTALL) for fmt, n in FORMATS.items()
+}
+
 
 @dataclass(frozen=True, slots=True)
 class TreeEntry:

@@ -1,0 +1,165 @@
+"""Git layer benchmark: import rate and closure walk, each against git itself in the same run.
+
+    .venv/bin/python bench/git.py [--commits N]
+
+Builds (once, cached under bench/out/) a repository of at least 50,000 objects
+with `git fast-import`, then measures
+  import   alkfs import_repo into a fresh dual-tier store
+           vs `git cat-file --batch-all-objects --batch > /dev/null`   target <= 3x
+  closure  a cold ref-closure walk over the imported refs
+           vs `git rev-list --objects --all > /dev/null`               target <= 3x
+Each figure is the best of a few runs. Exit status 1 when a target is missed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from alkfs.app import Alkfs  # noqa: E402
+from alkfs.git.closure import RefClosure  # noqa: E402
+from alkfs.git.importer import import_repo  # noqa: E402
+
+OUT = ROOT / "bench" / "out"
+TARGET = 3.0
+ENV = {
+    **os.environ,
+    "GIT_CONFIG_GLOBAL": os.devnull,
+    "GIT_CONFIG_NOSYSTEM": "1",
+}
+
+
+def generate(path: Path, commits: int) -> None:
+    """A linear-ish history: each commit changes one file three directories deep, with
+    branches every 500 commits and tags (lightweight and annotated) every 1000."""
+    tmp = path.with_suffix(".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    subprocess.run(["git", "init", "-q", "--bare", "-b", "main", str(tmp)], check=True, env=ENV)
+    lines: list[bytes] = []
+    for i in range(commits):
+        path_i = f"d{i % 16:02}/e{(i // 16) % 16:02}/f{i % 40:02}.txt"
+        content = f"file {path_i} at commit {i}\n".encode() * (1 + i % 7)
+        message = f"commit {i}\n".encode()
+        lines.append(b"commit refs/heads/main\n")
+        lines.append(b"mark :%d\n" % (i + 1))
+        lines.append(b"committer Bench <bench@example.com> %d +0000\n" % (1_600_000_000 + i))
+        lines.append(b"data %d\n%s" % (len(message), message))
+        if i:
+            lines.append(b"from :%d\n" % i)
+        lines.append(
+            b"M 100644 inline %s\ndata %d\n%s\n" % (path_i.encode(), len(content), content)
+        )
+        if i % 500 == 499:
+            lines.append(b"reset refs/heads/b%d\nfrom :%d\n\n" % (i, i + 1))
+        if i % 1000 == 999:
+            lines.append(b"reset refs/tags/light-%d\nfrom :%d\n\n" % (i, i + 1))
+            msg = b"release %d\n" % i
+            lines.append(
+                b"tag v%d\nfrom :%d\ntagger Bench <bench@example.com> %d +0000\ndata %d\n%s\n"
+                % (i, i + 1, 1_600_000_000 + i, len(msg), msg)
+            )
+    subprocess.run(
+        ["git", f"--git-dir={tmp}", "fast-import", "--quiet"],
+        input=b"".join(lines),
+        check=True,
+        env=ENV,
+    )
+    subprocess.run(["git", f"--git-dir={tmp}", "repack", "-adq"], check=True, env=ENV)
+    tmp.rename(path)
+
+
+def best(fn, runs: int) -> float:
+    times = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return min(times)
+
+
+def git_to_devnull(gitdir: Path, *args: str) -> None:
+    with open(os.devnull, "wb") as null:
+        subprocess.run(["git", f"--git-dir={gitdir}", *args], stdout=null, check=True, env=ENV)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--commits", type=int, default=11_000)
+    parser.add_argument("--runs", type=int, default=3)
+    args = parser.parse_args()
+
+    OUT.mkdir(parents=True, exist_ok=True)
+    repo = OUT / f"git-bench-{args.commits}.git"
+    if not repo.exists():
+        t0 = time.perf_counter()
+        generate(repo, args.commits)
+        print(f"generated {repo} in {time.perf_counter() - t0:.1f}s")
+    count = subprocess.run(
+        ["git", f"--git-dir={repo}", "count-objects", "-v"], capture_output=True, check=True
+    ).stdout.decode()
+    objects = sum(
+        int(line.split()[1])
+        for line in count.splitlines()
+        if line.startswith(("count:", "in-pack:"))
+    )
+    print(f"repository: {objects} objects, {args.commits} commits")
+    if objects < 50_000:
+        print("FAIL: fewer than 50,000 objects; raise --commits")
+        return 1
+
+    git_import = best(
+        lambda: git_to_devnull(repo, "cat-file", "--batch-all-objects", "--batch"), args.runs
+    )
+    git_walk = best(lambda: git_to_devnull(repo, "rev-list", "--objects", "--all"), args.runs)
+
+    imports: list[float] = []
+    walks: list[float] = []
+    with tempfile.TemporaryDirectory(dir=OUT) as scratch:
+        for run in range(args.runs):
+            app = Alkfs.open(Path(scratch) / f"store{run}", window_s=0)
+            try:
+                t0 = time.perf_counter()
+                result = import_repo(app, str(repo), "bench", progress=False)
+                imports.append(time.perf_counter() - t0)
+                assert result.stored == objects, (result.stored, objects)
+                for _ in range(args.runs):
+                    cold = RefClosure(app.store, app.refs)
+                    t0 = time.perf_counter()
+                    live = cold.live_keys()
+                    walks.append(time.perf_counter() - t0)
+                assert len(live) == objects, (len(live), objects)
+                t0 = time.perf_counter()
+                rerun = import_repo(app, str(repo), "bench", progress=False)
+                rerun_s = time.perf_counter() - t0
+                assert rerun.stored == 0
+            finally:
+                app.close()
+    ours_import, ours_walk = min(imports), min(walks)
+
+    failed = False
+    for label, ours, theirs, baseline in (
+        ("import", ours_import, git_import, "git cat-file --batch-all-objects --batch"),
+        ("closure", ours_walk, git_walk, "git rev-list --objects --all"),
+    ):
+        ratio = ours / theirs
+        verdict = "PASS" if ratio <= TARGET else "FAIL"
+        failed |= ratio > TARGET
+        print(
+            f"{label:8} alkfs {ours:7.3f}s ({objects / ours:9.0f} obj/s)  "
+            f"{baseline}: {theirs:7.3f}s  ratio {ratio:5.2f}x  target <= {TARGET:.0f}x  {verdict}"
+        )
+    print(f"rerun    alkfs {rerun_s:7.3f}s (every object present, nothing stored)")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
