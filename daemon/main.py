@@ -115,9 +115,10 @@ def sd_notify(message: str) -> None:
 
 
 def clear_stale_mount(mnt: str) -> None:
-    """A mount left by a dead daemon answers ENOTCONN; detach it so we can mount again."""
+    """A mount left by a dead daemon answers ENOTCONN; detach it so we can mount again.
+    (statvfs, not stat: the kernel may answer stat from its attribute cache.)"""
     try:
-        os.stat(mnt)
+        os.statvfs(mnt)
     except FileNotFoundError:
         os.makedirs(mnt, exist_ok=True)
     except OSError as exc:
@@ -195,7 +196,9 @@ async def _signals() -> None:
 
 
 async def _ready(ctx: Context, mnt: str) -> None:
-    await ctx.run_sync(os.stat, mnt)  # answered by our own loop: the mount works
+    # Answered by our own loop: the mount works. Abandoned if we stop first, so a
+    # request the loop will never answer cannot hold the shutdown.
+    await trio.to_thread.run_sync(os.stat, mnt, abandon_on_cancel=True)
     sd_notify("READY=1\nSTATUS=serving " + mnt)
     log.info("ready: %s serves %s", mnt, ctx.store.path)
 

@@ -1,0 +1,277 @@
+"""Real mounts for the daemon tests: alkfsd runs as a subprocess, is waited for with a
+bounded poll of /proc/self/mounts, and is ALWAYS unmounted and killed (by PID) in teardown.
+
+(tests/daemon is not a package — `daemon` is the daemon's source folder — so everything
+here is reached through fixtures, not imports.)
+
+Use:
+    def test_x(mount):                        # a fresh store, `--window 0`
+        data = (mount.mnt / "objects").iterdir()
+
+    def test_y(start_mount, populate, tmp_path):   # your own store and flags
+        store = tmp_path / "store"
+        keys = populate(store, [b"hello", (b"x" * 200_000, Algorithm.SHA256)])
+        m = start_mount(store, "--window", "0", "--kv-only")
+        m.restart()                            # SIGTERM, wait, start again (same flags)
+        m.restart(kill=True)                   # SIGKILL: leaves a dead mount to clear
+        m.stop()                               # -> exit code
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from alkfs.keys import Algorithm, Key
+
+MOUNT_TIMEOUT_S = 20.0
+STOP_TIMEOUT_S = 20.0
+DEFAULT_ARGS = ("--window", "0")
+
+
+def _unescape(field_: str) -> str:
+    """/proc/self/mounts escapes space, tab, newline and backslash as octal."""
+    out, i = [], 0
+    while i < len(field_):
+        code = field_[i + 1 : i + 4]
+        if field_[i] == "\\" and len(code) == 3 and all(c in "01234567" for c in code):
+            out.append(chr(int(code, 8)))
+            i += 4
+        else:
+            out.append(field_[i])
+            i += 1
+    return "".join(out)
+
+
+def mount_entry(mnt: str | os.PathLike[str]) -> tuple[str, str] | None:
+    """(source, fstype) of the mount at `mnt`, or None."""
+    target = os.path.abspath(mnt)
+    found = None
+    with open("/proc/self/mounts") as f:
+        for line in f:
+            parts = line.split()
+            if len(parts) >= 3 and _unescape(parts[1]) == target:
+                found = (_unescape(parts[0]), parts[2])  # the last one is on top
+    return found
+
+
+def is_mounted(mnt: str | os.PathLike[str]) -> bool:
+    entry = mount_entry(mnt)
+    return entry is not None and entry[1].startswith("fuse")
+
+
+def unmount(mnt: str | os.PathLike[str]) -> None:
+    """fusermount3 -u, then -uz for a busy or dead mount; quiet when nothing is mounted."""
+    if not is_mounted(mnt):
+        return
+    subprocess.run(["fusermount3", "-u", str(mnt)], capture_output=True, check=False)
+    if is_mounted(mnt):
+        subprocess.run(["fusermount3", "-uz", str(mnt)], capture_output=True, check=False)
+
+
+def populate(
+    store: str | os.PathLike[str],
+    items: Iterable[bytes | tuple[bytes, Algorithm]] = (),
+    *,
+    pins: dict[str, int] | None = None,
+    threshold: int | None = None,
+    kv_only: bool = False,
+) -> list[Key]:
+    """Fill a store (created if needed) through the library, before mounting it.
+
+    `items` are bytes (sha256) or (bytes, Algorithm); `pins` maps a pin name to the
+    index of the item it pins. Returns the keys in the order given.
+    """
+    from alkfs.app import Alkfs
+
+    mode = "kv-only" if kv_only else None
+    with Alkfs.open(store, mode=mode, threshold=threshold) as app:
+        keys = []
+        for item in items:
+            data, algo = (item, Algorithm.SHA256) if isinstance(item, bytes) else item
+            keys.append(app.store.add(data, algo=algo))
+        for name, index in (pins or {}).items():
+            app.pins.pin(name, keys[index])
+    return keys
+
+
+@dataclass
+class Mount:
+    """One alkfsd process serving `store_path` at `mnt`."""
+
+    store_path: Path
+    mnt: Path
+    args: tuple[str, ...]
+    log_dir: Path
+    proc: subprocess.Popen | None = None
+    env: dict[str, str] | None = None  # extra environment for the daemon
+    starts: int = 0
+    logs: list[Path] = field(default_factory=list)
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def command(self) -> list[str]:
+        return [
+            sys.executable,
+            "-X",
+            "dev",
+            "-bb",
+            "-m",
+            "alkfsd.main",
+            str(self.store_path),
+            str(self.mnt),
+            *self.args,
+        ]
+
+    def start(self) -> Mount:
+        self.starts += 1
+        log = self.log_dir / f"alkfsd-{self.mnt.name}-{self.starts}.log"
+        self.logs.append(log)
+        with open(log, "wb") as err:
+            self.proc = subprocess.Popen(
+                self.command(),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=err,
+                env=None if self.env is None else {**os.environ, **self.env},
+            )
+        self.wait_mounted()
+        return self
+
+    def wait_mounted(self) -> None:
+        """Bounded poll: the mount entry is there and answers statvfs (a dead mount left
+        by a killed daemon is also listed, but answers ENOTCONN until it is replaced)."""
+        assert self.proc is not None
+        deadline = time.monotonic() + MOUNT_TIMEOUT_S
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"alkfsd exited with {self.proc.returncode}:\n{self.log()}")
+            if is_mounted(self.mnt):
+                try:
+                    os.statvfs(self.mnt)
+                    return
+                except OSError as exc:
+                    if exc.errno != errno.ENOTCONN:
+                        raise
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"alkfsd did not mount {self.mnt}:\n{self.log()}")
+            time.sleep(0.02)
+
+    # the module's helpers, reachable from tests through the fixture
+    is_mounted = staticmethod(is_mounted)
+    mount_entry = staticmethod(mount_entry)
+    unmount = staticmethod(unmount)
+
+    def mounted(self) -> bool:
+        return is_mounted(self.mnt)
+
+    def entry(self) -> tuple[str, str] | None:
+        return mount_entry(self.mnt)
+
+    def log(self) -> str:
+        """stderr of the current (last started) process."""
+        return self.logs[-1].read_text(errors="replace") if self.logs else ""
+
+    def all_logs(self) -> str:
+        return "".join(p.read_text(errors="replace") for p in self.logs)
+
+    def tracebacks(self) -> list[str]:
+        """Log lines of unexpected errors (any process of this mount)."""
+        return [
+            line
+            for line in self.all_logs().splitlines()
+            if "Traceback" in line or "unexpected error" in line
+        ]
+
+    def path(self, *parts: str) -> Path:
+        return self.mnt.joinpath(*parts)
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = STOP_TIMEOUT_S) -> int:
+        """Signal the daemon and wait for it; returns its exit code."""
+        assert self.proc is not None
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        try:
+            return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise RuntimeError(f"alkfsd did not exit after {sig!r}:\n{self.log()}") from None
+
+    def restart(self, *args: str, kill: bool = False) -> Mount:
+        """Stop (SIGTERM, or SIGKILL with kill=True) and start again at the same mountpoint;
+        new `args` replace the old ones when given."""
+        self.stop(signal.SIGKILL if kill else signal.SIGTERM)
+        if args:
+            self.args = tuple(args)
+        return self.start()
+
+    def cleanup(self) -> None:
+        """Teardown: end the process by PID and leave no mount behind, whatever happened."""
+        try:
+            if self.proc is not None and self.proc.poll() is None:
+                self.proc.send_signal(signal.SIGTERM)
+                try:
+                    self.proc.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    self.proc.kill()
+                    self.proc.wait(timeout=10)
+        finally:
+            unmount(self.mnt)
+
+
+def _fuse_usable() -> bool:
+    return os.geteuid() == 0 and os.path.exists("/dev/fuse")
+
+
+@pytest.fixture
+def start_mount(tmp_path: Path) -> Iterator:
+    """A factory: start_mount(store=None, *args, mnt=None, env=None) -> Mount, started and
+    mounted (always cleaned up). Without args the daemon gets `--window 0`."""
+    if not _fuse_usable():
+        pytest.skip("real mounts need root and /dev/fuse")
+    mounts: list[Mount] = []
+    counter = iter(range(1, 1000))
+
+    def start(store: str | os.PathLike[str] | None = None, *args: str, mnt=None, env=None) -> Mount:
+        n = next(counter)
+        store_path = Path(store) if store is not None else tmp_path / f"store{n}"
+        mnt_path = Path(mnt) if mnt is not None else tmp_path / f"mnt{n}"
+        mnt_path.mkdir(parents=True, exist_ok=True)
+        m = Mount(store_path, mnt_path, tuple(args) if args else DEFAULT_ARGS, tmp_path, env=env)
+        mounts.append(m)
+        return m.start()
+
+    try:
+        yield start
+    finally:
+        for m in mounts:
+            m.cleanup()
+
+
+@pytest.fixture(name="populate")
+def populate_fixture():
+    """`populate(store, items, pins=, threshold=, kv_only=) -> [Key]` (see `populate`)."""
+    return populate
+
+
+@pytest.fixture
+def mount(start_mount) -> Mount:
+    """A daemon on a fresh store in tmp_path with `--window 0`."""
+    return start_mount()
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if {"mount", "start_mount"} & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.mount)
