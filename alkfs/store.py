@@ -591,6 +591,8 @@ class Store:
             if expect is not None and expect.algo is not algo:
                 raise Invalid("the expected key has another algorithm")
             if limit is not None and len(data) > limit:
+                if self.mode == "kv-only":
+                    raise TooLarge(f"{len(data)} bytes is over the kv-only threshold {limit}")
                 big.append(i)
                 continue
             if algo is Algorithm.GIT_SHA1 or algo is Algorithm.GIT_SHA256:

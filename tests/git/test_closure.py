@@ -159,3 +159,49 @@ def test_a_sweep_across_a_ref_write_keeps_the_newly_referenced_object(app):
     third = app.store.sweep(0)
     assert (third.deleted, third.candidates_staged) == (0, 0)
     assert app.store.has(tip)
+
+
+@pytest.mark.parametrize("fmt", ["sha1", "sha256"])
+def test_objects_in_the_large_tier_are_walked_like_the_rest(tmp_path, make_repo, fmt):
+    src = make_repo(fmt)
+    everything(src)
+    src.write("big/file.bin", bytes(range(256)) * 8)
+    for i in range(12):  # a tree bigger than the threshold
+        src.write(f"big/wide-{i:02}.txt", f"{i}\n")
+    src.commit("big things")
+    app = Alkfs.open(tmp_path / "small", threshold=300, window_s=0)
+    try:
+        import_repo(app, src.gitdir, "r", progress=False)
+        tiers = {app.store.stat(Key(k)).tier for k in stored_keys(app)}
+        assert tiers == {"kv", "large"}
+        assert app.closure.live_keys() == src.rev_list_keys()
+        assert (app.store.sweep(0).candidates_staged, app.store.sweep(0).deleted) == (0, 0)
+    finally:
+        app.close()
+
+
+@pytest.mark.parametrize("fmt", ["sha1", "sha256"])
+def test_a_memory_store_walks_by_lookups_to_the_same_closure(make_repo, fmt):
+    src = make_repo(fmt)
+    everything(src)
+    app = Alkfs.memory()
+    try:
+        import_repo(app, src.gitdir, "r", progress=False)
+        assert app.closure.live_keys() == src.rev_list_keys()
+        assert stored_keys(app) == src.all_object_keys()
+    finally:
+        app.close()
+
+
+def test_a_walk_that_met_a_missing_object_walks_again_at_the_next_mark(app, make_repo):
+    src = make_repo()
+    src.write("d/f.txt", "f\n")
+    tip = src.commit("one")
+    import_repo(app, src.gitdir, "r", progress=False)
+    sub = Key.from_hex(Algorithm.GIT_SHA1, src.rev(f"{tip}:d"))
+    data = app.store.get(sub)
+    app.store.engine_delete(sub.raw)
+    assert sub.raw not in app.closure.live_keys()
+    app.store.add(data, Algorithm.GIT_SHA1)  # the object arrives after the mark
+    assert app.closure.live_keys() == src.rev_list_keys()
+    assert app.closure.builds == 2  # same refs, but the first walk was incomplete
