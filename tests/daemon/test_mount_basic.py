@@ -364,3 +364,20 @@ def test_readiness_is_reported_on_notify_socket(start_mount, tmp_path):
         assert m.stop(signal.SIGTERM) == 0
         assert s.recv(4096) == b"STOPPING=1"
         assert not m.mounted()
+
+
+def test_a_config_file_gives_the_same_keys_and_command_line_flags_win(start_mount, tmp_path):
+    store, mnt = tmp_path / "cstore", tmp_path / "cmnt"
+    conf = tmp_path / "alkfs.toml"
+    conf.write_text(
+        f'store = "{store}"\nmountpoint = "{mnt}"\nthreshold = 1000\nwindow = "2h"\n'
+        'sweep_every = "1h"\nkv_only = true\n'
+    )
+    m = start_mount(store, "--config", str(conf), "--window", "0", mnt=mnt)
+    status = json.loads(m.path(".alkfs", "status").read_text())
+    assert status["store"] == {
+        "path": str(store),
+        "mode": "kv-only",
+        "threshold": 1000,
+        "window_s": 0,
+    }

@@ -551,3 +551,22 @@ async def test_a_refusal_logs_one_line_with_the_key_and_errno(h, keys, caplog):
     (record,) = [r for r in caplog.records if r.name == "alkfsd"]
     msg = record.getMessage()
     assert str(keys["small"]) in msg and "errno=EPERM" in msg
+
+
+def test_the_example_config_and_flags_make_the_daemon_settings():
+    from alkfsd.main import settings
+
+    example = Path(__file__).parents[2] / "systemd" / "example.toml"
+    assert settings(["--config", str(example)]) == {
+        "store": "/srv/alkfs/main",
+        "mountpoint": "/mnt/alk",
+        "window": 3600.0,
+        "sweep_every": 900.0,
+    }
+    assert settings(["S", "M", "--window", "0", "--kv-only", "--threshold", "9"]) == {
+        "store": "S",
+        "mountpoint": "M",
+        "window": 0.0,
+        "kv_only": True,
+        "threshold": 9,
+    }
