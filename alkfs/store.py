@@ -654,6 +654,11 @@ class Store:
                         created = [raw not in old for raw, _, _ in checked]
             else:
                 created = [self.kv.put(raw, data, stamp) for raw, data, _ in checked]
+            # Identical items (adjacent once sorted): only the first one created the entry.
+            created = [
+                first and (j == 0 or checked[j - 1][0] != checked[j][0])
+                for j, first in enumerate(created)
+            ]
             for (_, _, i), pin, made in zip(checked, pins, created, strict=True):
                 key = keys[i]
                 assert key is not None
