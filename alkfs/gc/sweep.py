@@ -8,17 +8,21 @@ from __future__ import annotations
 import enum
 import json
 import time
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
+from itertools import filterfalse, islice, repeat
 from typing import TYPE_CHECKING
 
 from ..db import now_ns
 from .arbiter import raw
 
 if TYPE_CHECKING:
+    from ..keys import Key
     from ..store import Store
 
 STAGE_BATCH = 10_000
+SCAN_CHUNK = 65_536  # keys taken from the mark scan at a time (set operations run in C)
 
 
 class AbortCause(enum.StrEnum):
@@ -49,10 +53,17 @@ class SweepReport:
         return json.dumps(self.to_dict())
 
 
+def _raw_keys(keys: Iterable[Key | bytes]) -> Iterable[bytes]:
+    """The keys as raw bytes, lazily; a plain collection of bytes passes as it is."""
+    if type(keys) in (set, frozenset, list, tuple) and set(map(type, keys)) <= {bytes}:
+        return keys  # raw() of bytes is the key itself: skip a Python call per key
+    return map(raw, keys)
+
+
 def _protected_set(store: Store) -> set[bytes]:
     out: set[bytes] = set()
     for callback in store.arbiter.protects():
-        out.update(raw(k) for k in callback())
+        out.update(_raw_keys(callback()))
     return out
 
 
@@ -83,7 +94,7 @@ def _run(store: Store, report: SweepReport, window_ns: int) -> None:
         protected = _protected_set(store)
         live: set[bytes] = set()
         for source in sources:
-            live.update(raw(k) for k in source.live_keys())
+            live.update(_raw_keys(source.live_keys()))
     except Exception:
         store.log.exception("sweep: a liveness or protect source failed; nothing deleted")
         report.aborted = AbortCause.PROTECT_FAILED.value
@@ -122,12 +133,12 @@ def _run(store: Store, report: SweepReport, window_ns: int) -> None:
     mark_started = now_ns()  # a write after this instant cancels the candidate at execution
     staged = window.staged_keys()
     dead: list[bytes] = []
-    for key in store.iter_keys():
-        report.scanned += 1
-        if key in live:
-            report.live += 1
-        elif key not in staged:
-            dead.append(key)
+    keys = store.iter_keys()
+    while chunk := list(islice(keys, SCAN_CHUNK)):
+        report.scanned += len(chunk)
+        not_live = list(filterfalse(live.__contains__, chunk))
+        report.live += len(chunk) - len(not_live)
+        dead += filterfalse(staged.__contains__, not_live)
     pinned = arbiter.pinned_keys()  # taken after the scan: covers puts that raced it
     if pinned:
         kept = [k for k in dead if k in pinned]
@@ -136,5 +147,5 @@ def _run(store: Store, report: SweepReport, window_ns: int) -> None:
     visible = now_ns() + window_ns
     for i in range(0, len(dead), STAGE_BATCH):
         report.candidates_staged += window.stage(
-            ((k, visible) for k in dead[i : i + STAGE_BATCH]), mark_started
+            zip(dead[i : i + STAGE_BATCH], repeat(visible)), mark_started
         )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from operator import itemgetter
 
 from ..db import Database
 from . import Entry
@@ -63,10 +64,7 @@ class SqliteTier:
 
     def iter_keys(self) -> Iterator[bytes]:
         """Every key, in one pass of the key index (the sweep's mark scan)."""
-        cur = self.db.conn().execute("SELECT key FROM blobs")
-        while rows := cur.fetchmany(8192):
-            for (k,) in rows:
-                yield k
+        yield from map(itemgetter(0), self.db.conn().execute("SELECT key FROM blobs"))
 
     def rows(self) -> int:
         return self.db.execute("SELECT count(*) FROM blobs").fetchone()[0]
