@@ -576,19 +576,28 @@ class Store:
         return freed is not None
 
     # -- batched puts (many small objects in one transaction) -----------------------
-    def put_many(self, items: list[tuple[bytes, Algorithm, Key | None]]) -> list[PutResult]:
+    def put_many(self, items: list[tuple[bytes, Algorithm, Key | bytes | None]]) -> list[PutResult]:
         """Store many (content, algo, expected key) at once, each like `put`: the small
         ones share one kv transaction. Every item is checked before anything is stored
         (a bad one raises and stores nothing of the small ones); each result carries
-        its own pin, to release once the object's name is published."""
+        its own pin, to release once the object's name is published. An expected key
+        may be given as a Key or as its raw bytes (algorithm byte + digest)."""
         from .git.objects import TYPES as GIT_TYPES
+
+        def made(raw: bytes) -> Key:  # a key built from a digest just computed: valid
+            key = object.__new__(Key)
+            object.__setattr__(key, "raw", raw)
+            return key
 
         checked: list[tuple[bytes, bytes, int]] = []  # (raw key, data, index)
         keys: list[Key | None] = [None] * len(items)
         big: list[int] = []
         limit = self.threshold if self.mode != "mem" else None
+        tags = {a: bytes([a.value]) for a in Algorithm}
         for i, (data, algo, expect) in enumerate(items):
-            if expect is not None and expect.algo is not algo:
+            tag = tags[algo]
+            want = None if expect is None else expect.raw if isinstance(expect, Key) else expect
+            if want is not None and want[:1] != tag:
                 raise Invalid("the expected key has another algorithm")
             if limit is not None and len(data) > limit:
                 if self.mode == "kv-only":
@@ -607,17 +616,12 @@ class Store:
                     check_canonical(data[:MAX_HEADER], len(data))
             h = algo.hasher()
             h.update(data)
-            digest = h.digest()
-            if expect is not None:
-                if expect.digest != digest:
-                    raise Verification(
-                        f"the content hashes to {Key.of(algo, digest)}, not {expect}"
-                    )
-                key = expect
-            else:
-                key = Key.of(algo, digest)
+            raw = tag + h.digest()
+            if want is not None and want != raw:
+                raise Verification(f"the content hashes to {made(raw)}, not {Key(bytes(want))}")
+            key = expect if isinstance(expect, Key) else made(raw)
             keys[i] = key
-            checked.append((key.raw, bytes(data), i))
+            checked.append((raw, bytes(data), i))
         checked.sort()  # key order: the kv index is written where it is already warm
         acquire = self.arbiter.acquire
         pins = [acquire(raw) for raw, _, _ in checked]  # pin before publish
@@ -665,6 +669,8 @@ class Store:
                 results[i] = PutResult(key, pin, made)
             for i in big:
                 data, algo, expect = items[i]
+                if expect is not None and not isinstance(expect, Key):
+                    expect = Key(bytes(expect))
                 results[i] = self.put(data, algo=algo, expect=expect)
         except BaseException:
             for pin in pins:

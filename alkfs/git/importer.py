@@ -32,6 +32,7 @@ if TYPE_CHECKING:
 PUT_BATCH_ITEMS = 4096
 PUT_BATCH_BYTES = 16 << 20
 MAX_INFLIGHT = 2
+WRITER_CACHE_KIB = 65536
 CHECK_BATCH = 500
 SAMPLE = 256  # ids looked up first: none present means a first import
 
@@ -61,6 +62,14 @@ def _writer() -> concurrent.futures.ThreadPoolExecutor:
         if _WRITER is None:
             _WRITER = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="alkfs-import")
         return _WRITER
+
+
+def _put(store: Store, items: list) -> list:
+    """put_many on the writer thread, whose own sqlite connection gets a page cache
+    large enough to keep the key index warm across a whole import."""
+    if store.db is not None:
+        store.db.conn().execute(f"PRAGMA cache_size = -{WRITER_CACHE_KIB}")
+    return store.put_many(items)
 
 
 def _git(gitdir: str, *args: str, check: bool = True) -> subprocess.CompletedProcess[bytes]:
@@ -227,7 +236,7 @@ def _store_objects(
     prefix = bytes([algo.value])
     assert proc.stdout is not None
     out = proc.stdout
-    pending: list[tuple[bytes, Algorithm, Key | None]] = []
+    pending: list[tuple[bytes, Algorithm, Key | bytes | None]] = []
     pending_bytes = 0
     received = 0
 
@@ -251,7 +260,7 @@ def _store_objects(
         nonlocal pending, pending_bytes
         while len(inflight) >= MAX_INFLIGHT:
             collect()
-        inflight.append((pending, _writer().submit(store.put_many, pending)))
+        inflight.append((pending, _writer().submit(_put, store, pending)))
         pending = []
         pending_bytes = 0
 
@@ -267,7 +276,7 @@ def _store_objects(
             if raw not in wanted:
                 raise Verification(f"git sent an object that was not asked for: {oid.decode()}")
             data = b"%s %d\0%s" % (kind, n, body)
-            pending.append((data, algo, Key(prefix + raw)))  # verified against its id
+            pending.append((data, algo, prefix + raw))  # verified against its id
             pending_bytes += len(data)
             if len(pending) >= PUT_BATCH_ITEMS or pending_bytes >= PUT_BATCH_BYTES:
                 flush()

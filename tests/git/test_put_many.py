@@ -71,3 +71,14 @@ def test_objects_over_the_threshold_follow_the_mode(store):
     assert store.get(results[1].key) == big
     for r in results:
         r.pin.release()
+
+
+def test_an_expected_key_may_be_given_as_raw_bytes(store):
+    data = canonical("blob", b"raw\n")
+    key = Key.derive(Algorithm.GIT_SHA1, data)
+    (result,) = store.put_many([(data, Algorithm.GIT_SHA1, key.raw)])
+    assert result.key == key
+    assert result.key.algo is Algorithm.GIT_SHA1
+    result.pin.release()
+    with pytest.raises(Verification):
+        store.put_many([(canonical("blob", b"other\n"), Algorithm.GIT_SHA1, key.raw)])
