@@ -584,6 +584,19 @@ class Store:
         may be given as a Key or as its raw bytes (algorithm byte + digest)."""
         from .git.objects import TYPES as GIT_TYPES
 
+        def _one_call_hasher(algo: Algorithm):  # hashlib's constructors take the data
+            if algo is Algorithm.GIT_SHA1:
+                return hashlib.sha1
+            if algo in (Algorithm.SHA256, Algorithm.GIT_SHA256):
+                return hashlib.sha256
+
+            def other(data: bytes):
+                h = algo.hasher()
+                h.update(data)
+                return h
+
+            return other
+
         def made(raw: bytes) -> Key:  # a key built from a digest just computed: valid
             key = object.__new__(Key)
             object.__setattr__(key, "raw", raw)
@@ -594,6 +607,7 @@ class Store:
         big: list[int] = []
         limit = self.threshold if self.mode != "mem" else None
         tags = {a: bytes([a.value]) for a in Algorithm}
+        hashers = {a: _one_call_hasher(a) for a in Algorithm}
         for i, (data, algo, expect) in enumerate(items):
             tag = tags[algo]
             want = None if expect is None else expect.raw if isinstance(expect, Key) else expect
@@ -614,17 +628,14 @@ class Store:
                     or data[sp + 1 : nul] != b"%d" % (len(data) - nul - 1)
                 ):
                     check_canonical(data[:MAX_HEADER], len(data))
-            h = algo.hasher()
-            h.update(data)
-            raw = tag + h.digest()
+            raw = tag + hashers[algo](data).digest()
             if want is not None and want != raw:
                 raise Verification(f"the content hashes to {made(raw)}, not {Key(bytes(want))}")
             key = expect if isinstance(expect, Key) else made(raw)
             keys[i] = key
             checked.append((raw, bytes(data), i))
         checked.sort()  # key order: the kv index is written where it is already warm
-        acquire = self.arbiter.acquire
-        pins = [acquire(raw) for raw, _, _ in checked]  # pin before publish
+        pins = self._pin_all([raw for raw, _, _ in checked])  # pin before publish
         results: list[PutResult | None] = [None] * len(items)
         try:
             stamp = now_ns()
@@ -680,6 +691,17 @@ class Store:
                     r.pin.release()
             raise
         return [r for r in results if r is not None]
+
+    def _pin_all(self, raws: list[bytes]) -> list[Pin]:
+        """`arbiter.acquire` for many keys in one locked step (same waits, same counts)."""
+        arbiter = self.arbiter
+        with arbiter._cond:
+            counts, deleting = arbiter._pins, arbiter._deleting
+            for raw in raws:
+                while raw in deleting:
+                    arbiter._cond.wait()
+                counts[raw] = counts.get(raw, 0) + 1
+        return [Pin(arbiter, raw) for raw in raws]
 
 
 def _write_all(fd: int, data: bytes | bytearray) -> None:
