@@ -608,8 +608,10 @@ class Store:
         limit = self.threshold if self.mode != "mem" else None
         tags = {a: bytes([a.value]) for a in Algorithm}
         hashers = {a: _one_call_hasher(a) for a in Algorithm}
+        last: Algorithm | None = None
         for i, (data, algo, expect) in enumerate(items):
-            tag = tags[algo]
+            if algo is not last:  # (Enum hashing is slow; batches are mostly one algorithm)
+                last, tag, hasher = algo, tags[algo], hashers[algo]
             want = None if expect is None else expect.raw if isinstance(expect, Key) else expect
             if want is not None and want[:1] != tag:
                 raise Invalid("the expected key has another algorithm")
@@ -628,7 +630,7 @@ class Store:
                     or data[sp + 1 : nul] != b"%d" % (len(data) - nul - 1)
                 ):
                     check_canonical(data[:MAX_HEADER], len(data))
-            raw = tag + hashers[algo](data).digest()
+            raw = tag + hasher(data).digest()
             if want is not None and want != raw:
                 raise Verification(f"the content hashes to {made(raw)}, not {Key(bytes(want))}")
             key = expect if isinstance(expect, Key) else made(raw)
