@@ -16,6 +16,7 @@ import subprocess
 import sys
 import threading
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..errors import Invalid, Missing, Refused, Stale, StoreIO, Verification
@@ -81,16 +82,22 @@ def _git(gitdir: str, *args: str, check: bool = True) -> subprocess.CompletedPro
     return proc
 
 
-def resolve_gitdir(path: str) -> str:
-    """The git directory of a repository path (a bare repository or a work tree)."""
-    proc = subprocess.run(
-        ["git", "-C", os.fspath(path), "rev-parse", "--absolute-git-dir"],
-        capture_output=True,
-        check=False,
-    )
-    if proc.returncode != 0:
-        raise Missing(f"not a git repository: {path}")
-    return proc.stdout.decode().strip()
+def resolve_gitdir(path: str | os.PathLike[str]) -> str:
+    """The git directory of a repository path: a bare repository (or a .git directory)
+    itself, or the repository of a work tree. A plain directory is Missing, even one
+    inside some other repository's work tree."""
+    root = Path(path)
+    if (root / "HEAD").is_file() and (root / "objects").is_dir():
+        return str(root.resolve())
+    if (root / ".git").exists():
+        proc = subprocess.run(
+            ["git", "-C", str(root), "rev-parse", "--absolute-git-dir"],
+            capture_output=True,
+            check=False,
+        )
+        if proc.returncode == 0:
+            return proc.stdout.decode().strip()
+    raise Missing(f"not a git repository: {root}")
 
 
 def object_format(gitdir: str) -> str:

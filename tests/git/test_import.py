@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from alkfs.errors import Invalid
+from alkfs.errors import Invalid, Missing
 from alkfs.git.importer import import_repo
 from alkfs.git.objects import split
 from alkfs.git.refs import RefUpdate
@@ -178,3 +178,20 @@ def test_every_source_object_stays_pinned_until_the_refs_commit(app, make_repo):
     assert app.refs.refs("second") == src.for_each_ref()
     assert app.store.arbiter.pinned_keys() == set()
     assert result[0].present == len(keys)
+
+
+def test_a_work_tree_a_bare_repository_and_a_plain_directory(app, make_repo, tmp_path):
+    src = make_repo()
+    src.write("f", "f\n")
+    src.commit("one")
+    assert import_repo(app, str(src.path), "from-work-tree", progress=False).objects == 3
+    bare = tmp_path / "bare.git"
+    subprocess.run(["git", "clone", "-q", "--bare", str(src.path), str(bare)], check=True)
+    assert import_repo(app, str(bare), "from-bare", progress=False).present == 3
+    inside = src.path / "plain"
+    inside.mkdir()
+    with pytest.raises(Missing):
+        import_repo(app, str(inside), "nope", progress=False)
+    with pytest.raises(Missing):
+        app.refs.repo("nope")
+    assert app.refs.refs("from-bare") == app.refs.refs("from-work-tree") == src.for_each_ref()
