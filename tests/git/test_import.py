@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from alkfs.errors import Invalid, Missing
+from alkfs.errors import Invalid, Missing, Stale
 from alkfs.git.importer import import_repo
-from alkfs.git.objects import split
+from alkfs.git.objects import canonical, split
 from alkfs.git.refs import RefUpdate
 from alkfs.keys import Algorithm, Key
 
@@ -195,3 +195,21 @@ def test_a_work_tree_a_bare_repository_and_a_plain_directory(app, make_repo, tmp
     with pytest.raises(Missing):
         app.refs.repo("nope")
     assert app.refs.refs("from-bare") == app.refs.refs("from-work-tree") == src.for_each_ref()
+
+
+def test_a_refused_ref_batch_changes_no_ref_and_releases_the_objects_to_the_sweep(app, make_repo):
+    src = make_repo()
+    src.write("f", "f\n")
+    src.commit("one")
+    src.git("branch", "feature/x")
+    app.refs.create_repo("r")
+    kept = app.store.add(canonical("blob", b"already referenced\n"), Algorithm.GIT_SHA1)
+    app.refs.update("r", [RefUpdate("refs/heads/feature", kept.hex, None)])
+    with pytest.raises(Stale):
+        import_repo(app, src.gitdir, "r", progress=False)  # feature/x: a D/F conflict
+    assert app.refs.refs("r") == {"refs/heads/feature": kept.hex}
+    assert app.store.arbiter.pinned_keys() == set()
+    assert stored_keys(app) == src.all_object_keys() | {kept.raw}
+    assert app.store.sweep(0).candidates_staged == 3
+    assert app.store.sweep(0).deleted == 3
+    assert stored_keys(app) == {kept.raw}
