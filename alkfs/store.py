@@ -637,7 +637,7 @@ class Store:
             keys[i] = key
             checked.append((raw, bytes(data), i))
         checked.sort()  # key order: the kv index is written where it is already warm
-        pins = self._pin_all([raw for raw, _, _ in checked])  # pin before publish
+        pins = self.pin_many([raw for raw, _, _ in checked])  # pin before publish
         results: list[PutResult | None] = [None] * len(items)
         try:
             stamp = now_ns()
@@ -694,8 +694,9 @@ class Store:
             raise
         return [r for r in results if r is not None]
 
-    def _pin_all(self, raws: list[bytes]) -> list[Pin]:
-        """`arbiter.acquire` for many keys in one locked step (same waits, same counts)."""
+    def pin_many(self, raws: list[bytes]) -> list[Pin]:
+        """In-process pins on many keys (raw bytes) in one locked step: `pin` for each,
+        with the same waits for in-flight deletes and the same counts."""
         arbiter = self.arbiter
         with arbiter._cond:
             counts, deleting = arbiter._pins, arbiter._deleting

@@ -181,16 +181,11 @@ def import_repo(
             _store_objects(store, gitdir, algo, ids, True, result, progress, held)
             result.present = len(ids) - result.stored
         else:
+            # Pin every id, then look: nothing skipped can be deleted before the refs
+            # commit (pinning an id that is missing is harmless; its put pins it too).
+            for pin in store.pin_many([prefix + x for x in ids]):
+                held.add(pin)
             present = _present(store, algo, ids, sizes)
-            # Pin what is present, then look again: nothing skipped can be deleted before
-            # the refs commit. What is missing is pinned by the put that stores it.
-            for x, p in zip(ids, present, strict=True):
-                if p:
-                    held.add(store.pin(prefix + x))
-            recheck = [i for i, p in enumerate(present) if p]
-            again = _present(store, algo, [ids[i] for i in recheck], [sizes[i] for i in recheck])
-            for i, still in zip(recheck, again, strict=True):
-                present[i] = still
             missing = [x for x, p in zip(ids, present, strict=True) if not p]
             result.present = len(ids) - len(missing)
             if missing:

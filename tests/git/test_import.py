@@ -213,3 +213,17 @@ def test_a_refused_ref_batch_changes_no_ref_and_releases_the_objects_to_the_swee
     assert app.store.sweep(0).candidates_staged == 3
     assert app.store.sweep(0).deleted == 3
     assert stored_keys(app) == {kept.raw}
+
+
+def test_an_empty_repository_imports_as_a_repository_without_refs(app, make_repo):
+    src = make_repo()
+    src.git("symbolic-ref", "HEAD", "refs/heads/trunk")
+    result = import_repo(app, src.gitdir, "empty", progress=False)
+    assert (result.objects, result.stored, result.refs, result.head) == (
+        0,
+        0,
+        {},
+        "refs/heads/trunk",
+    )
+    assert app.refs.refs("empty") == {}
+    assert app.refs.head("empty") == "refs/heads/trunk"
