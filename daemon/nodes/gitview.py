@@ -171,11 +171,12 @@ class GitDir(StaticDir):
 class ObjectDir(StaticDir):
     """/git/<format>: 256 fan-out directories, then empty `info/` and `pack/`."""
 
-    __slots__ = ("algo",)
+    __slots__ = ("algo", "typical")
 
     def __init__(self, ctx: Context, parent: Node, algo: Algorithm) -> None:
         label = "sha1" if algo is Algorithm.GIT_SHA1 else "sha256"
         self.algo = algo
+        self.typical = FIRST_PAGE  # objects in the last prefix listed whole: sizes the query
         super().__init__(ctx, ("dir", f"/git/{label}"), parent, label.encode())
 
     def children(self) -> list[tuple[bytes, Node]]:
@@ -230,38 +231,52 @@ class FanoutDir(Dir):
         return LooseFile.fresh(self.ctx, self, st)
 
     async def readdir(self, dh: DirHandle, start: int, emit: Emit) -> None:
-        store, algo, prefix = self.ctx.store, self.algo, self.prefix
-        recent: dict[int, bytes] = dh.state.setdefault("recent", {})
-        if start >= FIRST_OFFSET and dh.state.get("end") == start:
-            return  # the kernel asks once more after the last entry: no query for that
-        after: Key | None
-        if start < FIRST_OFFSET:
-            rest = algo.digest_len - 1
-            after = Key.of(algo, bytes([prefix - 1]) + b"\xff" * rest) if prefix else None
-        elif (raw := recent.get(start)) is not None:
-            after = Key(raw)
+        """The kernel takes a few dozen entries per call: what one query fetched beyond
+        them waits in `dh.state` for the next call, which resumes after the last entry
+        it was given (any other offset restarts from that offset's key)."""
+        algo, prefix, state_ = self.algo, self.prefix, dh.state
+        recent: dict[int, bytes] = state_.setdefault("recent", {})
+        if start >= FIRST_OFFSET and state_.get("last") == start:
+            ahead: list[ObjectStat] = state_["ahead"]
+            after, done, count = state_["after"], state_["done"], state_["count"]
         else:
-            after = after_cookie(algo, start)
-        # A prefix holds 1/256 of the store: start with a small page, grow while it lasts.
-        limit = FIRST_PAGE
-        while True:
-            page = store.list(after=after, limit=limit, algo=algo)
-            if len(recent) > 4 * PAGE:
-                recent.clear()
-            for st in page:
-                key = st.key
-                if key.raw[1] != prefix:
-                    dh.state["end"] = cookie(after) if after is not None else 0
+            ahead, done, count = [], False, 0
+            if start < FIRST_OFFSET:
+                rest = algo.digest_len - 1
+                after = Key.of(algo, bytes([prefix - 1]) + b"\xff" * rest) if prefix else None
+            else:
+                raw = recent.get(start)
+                after = Key(raw) if raw is not None else after_cookie(algo, start)
+                count = -1  # not listed from the start: says nothing about the prefix's size
+        typical = getattr(self.parent, "typical", FIRST_PAGE)
+        limit = max(FIRST_PAGE, typical + typical // 4 + 8)
+        i = 0
+        try:
+            while True:
+                while i < len(ahead):
+                    st = ahead[i]
+                    c = cookie(st.key)
+                    if not emit(st.key.hex[2:].encode(), LooseFile.fresh(self.ctx, self, st), c):
+                        return
+                    i += 1
+                    state_["last"] = c
+                    if len(recent) > 4 * PAGE:
+                        recent.clear()
+                    recent[c] = st.key.raw
+                if done:
                     return
-                c = cookie(key)
-                if not emit(key.hex[2:].encode(), LooseFile.fresh(self.ctx, self, st), c):
-                    return
-                recent[c] = key.raw
-                after = key
-            if len(page) < limit:
-                dh.state["end"] = cookie(after) if after is not None else 0
-                return
-            limit = min(limit * 4, PAGE)
+                page = self.ctx.store.list(after=after, limit=limit, algo=algo)
+                ahead, i = [st for st in page if st.key.raw[1] == prefix], 0
+                done = len(ahead) < len(page) or len(page) < limit
+                if page:
+                    after = page[-1].key
+                if count >= 0:
+                    count += len(ahead)
+                    if done and hasattr(self.parent, "typical"):
+                        self.parent.typical = count  # type: ignore[attr-defined]
+                limit = min(limit * 2, PAGE)
+        finally:
+            state_.update(ahead=ahead[i:], after=after, done=done, count=count)
 
 
 class LooseFile(ObjectFile):
