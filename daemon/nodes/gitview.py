@@ -101,10 +101,8 @@ def loose_segments(n: int, offset: int, size: int) -> Iterator[bytes | tuple[int
 # -- per-mount state ----------------------------------------------------------------------------
 @dataclass
 class _State:
-    """What the git views remember for one mount (kept off node instances, which the
-    framework replaces freely)."""
+    """What the git views remember for one mount: adler32 sums of large objects."""
 
-    pushed: set[int] = field(default_factory=set)  # inodes whose pages the kernel was given
     adler: dict[bytes, tuple[tuple[int, int, int, int], int]] = field(default_factory=dict)
 
 
@@ -152,19 +150,20 @@ class GitDir(StaticDir):
         /repos/<id>/objects/<xx>/<rest> the kernel has looked up."""
         if not key.algo.is_git:
             return []
+        fan = self.object_dir(key.algo).fanout(key.hex[:2].encode())
+        rest = key.hex[2:].encode()
         known = self.ctx.inodes.known(("loose", key.raw))
-        ino = known.ino if known is not None else 0
-        xx, rest = key.hex[:2].encode(), key.hex[2:].encode()
-        fan = self.object_dir(key.algo).fanout(xx)
-        out = [(fan.ino, rest, ino)]
+        if known is None:  # the kernel holds no entry of it, in any directory
+            return [(fan.ino, rest, 0)]
+        out = [(fan.ino, rest, known.ino)]
         refs = self.ctx.refs
         if refs is not None:
             fmt = "sha1" if key.algo is Algorithm.GIT_SHA1 else "sha256"
             for repo in refs.repos():
                 if repo.object_format == fmt:
-                    d = self.ctx.inodes.known(repo_fanout_ident(repo, xx))
+                    d = self.ctx.inodes.known(repo_fanout_ident(repo, key.hex[:2].encode()))
                     if d is not None:
-                        out.append((d.ino, rest, ino))
+                        out.append((d.ino, rest, known.ino))
         return out
 
 
@@ -178,6 +177,7 @@ class ObjectDir(StaticDir):
         self.algo = algo
         self.typical = FIRST_PAGE  # objects in the last prefix listed whole: sizes the query
         super().__init__(ctx, ("dir", f"/git/{label}"), parent, label.encode())
+        self._entries()  # now, on the trio thread: the sweep's deletion view reads them
 
     def children(self) -> list[tuple[bytes, Node]]:
         out: list[tuple[bytes, Node]] = [
@@ -285,23 +285,23 @@ class LooseFile(ObjectFile):
     times (touch freshens: git freshens what it finds in an alternate) and extended
     attributes are the object's, as in /objects."""
 
-    __slots__ = ()
+    __slots__ = ("pushed",)
 
     def __init__(self, ctx: Context, parent: Node, st: ObjectStat) -> None:
         super().__init__(ctx, parent, st)
         self.ident = ("loose", st.key.raw)
         self.name = st.key.hex[2:].encode()
+        self.pushed = False  # the kernel's inode was given this file's pages (see _push)
 
     @classmethod
     def fresh(cls, ctx: Context, parent: Node, st: ObjectStat) -> LooseFile:
-        """A node about to be handed to the kernel. When the kernel holds no inode for it
-        (never did, or forgot it), a new kernel inode with an empty page cache will be
-        made, so the next open may push pages again."""
+        """A node about to be handed to the kernel. It replaces the instance the inode
+        table holds, so it inherits `pushed`; when the table holds none, the kernel has no
+        inode of it (never had, or forgot it) and the next open may push pages again."""
         node = cls(ctx, parent, st)
-        inodes = ctx.inodes
-        ino = inodes.ino_for(node)
-        if inodes.lookups(ino) == 0:
-            state(ctx).pushed.discard(ino)
+        old = ctx.inodes.known(node.ident)
+        if isinstance(old, LooseFile):
+            node.pushed = old.pushed
         return node
 
     def ino_seed(self) -> int:
@@ -322,7 +322,8 @@ class LooseFile(ObjectFile):
             assert isinstance(inner, LargeHandle)
             return LooseLargeHandle(self, inner)
         handle = LooseKvHandle(self)
-        if self._should_push():
+        if not self.pushed and self.ctx.invalidator.live and self.size() <= PUSH_MAX:
+            self.pushed = True  # claimed before any await: later opens never push
             self._push(await handle.load())
         return handle
 
@@ -337,24 +338,14 @@ class LooseFile(ObjectFile):
             fail(errno.ENOENT, f"{self.key} is gone")
         return encode_loose(canonical)
 
-    def _should_push(self) -> bool:
-        return (
-            self.ctx.invalidator.live
-            and self.ino not in state(self.ctx).pushed
-            and loose_size(self.st.size) <= PUSH_MAX
-        )
-
     def _push(self, data: bytes) -> None:
-        """Give the kernel the file's pages before answering its first open.
+        """Give the kernel's inode the file's pages while answering its first open: the
+        read, and the attribute refresh a read causes, never come.
 
-        Safe from deadlock: the kernel locks a page while a read of it waits for us, and
-        no read of this inode can be pending before the first open of it is answered;
-        `pushed` is reset only when the kernel holds no inode of this number (see
-        `fresh`), so a later open of a known inode never pushes again."""
-        pushed = state(self.ctx).pushed
-        if self.ino in pushed:
-            return
-        pushed.add(self.ino)
+        Free of deadlock: the kernel holds a page locked while a read of it waits for
+        us, and no read of an inode can be pending before the first open of it is
+        answered; a later open of the same kernel inode, on this instance or on one that
+        replaced it (`fresh`), never pushes."""
         try:
             pyfuse3.notify_store(self.ino, 0, data)
         except OSError as exc:  # the kernel dropped the inode meanwhile: reads still work
