@@ -30,8 +30,8 @@ if TYPE_CHECKING:
     from ..gc.arbiter import Batch
     from ..store import Store
 
-PUT_BATCH_ITEMS = 4096
-PUT_BATCH_BYTES = 16 << 20
+PUT_BATCH_ITEMS = 16384
+PUT_BATCH_BYTES = 32 << 20
 MAX_INFLIGHT = 2
 WRITER_CACHE_KIB = 65536
 CHECK_BATCH = 500
