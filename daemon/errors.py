@@ -82,7 +82,7 @@ def fuse_op(describe: Callable[..., str] | None = None) -> Callable[[F], F]:
     """
 
     def deco(fn: F) -> F:
-        op = fn.__name__
+        op = fn.__name__.lstrip("_")
 
         @functools.wraps(fn)
         async def wrapper(self: Any, *args: Any) -> Any:

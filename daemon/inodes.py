@@ -84,6 +84,19 @@ class InodeTable:
         self._by_ident[node.ident] = ino
         return node
 
+    def count(self, node: Node) -> None:
+        """`remember` for a node whose number `ino_for` assigned just now (no await since):
+        the readdirplus fast path."""
+        ino = node.ino
+        entry = self._by_ino.get(ino)
+        if entry is None:
+            self._by_ino[ino] = _Entry(node, 1, False)
+            self._by_ident[node.ident] = ino
+        else:
+            entry.lookups += 1
+            if not entry.permanent:
+                entry.node = node
+
     def forget(self, ino: int, n: int) -> None:
         entry = self._by_ino.get(ino)
         if entry is None:

@@ -10,6 +10,8 @@ import threading
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
+import pyfuse3
+
 from alkfs.errors import Corrupt, Invalid
 from alkfs.git.objects import MAX_HEADER, parse_header
 from alkfs.keys import Algorithm, Key
@@ -37,6 +39,7 @@ X_GIT_TYPE = b"user.alkfs.git.type"
 X_PINS = b"user.alkfs.pins"
 X_PIN = b"user.alkfs.pin."
 READ_ONLY_XATTRS = (X_ALGO, X_SIZE, X_TIER, X_GIT_TYPE, X_PINS)
+OBJECT_MODE = stat.S_IFREG | 0o444
 
 
 def format_ns(ns: int) -> str:
@@ -123,12 +126,14 @@ class AlgoDir(_Dir):
                 return
             if len(recent) > 4 * PAGE:
                 recent.clear()
+            ctx = self.ctx
             for st in page:
-                key = st.key
-                c = cookie(key)
-                if not emit(key.hex.encode(), ObjectFile(self.ctx, self, st), c):
+                raw = st.key.raw
+                c = (int.from_bytes(raw[1:9], "big") >> 2) + FIRST_OFFSET  # cookie(st.key)
+                name = raw[1:].hex().encode()
+                if not emit(name, ObjectFile(ctx, self, st, name), c):
                     return
-                recent[c] = key.raw
+                recent[c] = raw
             if len(page) < PAGE:
                 return
             after = page[-1].key
@@ -139,8 +144,15 @@ class ObjectFile(File):
 
     __slots__ = ("st",)
 
-    def __init__(self, ctx: Context, parent: Node, st: ObjectStat) -> None:
-        super().__init__(ctx, ("object", st.key.raw), parent, st.key.hex.encode())
+    def __init__(
+        self, ctx: Context, parent: Node, st: ObjectStat, name: bytes | None = None
+    ) -> None:
+        raw = st.key.raw
+        self.ctx = ctx
+        self.ident = ("object", raw)
+        self.parent = parent
+        self.name = raw[1:].hex().encode() if name is None else name
+        self.ino = 0
         self.st = st
 
     @property
@@ -148,7 +160,24 @@ class ObjectFile(File):
         return self.st.key
 
     def ino_seed(self) -> int:
-        return int.from_bytes(self.st.key.raw[1:9], "big") ^ (self.st.key.raw[0] << 56)
+        raw = self.st.key.raw
+        return int.from_bytes(raw[1:9], "big") ^ (raw[0] << 56)
+
+    def attr(self) -> pyfuse3.EntryAttributes:
+        # The generic Node.attr, unrolled: readdirplus builds one per listed object.
+        st = self.st
+        a = pyfuse3.EntryAttributes()
+        a.st_ino = self.ino
+        a.entry_timeout = a.attr_timeout = self.entry_timeout
+        a.st_mode = OBJECT_MODE
+        a.st_nlink = 1
+        a.st_uid = self.ctx.uid
+        a.st_gid = self.ctx.gid
+        a.st_size = size = st.size
+        a.st_blksize = 131072
+        a.st_blocks = (size + 511) // 512
+        a.st_atime_ns = a.st_mtime_ns = a.st_ctime_ns = st.stored_ns
+        return a
 
     def describe(self) -> str:
         return str(self.st.key)
@@ -181,13 +210,7 @@ class ObjectFile(File):
                 os.close(fd)
                 raise
             return LargeHandle(self, fd, fst, store.is_verified(key, fst))
-        if self.st.size <= INLINE_VERIFY:
-            data = store.get(key)
-        else:
-            data = await self.ctx.run_sync(store.get, key)
-        if data is None:
-            fail(errno.ENOENT, f"{key} is gone")
-        return KvHandle(self, data)
+        return KvHandle(self)
 
     # -- touch: freshen -----------------------------------------------------------------
     async def setattr(self, attr: Any, fields: Any, handle: Handle | None, ctx: Any) -> Any:
@@ -281,16 +304,29 @@ class ObjectFile(File):
 
 
 class KvHandle(Handle):
-    """A small object, loaded and verified at open."""
+    """A small object, loaded and verified at its first read: with keep_cache the kernel
+    serves repeated reads from its pages, so a warm open costs no query at all."""
 
     keep_cache = True
 
-    def __init__(self, node: Node, data: bytes) -> None:
+    def __init__(self, node: ObjectFile) -> None:
         super().__init__(node)
-        self.data = data
+        self.obj = node
+        self.data: bytes | None = None
 
     async def read(self, off: int, size: int) -> bytes:
-        return self.data[off : off + size]
+        data = self.data
+        if data is None:
+            obj = self.obj
+            store = obj.ctx.store
+            if obj.st.size <= INLINE_VERIFY:
+                data = store.get(obj.key)
+            else:
+                data = await obj.ctx.run_sync(store.get, obj.key)
+            if data is None:
+                fail(errno.ENOENT, f"{obj.key} is gone")
+            self.data = data
+        return data[off : off + size]
 
 
 class LargeHandle(Handle):

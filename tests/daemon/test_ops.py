@@ -285,7 +285,9 @@ async def test_the_read_completing_a_corrupt_large_object_fails_eio_and_marks_it
 async def test_a_corrupt_kv_object_read_fails_eio_and_marks_it(h, keys, app):
     key = keys["blake3"]
     app.store.db.execute("UPDATE blobs SET value = ? WHERE key = ?", (b"bleak\n", key.raw))
-    await fails(errno.EIO, h.ops.open(await h.ino(opath(key)), os.O_RDONLY, None))
+    fi = await h.ops.open(await h.ino(opath(key)), os.O_RDONLY, None)
+    await fails(errno.EIO, h.ops.read(fi.fh, 0, 4096))
+    await h.ops.release(fi.fh)
     assert app.store.corrupt == {key.raw}
 
 
@@ -460,7 +462,9 @@ async def test_two_sweeps_delete_orphans_and_invalidate_their_entries(h, keys, a
     assert (parent, orphan.hex.encode(), ino) in recorded
     assert len(recorded) == app.store.last_sweep.deleted == 4  # all but the pinned one
     await fails(errno.ENOENT, h.ops.lookup(parent, orphan.hex.encode(), None))
-    await fails(errno.ENOENT, h.ops.open(ino, os.O_RDONLY, None))
+    fi = await h.ops.open(ino, os.O_RDONLY, None)  # a stale inode: the read says it is gone
+    await fails(errno.ENOENT, h.ops.read(fi.fh, 0, 4096))
+    await h.ops.release(fi.fh)
 
 
 async def test_status_has_the_documented_shape(h, keys, app, tmp_path):
