@@ -2,7 +2,14 @@
 
 The walk follows commits (tree and every parent), trees (every entry except
 gitlinks) and tags (their target). A missing or corrupt object stops its own
-branch, never the walk. Blobs are never read: a tree entry names its kind.
+branch, never the walk. Blob bodies are never read: a tree entry's mode, or the
+kv pass below, says an entry is a blob, and a large-tier object shows its type in
+its first bytes. A walk that met a missing object is not memoized for reuse.
+
+The walk loads a format's trees, commits and tags in one sequential pass of the
+kv table (far cheaper than as many random lookups), then walks in memory; a mem
+store, or one with more than SCAN_MAX objects of the format, walks by batched
+lookups instead.
 
 The memo is keyed on the refs snapshot's fingerprint, so an unchanged set of
 refs costs one ordered read, not a walk. `contains` runs under the store's
@@ -22,7 +29,7 @@ from typing import TYPE_CHECKING
 from ..errors import AlkfsError
 from ..keys import Algorithm, Key
 from ..tiers.sqlite import SqliteTier
-from .objects import ID_ONLY, WALK_ENTRY
+from .objects import ID_ONLY, MAX_HEADER, WALK_ENTRY, parse_header
 from .refs import Refs, oid_key
 
 if TYPE_CHECKING:
@@ -70,8 +77,21 @@ class Walker:
         return out
 
     def _get(self, key: Key) -> bytes | None:
+        """Verified bytes; for a large-tier blob only its header (a blob's body is never
+        needed, and a large one is not worth reading); None when absent or corrupt."""
+        store = self.store
+        path = store.large_path(key)
+        if path is not None and store.kv.stat(key.raw) is None:
+            try:
+                with open(path, "rb") as f:
+                    head = f.read(MAX_HEADER)
+                kind, size, hlen = parse_header(head)
+            except (OSError, AlkfsError):
+                return None
+            if kind == "blob":
+                return head[:hlen]
         try:
-            return self.store.get(key)
+            return store.get(key)
         except AlkfsError:
             return None
 
@@ -250,7 +270,7 @@ class RefClosure:
 
 
 def memo_contains(
-    memo: tuple[str, int, set[bytes]] | None, key: bytes, counter: Callable[[], int]
+    memo: tuple[str | None, int, set[bytes]] | None, key: bytes, counter: Callable[[], int]
 ) -> bool:
     """The shared arbitration answer: cold → live, hit → live, miss → live iff the counter moved."""
     if memo is None or key in memo[2]:
