@@ -288,9 +288,8 @@ class LooseFile(ObjectFile):
     __slots__ = ("pushed",)
 
     def __init__(self, ctx: Context, parent: Node, st: ObjectStat) -> None:
-        super().__init__(ctx, parent, st)
+        super().__init__(ctx, parent, st, st.key.raw[2:].hex().encode())
         self.ident = ("loose", st.key.raw)
-        self.name = st.key.hex[2:].encode()
         self.pushed = False  # the kernel's inode was given this file's pages (see _push)
 
     @classmethod
