@@ -381,3 +381,36 @@ def test_a_config_file_gives_the_same_keys_and_command_line_flags_win(start_moun
         "threshold": 1000,
         "window_s": 0,
     }
+
+
+def test_sweep_every_runs_sweeps_in_the_background(start_mount, populate, tmp_path):
+    store = tmp_path / "store"
+    (orphan,) = populate(store, [b"nobody keeps me\n"])
+    m = start_mount(store, "--window", "0", "--sweep-every", "1s")
+    path = m.path("objects", "sha256", orphan.hex)
+    deadline = time.monotonic() + 30
+    while path.exists():  # staged by one periodic sweep, deleted by the next
+        assert time.monotonic() < deadline, m.log()
+        time.sleep(0.1)
+    status = json.loads(m.path(".alkfs", "status").read_text())
+    assert status["objects"]["sha256"]["count"] == 0
+    assert m.log().count("INFO sweep {") >= 2
+    assert m.tracebacks() == []
+
+
+def test_a_read_only_mount_serves_reads_and_refuses_sweeps(start_mount, populate, tmp_path):
+    store = tmp_path / "store"
+    (key,) = populate(store, [b"read me\n"])
+    m = start_mount(store, "--window", "0", "--read-only")
+    assert m.path("objects", "sha256", key.hex).read_bytes() == b"read me\n"
+    fd = os.open(m.path(".alkfs", "control"), os.O_WRONLY)
+    try:
+        with pytest.raises(OSError) as e:
+            os.write(fd, b"sweep\n")
+        assert e.value.errno == errno.EROFS
+        assert os.write(fd, b"verify\n") == 7
+    finally:
+        os.close(fd)
+    with pytest.raises(OSError) as e:
+        os.setxattr(m.path("objects", "sha256", key.hex), "user.alkfs.pin.x", b"")
+    assert e.value.errno == errno.EROFS
