@@ -265,10 +265,13 @@ class Operations(pyfuse3.Operations):
 
     # -- extended attributes ------------------------------------------------------------
     async def getxattr(self, inode: int, name: bytes, ctx: Any) -> bytes:
-        # `ls -l` asks every entry for security.selinux and system.posix_acl_*: answer
-        # names outside user.* at once (no node has any), without the wrapper's work.
+        # Only the user.* namespace exists here. Answering EOPNOTSUPP (not ENODATA) for
+        # security.selinux and system.posix_acl_* lets `ls -l` remember that this file
+        # system has no SELinux labels or ACLs after the first entry, instead of asking
+        # twice for every entry (two requests each). Never ENOSYS: the kernel would
+        # switch extended attributes off for the whole mount.
         if not name.startswith(b"user."):
-            raise pyfuse3.FUSEError(errno.ENODATA)
+            raise pyfuse3.FUSEError(errno.EOPNOTSUPP)
         return await self._getxattr(inode, name, ctx)
 
     @fuse_op(lambda self, ino, name, *r: f"{_ino(self, ino)} [{name!r}]")
@@ -281,12 +284,16 @@ class Operations(pyfuse3.Operations):
 
     @fuse_op(lambda self, ino, name, *r: f"{_ino(self, ino)} [{name!r}]")
     async def setxattr(self, inode: int, name: bytes, value: bytes, ctx: Any) -> None:
+        if not name.startswith(b"user."):
+            fail(errno.EOPNOTSUPP, "only user.* extended attributes exist here")
         node = self.node(inode)
         self._mutating(node)
         await node.setxattr(name, value, ctx)
 
     @fuse_op(lambda self, ino, name, *r: f"{_ino(self, ino)} [{name!r}]")
     async def removexattr(self, inode: int, name: bytes, ctx: Any) -> None:
+        if not name.startswith(b"user."):
+            fail(errno.EOPNOTSUPP, "only user.* extended attributes exist here")
         node = self.node(inode)
         self._mutating(node)
         await node.removexattr(name, ctx)

@@ -111,32 +111,46 @@ class AlgoDir(_Dir):
         return ObjectFile(self.ctx, self, st)
 
     async def readdir(self, dh: DirHandle, start: int, emit: Emit) -> None:
-        store = self.ctx.store
-        recent: dict[int, bytes] = dh.state.setdefault("recent", {})
+        """One query fetches PAGE objects; the kernel takes a few hundred entries per call,
+        so what it did not take waits in `dh.state` for the next call, which resumes
+        after the last entry given (any other offset restarts from that offset's key)."""
+        store, ctx, state = self.ctx.store, self.ctx, dh.state
+        recent: dict[int, bytes] = state.setdefault("recent", {})
+        ahead: list[ObjectStat]
         after: Key | None
-        if start < FIRST_OFFSET:
-            after = None
-        elif (raw := recent.get(start)) is not None:
-            after = Key(raw)
+        if start >= FIRST_OFFSET and state.get("last") == start:
+            ahead, after, done = state["ahead"], state["after"], state["done"]
         else:
-            after = after_cookie(self.algo, start)
-        while True:
-            page = store.list(after=after, limit=PAGE, algo=self.algo)
-            if not page:
-                return
-            if len(recent) > 4 * PAGE:
-                recent.clear()
-            ctx = self.ctx
-            for st in page:
-                raw = st.key.raw
-                c = (int.from_bytes(raw[1:9], "big") >> 2) + FIRST_OFFSET  # cookie(st.key)
-                name = raw[1:].hex().encode()
-                if not emit(name, ObjectFile(ctx, self, st, name), c):
+            ahead, done = [], False
+            if start < FIRST_OFFSET:
+                after = None
+            elif (raw := recent.get(start)) is not None:
+                after = Key(raw)
+            else:
+                after = after_cookie(self.algo, start)
+        i = 0
+        try:
+            while True:
+                while i < len(ahead):
+                    st = ahead[i]
+                    raw = st.key.raw
+                    c = (int.from_bytes(raw[1:9], "big") >> 2) + FIRST_OFFSET  # cookie()
+                    name = raw[1:].hex().encode()
+                    if not emit(name, ObjectFile(ctx, self, st, name), c):
+                        return
+                    i += 1
+                    state["last"] = c
+                    if len(recent) > 4 * PAGE:
+                        recent.clear()
+                    recent[c] = raw
+                if done:
                     return
-                recent[c] = raw
-            if len(page) < PAGE:
-                return
-            after = page[-1].key
+                ahead, i = store.list(after=after, limit=PAGE, algo=self.algo), 0
+                done = len(ahead) < PAGE
+                if ahead:
+                    after = ahead[-1].key
+        finally:
+            state.update(ahead=ahead[i:], after=after, done=done)
 
 
 class ObjectFile(File):

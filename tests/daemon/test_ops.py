@@ -387,8 +387,12 @@ async def test_getxattr_values(h, keys, app):
 async def test_xattr_errors_are_enodata_eperm_enotsup(h, keys):
     ino = await h.ino(opath(keys["small"]))
     blake = await h.ino(opath(keys["blake3"]))
-    for name in (b"user.alkfs.nothing", b"user.alkfs.pin.other", b"security.selinux"):
+    for name in (b"user.alkfs.nothing", b"user.alkfs.pin.other", b"user.other"):
         await fails(errno.ENODATA, h.ops.getxattr(ino, name, None))
+    for name in (b"security.selinux", b"system.posix_acl_access", b"trusted.x"):
+        await fails(errno.EOPNOTSUPP, h.ops.getxattr(ino, name, None))
+        await fails(errno.EOPNOTSUPP, h.ops.setxattr(ino, name, b"x", None))
+        await fails(errno.EOPNOTSUPP, h.ops.removexattr(ino, name, None))
     await fails(errno.ENODATA, h.ops.getxattr(blake, b"user.alkfs.git.type", None))
     for name in (
         b"user.alkfs.algorithm",
