@@ -42,6 +42,9 @@ GIT_ENV = {
     **os.environ,
     "GIT_CONFIG_GLOBAL": os.devnull,
     "GIT_CONFIG_NOSYSTEM": "1",
+    "GIT_COMMITTER_NAME": "Bench",
+    "GIT_COMMITTER_EMAIL": "bench@example.com",
+    "GIT_COMMITTER_DATE": "1700000000 +0000",
 }
 FILES_PER_COMMIT = 46  # + root tree + 2 subtrees + commit: ~50 objects a commit
 
