@@ -1,0 +1,593 @@
+"""Files being written: content staged outside the trio thread, stored with `store.put`.
+
+Three pieces, shared by every directory that accepts new files (/objects/<algo>,
+/pins, and git's loose-object writes):
+
+`StagedWriter(ctx, algo, expect=None)` — the content of one new file.
+    `await write(off, buf)`, `await read(off, size)`, `await truncate(size)`, `size`,
+    `dirty`; `await commit() -> PutResult` stores what was written (a worker thread runs
+    `store.put` under `algo`, checked against `expect` when given: a mismatch raises
+    Verification and stores nothing); the caller then owns `result.pin` and releases it
+    once the object's name is published. `close()` frees everything (idempotent).
+    Up to MEM_MAX bytes stay in memory. Past that, one thread per writer owns a spool
+    file under STORE/spool/ (unlinked at once; `clear_spool` at start removes what a
+    crash may have left) and applies the writes in order; the trio thread only queues
+    them, waiting when more than QUEUE_MAX bytes are queued, so memory stays bounded
+    whatever the file's size. While the writes only move forward (appends, holes, an
+    extending truncate: cp, dd, rsync, tar), the same thread feeds them into
+    `store.put` as they come, so by the time the file is closed it is hashed and
+    written and `commit` only waits for the tail; a write below the end or a shrinking
+    truncate ends that stream and `commit` stores from the spool instead.
+
+`StagedFile(ctx, parent, name, algo, expect=None, mode=0o644)` — the node of a file
+    being written. `parent` implements `publish(node, result)` (name the stored object
+    and release `result.pin`, on every path) and `closed(node)` (the last handle went).
+    Its entry and attribute timeouts are 0: its name may vanish or turn into another
+    node at close, and the kernel must ask again. `chmod`/`chown`/`utime` on it are
+    recorded (it is the writer's private file until it is stored); `truncate` applies.
+
+`StagedHandle(node)` — an open file on a StagedFile: `flush` (every close) commits and
+    publishes if anything changed, so `close()` reports a refusal (EIO, EEXIST, ...);
+    `release` (the last close) commits what a dup'd descriptor may still have written,
+    and tells the parent.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import errno
+import functools
+import logging
+import os
+import stat
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+import pyfuse3
+import trio
+
+from alkfs.errors import AlkfsError, StoreIO
+from alkfs.keys import Algorithm, Key
+from alkfs.store import PutResult
+
+from .errors import errno_of, fail
+from .nodes.base import File, Handle, Node, wants_write
+
+if TYPE_CHECKING:
+    from .context import Context
+
+log = logging.getLogger("alkfsd")
+
+SPOOL_DIR = "spool"
+MEM_MAX = 1 << 20  # a file up to this size never touches the disk before its put
+QUEUE_MAX = 8 << 20  # bytes queued for a writer's spool thread before writes wait
+ZEROS = bytes(1 << 20)
+
+
+def spool_dir(store: Any) -> str:
+    """Where spool files live: STORE/spool (a temporary directory for a memory store)."""
+    path = getattr(store, "path", None)
+    return os.path.join(path, SPOOL_DIR) if path is not None else tempfile.gettempdir()
+
+
+def clear_spool(store: Any) -> int:
+    """Remove spool files a crashed daemon left (call at start, holding the store lock)."""
+    path = getattr(store, "path", None)
+    if path is None:
+        return 0
+    root = Path(path) / SPOOL_DIR
+    n = 0
+    with contextlib.suppress(FileNotFoundError):
+        for name in os.listdir(root):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(root / name)
+                n += 1
+    return n
+
+
+def _open_spool(directory: str) -> int:
+    os.makedirs(directory, exist_ok=True)
+    try:
+        return os.open(directory, os.O_TMPFILE | os.O_RDWR | os.O_CLOEXEC, 0o600)
+    except (AttributeError, OSError):
+        fd, path = tempfile.mkstemp(dir=directory, prefix="w-")
+        os.unlink(path)
+        return fd
+
+
+class _Abandoned(AlkfsError):
+    """The streaming put was given up (a write went back): it stores nothing."""
+
+
+_EOF = object()  # the stream ends here: the put may finish
+_ABANDON = object()  # the stream is given up: the put fails and stores nothing
+_CLOSE = object()  # the writer is done: the thread closes the spool and ends
+
+
+def _zeros(n: int) -> Iterator[bytes]:
+    while n > 0:
+        chunk = ZEROS[: min(n, len(ZEROS))]
+        n -= len(chunk)
+        yield chunk
+
+
+class _Spooler:
+    """The thread that owns one writer's spool file, applying queued writes in order and,
+    while the stream lasts, feeding them to `store.put`."""
+
+    def __init__(self, store: Any, algo: Algorithm, expect: Key | None) -> None:
+        self.store = store
+        self.algo = algo
+        self.expect = expect
+        self.fd = -1
+        self.cond = threading.Condition()
+        self.items: collections.deque[Any] = collections.deque()
+        self.queued = 0  # bytes in `items`
+        self.submitted = 0
+        self.applied = 0
+        self.error: BaseException | None = None  # the spool failed: every later step fails
+        self.stream_done = False
+        self.stream_result: PutResult | None = None
+        self.stream_error: BaseException | None = None
+        self.opened = False
+        self._directory = spool_dir(store)
+        threading.Thread(target=self._run, name="alkfsd-spool", daemon=True).start()
+
+    # -- the trio side (never blocks) -----------------------------------------------
+    def submit(self, item: Any, nbytes: int = 0) -> None:
+        with self.cond:
+            self.items.append(item)
+            self.queued += nbytes
+            self.submitted += 1
+            self.cond.notify_all()
+
+    # -- waits (run in worker threads) ------------------------------------------------
+    def wait_room(self) -> None:
+        with self.cond:
+            self.cond.wait_for(lambda: self.queued <= QUEUE_MAX // 2 or self.error is not None)
+
+    def wait_applied(self) -> None:
+        with self.cond:
+            upto = self.submitted
+            self.cond.wait_for(lambda: self.applied >= upto or self.error is not None)
+
+    def wait_stream(self) -> None:
+        with self.cond:
+            self.cond.wait_for(lambda: self.stream_done)
+
+    # -- the thread -------------------------------------------------------------------
+    def _next(self) -> Any:
+        with self.cond:
+            self.cond.wait_for(lambda: bool(self.items))
+            item = self.items.popleft()
+            if isinstance(item, tuple) and item[0] == "w":
+                self.queued -= len(item[2])
+            return item
+
+    def _done_one(self) -> None:
+        with self.cond:
+            self.applied += 1
+            self.cond.notify_all()
+
+    def _apply(self, item: tuple) -> None:
+        if self.error is not None:
+            return
+        try:
+            if item[0] == "w":
+                _, off, data = item
+                view = memoryview(data)
+                while view:
+                    n = os.pwrite(self.fd, view, off)
+                    view = view[n:]
+                    off += n
+            else:
+                os.ftruncate(self.fd, item[1])
+        except OSError as exc:
+            with self.cond:
+                self.error = exc
+
+    def _feed(self) -> Iterator[bytes]:
+        pos = 0
+        while True:
+            item = self._next()
+            if item is _EOF:
+                self._done_one()
+                return
+            if item is _CLOSE:
+                with self.cond:
+                    self.items.appendleft(_CLOSE)  # for the drain that follows
+                raise _Abandoned("the writer was closed")
+            if item is _ABANDON:
+                self._done_one()
+                raise _Abandoned("the stream was given up")
+            self._apply(item)
+            self._done_one()
+            if self.error is not None:
+                raise StoreIO(f"the spool failed: {self.error}")
+            if item[1] > pos:  # a hole before a write, or an extending truncate: zeros
+                yield from _zeros(item[1] - pos)
+                pos = item[1]
+            if item[0] == "w":
+                yield item[2]
+                pos += len(item[2])
+
+    def _run(self) -> None:
+        try:
+            self.fd = _open_spool(self._directory)
+        except OSError as exc:
+            with self.cond:
+                self.error = exc
+        with self.cond:
+            self.opened = True
+            self.cond.notify_all()
+        try:
+            if self.error is None:
+                try:
+                    result = self.store.put(self._feed(), algo=self.algo, expect=self.expect)
+                    with self.cond:
+                        self.stream_result = result
+                except _Abandoned:
+                    pass
+                except BaseException as exc:
+                    with self.cond:
+                        self.stream_error = exc
+            with self.cond:
+                self.stream_done = True
+                self.cond.notify_all()
+            while True:
+                item = self._next()
+                if item is _CLOSE:
+                    return
+                if isinstance(item, tuple):
+                    self._apply(item)
+                self._done_one()
+        finally:
+            with self.cond:
+                self.stream_done = True
+                self.cond.notify_all()
+            if self.fd >= 0:
+                os.close(self.fd)
+                self.fd = -1
+
+    # -- reads of the spool (worker threads, after wait_applied) ------------------------
+    def pread(self, size: int, off: int) -> bytes:
+        self.wait_applied()
+        self._check()
+        return os.pread(self.fd, size, off)
+
+    def chunks(self, length: int) -> Iterator[bytes]:
+        pos = 0
+        while pos < length:
+            chunk = os.pread(self.fd, min(1 << 20, length - pos), pos)
+            if not chunk:
+                raise StoreIO("the spool file is shorter than what was written")
+            pos += len(chunk)
+            yield chunk
+
+    def _check(self) -> None:
+        if self.error is not None:
+            raise StoreIO(f"the spool failed: {self.error}")
+
+
+class StagedWriter:
+    """The content of one new file (see the module docstring)."""
+
+    def __init__(self, ctx: Context, algo: Algorithm, expect: Key | None = None) -> None:
+        self.ctx = ctx
+        self.algo = algo
+        self.expect = expect
+        self.size = 0
+        self.dirty = True  # a new file is content (maybe empty) not yet stored
+        self.mem: bytearray | None = bytearray()
+        self.spool: _Spooler | None = None
+        self.streaming = False
+        self.closed = False
+
+    # -- content ----------------------------------------------------------------------
+    async def write(self, off: int, buf: bytes) -> int:
+        if self.closed:
+            fail(errno.EBADF, "the file was closed")
+        n = len(buf)
+        self.dirty = True
+        end = off + n
+        mem = self.mem
+        if mem is not None:
+            if end <= MEM_MAX:
+                if off > len(mem):
+                    mem.extend(bytes(off - len(mem)))
+                mem[off:end] = buf
+                self.size = max(self.size, end)
+                return n
+            self._spill()
+        spool = self.spool
+        assert spool is not None
+        self._raise_spool_error()
+        if spool.stream_error is not None and not isinstance(spool.stream_error, StoreIO):
+            raise spool.stream_error  # refused early (e.g. over the kv-only threshold)
+        if off < self.size:
+            self._abandon()
+        spool.submit(("w", off, bytes(buf)), n)
+        self.size = max(self.size, end)
+        if spool.queued > QUEUE_MAX:
+            await self.ctx.run_sync(spool.wait_room)
+            self._raise_spool_error()
+        return n
+
+    async def truncate(self, size: int) -> None:
+        if self.closed:
+            fail(errno.EBADF, "the file was closed")
+        self.dirty = True
+        if self.mem is not None:
+            if size <= MEM_MAX:
+                if size < len(self.mem):
+                    del self.mem[size:]
+                self.size = size
+                return
+            self._spill()
+        assert self.spool is not None
+        if size < self.size:
+            self._abandon()
+        self.spool.submit(("t", size))
+        self.size = size
+
+    async def read(self, off: int, size: int) -> bytes:
+        if self.mem is not None:
+            data = bytes(self.mem[off : off + size])
+            if off + len(data) < min(off + size, self.size):  # a hole past what was written
+                data += bytes(min(off + size, self.size) - off - len(data))
+            return data
+        assert self.spool is not None
+        n = max(0, min(size, self.size - off))
+        if n == 0:
+            return b""
+        data = await self.ctx.run_sync(self.spool.pread, n, off)
+        return data + bytes(n - len(data))
+
+    def _spill(self) -> None:
+        """Past MEM_MAX: hand the content to a spool thread, streaming into a put."""
+        assert self.mem is not None
+        data = bytes(self.mem)
+        if len(data) < self.size:  # an in-memory file extended by truncate
+            data += bytes(self.size - len(data))
+        self.mem = None
+        self.spool = _Spooler(self.ctx.store, self.algo, self.expect)
+        self.streaming = True
+        self.spool.submit(("w", 0, data), len(data))
+
+    def _abandon(self) -> None:
+        if self.streaming:
+            assert self.spool is not None
+            self.streaming = False
+            self.spool.submit(_ABANDON)
+
+    def _raise_spool_error(self) -> None:
+        if self.spool is not None and self.spool.error is not None:
+            raise StoreIO(f"the spool failed: {self.spool.error}")
+
+    # -- storing ------------------------------------------------------------------------
+    async def commit(self) -> PutResult:
+        """Store the content now; the caller owns the returned pin."""
+        if self.closed:
+            fail(errno.EBADF, "the file was closed")
+        self.dirty = False
+        store = self.ctx.store
+        if self.mem is not None:
+            data = bytes(self.mem)
+            if len(data) < self.size:
+                data += bytes(self.size - len(data))
+            put = functools.partial(store.put, data, algo=self.algo, expect=self.expect)
+            return await self.ctx.run_sync(put)
+        spool = self.spool
+        assert spool is not None
+        if self.streaming:
+            self.streaming = False
+            spool.submit(_EOF)
+            await self.ctx.run_sync(spool.wait_stream)
+            self._raise_spool_error()
+            if spool.stream_error is not None:
+                raise spool.stream_error
+            if spool.stream_result is not None:
+                result = spool.stream_result
+                spool.stream_result = None
+                return result
+        return await self.ctx.run_sync(self._put_from_spool)
+
+    def _put_from_spool(self) -> PutResult:
+        spool = self.spool
+        assert spool is not None
+        spool.wait_applied()
+        spool._check()
+        return self.ctx.store.put(
+            spool.chunks(self.size), self.size, algo=self.algo, expect=self.expect
+        )
+
+    def close(self) -> None:
+        """Free the memory or the spool (its thread ends and closes the file)."""
+        if self.closed:
+            return
+        self.closed = True
+        self.mem = None
+        if self.spool is not None:
+            if self.streaming:
+                self.streaming = False
+                self.spool.submit(_ABANDON)
+            self.spool.submit(_CLOSE)
+            self.spool = None
+
+
+class StagingParent(Protocol):
+    """What a directory accepting new files gives its StagedFile nodes."""
+
+    async def publish(self, node: StagedFile, result: PutResult) -> None:
+        """Name the stored object (or not); release `result.pin` on every path."""
+        ...
+
+    async def closed(self, node: StagedFile) -> None:
+        """The last handle of `node` was released."""
+        ...
+
+
+_serials = iter(range(1, 1 << 62))
+
+
+class StagedFile(File):
+    """A new regular file being written (see the module docstring)."""
+
+    entry_timeout = 0.0
+    attr_timeout = 0.0
+    __slots__ = (
+        "writer",
+        "perm",
+        "uid",
+        "gid",
+        "times_ns",
+        "opens",
+        "key",
+        "error",
+        "unlinked",
+        "lock",
+        "extra",
+    )
+
+    def __init__(
+        self,
+        ctx: Context,
+        parent: Node,
+        name: bytes,
+        algo: Algorithm,
+        expect: Key | None = None,
+        mode: int = 0o644,
+    ) -> None:
+        super().__init__(ctx, ("staged", next(_serials)), parent, name)
+        self.writer = StagedWriter(ctx, algo, expect)
+        self.perm = stat.S_IMODE(mode)
+        self.uid = ctx.uid
+        self.gid = ctx.gid
+        self.times_ns = time.time_ns()
+        self.opens = 0
+        self.key: Key | None = None  # the stored object, once committed
+        self.error: int | None = None  # the errno of the last failed commit
+        self.unlinked = False  # removed while open: nothing is stored at close
+        self.lock = trio.Lock()
+        self.extra: Any = None  # the parent's own state (e.g. a pin it holds)
+
+    # -- attributes -----------------------------------------------------------------
+    def mode(self) -> int:
+        return stat.S_IFREG | self.perm
+
+    def size(self) -> int:
+        return self.writer.size
+
+    def mtime_ns(self) -> int:
+        return self.times_ns
+
+    def attr(self) -> pyfuse3.EntryAttributes:
+        a = super().attr()
+        a.st_uid = self.uid
+        a.st_gid = self.gid
+        return a
+
+    async def setattr(self, attr: Any, fields: Any, handle: Handle | None, ctx: Any) -> Any:
+        if fields.update_size and attr.st_size != self.writer.size:
+            if self.writer.closed:
+                fail(errno.EPERM, f"{self.path} is stored: it is immutable")
+            await self.writer.truncate(attr.st_size)
+        if fields.update_mode:
+            self.perm = stat.S_IMODE(attr.st_mode)
+        if fields.update_uid:
+            self.uid = attr.st_uid
+        if fields.update_gid:
+            self.gid = attr.st_gid
+        if fields.update_mtime:
+            self.times_ns = attr.st_mtime_ns
+        return self.attr()
+
+    # -- opening ------------------------------------------------------------------------
+    def new_handle(self) -> StagedHandle:
+        """A handle for the open that created this node."""
+        self.opens += 1
+        return StagedHandle(self)
+
+    async def open(self, flags: int, ctx: Any) -> Handle:
+        if self.writer.closed:  # stored and closed (a temporary name kept until renamed)
+            if wants_write(flags) or self.key is None:
+                fail(errno.EPERM, f"{self.path} is stored: it is immutable")
+            from .nodes.objects import ObjectFile  # (objects.py imports this module)
+
+            st = self.ctx.store.stat(self.key)
+            if st is None:
+                fail(errno.ENOENT, f"{self.key} is gone")
+            return await ObjectFile(self.ctx, self.parent, st).open(flags, ctx)
+        handle = self.new_handle()
+        if flags & os.O_TRUNC and wants_write(flags):
+            await self.writer.truncate(0)
+        return handle
+
+    # -- storing ---------------------------------------------------------------------------
+    async def commit(self) -> None:
+        """Store and publish what changed since the last commit; a refusal is raised
+        again at every later flush until something is written."""
+        async with self.lock:
+            if not self.writer.dirty:
+                if self.error is not None:
+                    fail(self.error, f"{self.path} was not stored")
+                return
+            if self.unlinked:
+                self.writer.dirty = False
+                return
+            try:
+                result = await self.writer.commit()
+            except Exception as exc:
+                self.error = errno_of(exc) or errno.EIO
+                raise
+            try:
+                await self.parent.publish(self, result)  # type: ignore[union-attr]
+            except Exception as exc:
+                result.pin.release()  # (publish releases it; a second release is a no-op)
+                self.error = errno_of(exc) or errno.EIO
+                raise
+            self.error = None
+            self.key = result.key
+
+    async def last_close(self) -> None:
+        try:
+            if self.writer.dirty and not self.unlinked:
+                try:
+                    await self.commit()
+                except Exception as exc:
+                    log.warning("release %s: not stored (%s)", self.path, exc)
+        finally:
+            self.writer.close()
+            await self.parent.closed(self)  # type: ignore[union-attr]
+
+
+class StagedHandle(Handle):
+    """An open file on a StagedFile (see the module docstring)."""
+
+    def __init__(self, node: StagedFile) -> None:
+        super().__init__(node)
+        self.staged = node
+        self.released = False
+
+    async def read(self, off: int, size: int) -> bytes:
+        return await self.staged.writer.read(off, size)
+
+    async def write(self, off: int, buf: bytes) -> int:
+        return await self.staged.writer.write(off, buf)
+
+    async def flush(self) -> None:
+        await self.staged.commit()
+
+    async def release(self) -> None:
+        if self.released:
+            return
+        self.released = True
+        node = self.staged
+        node.opens -= 1
+        if node.opens <= 0:
+            await node.last_close()
