@@ -54,7 +54,7 @@ def cookie(key: Key) -> int:
 
 def after_cookie(algo: Algorithm, offset: int) -> Key:
     """The greatest key whose cookie is `offset` (resume point when the exact key is unknown)."""
-    top = ((offset - FIRST_OFFSET) << 2) | 3
+    top = min(((offset - FIRST_OFFSET) << 2) | 3, (1 << 64) - 1)  # a made-up offset: the end
     rest = algo.digest_len - 8
     return Key(bytes([algo.value]) + top.to_bytes(8, "big") + b"\xff" * rest)
 

@@ -229,6 +229,7 @@ async def test_offsets_are_stable_and_a_fresh_handle_resumes_from_any_offset(h, 
     for i in (0, 3, 10, len(whole) - 1):
         rest = await h.listdir("/objects/blake3", start=whole[i][2])
         assert rest == whole[i + 1 :]
+    assert await h.listdir("/objects/blake3", start=(1 << 63) - 1) == []  # past the end
 
 
 async def test_listing_replies_carry_the_lookup_attributes(h, keys):
