@@ -329,8 +329,8 @@ def maxrss() -> int:
 def sweep_child(root: Path, n: int, reps: int) -> None:
     """In a fresh process: first sweeps over `root` (timed, peak memory) between plain scans.
 
-    Between repetitions the window is emptied (DELETE FROM gc_window), so every
-    timed sweep is a first sweep staging the same 10%. Scans and sweeps alternate
+    Between repetitions the window is emptied (DELETE FROM gc_window, then a WAL
+    checkpoint), so every timed sweep is a first sweep staging the same 10%. Scans and sweeps alternate
     so that load from elsewhere on the machine hits both sides alike.
     """
     db = root / "store.db"
@@ -350,9 +350,10 @@ def sweep_child(root: Path, n: int, reps: int) -> None:
         assert rows == n
         scans.append(dt)
         scans_cpu.append(dc)
-        if rep:
+        if rep:  # back to the state of the first sweep: an empty window, an empty WAL
             with store.db.tx() as conn:
                 conn.execute("DELETE FROM gc_window")
+            store.db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         t0, c0 = time.perf_counter(), time.process_time()
         report = store.sweep()
         sweeps.append(time.perf_counter() - t0)
