@@ -19,11 +19,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..errors import Invalid, Missing, Refused, Stale, StoreIO, Verification
+from ..errors import Exists, Invalid, Missing, Refused, Stale, StoreIO, Verification
 from ..keys import Algorithm, Key
 from ..tiers.sqlite import SqliteTier
-from .objects import FORMATS
-from .refs import Outcome, RefUpdate, algo_of, valid_ref_name
+from .objects import FORMATS, MAX_HEADER
+from .refs import Outcome, RefUpdate, algo_of, valid_ref_name, valid_repo_id
 
 if TYPE_CHECKING:
     from ..app import Alkfs
@@ -127,7 +127,7 @@ def _present(store: Store, algo: Algorithm, ids: list[bytes], sizes: list[int]) 
             k = prefix + x
             if k in have:
                 out.append(True)
-            elif size > store.threshold and store.large is not None:
+            elif size + MAX_HEADER > store.threshold and store.large is not None:
                 out.append(store.large.stat(k) is not None)
             else:
                 out.append(False)
@@ -147,16 +147,19 @@ def _progress(progress: bool | None, total: int, desc: str):
 def import_repo(
     app: Alkfs, gitdir: str, repo_id: str, progress: bool | None = None
 ) -> ImportResult:
-    """Import every object and ref of the git repository at `gitdir` as repository `repo_id`
-    (created, with the source's object format, if missing)."""
+    """Import every object and ref of the git repository at `gitdir` as repository `repo_id`.
+
+    The repository is created with the source's object format if missing (only once
+    the objects are in, so a failed import leaves no empty repository behind); an
+    existing one must have the same format. Every source ref is set in one atomic CAS
+    batch against the values read just before (Stale if they moved, Refused if a ref
+    is refused: then no ref changes); refs the source does not have are left alone.
+    The source's symbolic HEAD becomes the repository's."""
     gitdir = resolve_gitdir(gitdir)
     fmt = object_format(gitdir)
-    try:
-        repo = app.refs.repo(repo_id)
-        if repo.object_format != fmt:
-            raise Invalid(f"repository {repo_id!r} is {repo.object_format}, the source is {fmt}")
-    except Missing:
-        repo = app.refs.create_repo(repo_id, fmt)
+    if not valid_repo_id(repo_id):
+        raise Invalid(f"invalid repository id {repo_id!r}")
+    _check_format(app, repo_id, fmt)
     algo = algo_of(fmt)
     store = app.store
     prefix = bytes([algo.value])
@@ -192,10 +195,26 @@ def import_repo(
                 _store_objects(
                     store, gitdir, algo, missing, len(missing) == len(ids), result, progress, held
                 )
-        _import_refs(app, gitdir, repo.id, result)
+        if not _check_format(app, repo_id, fmt):
+            try:
+                app.refs.create_repo(repo_id, fmt)
+            except Exists:  # created meanwhile
+                _check_format(app, repo_id, fmt)
+        _import_refs(app, gitdir, repo_id, result)
     finally:
         held.release()
     return result
+
+
+def _check_format(app: Alkfs, repo_id: str, fmt: str) -> bool:
+    """Whether the repository exists; Invalid if it has another object format."""
+    try:
+        repo = app.refs.repo(repo_id)
+    except Missing:
+        return False
+    if repo.object_format != fmt:
+        raise Invalid(f"repository {repo_id!r} is {repo.object_format}, the source is {fmt}")
+    return True
 
 
 def _store_objects(

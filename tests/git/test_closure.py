@@ -119,8 +119,9 @@ class WriteBlocker:
         self.db.close()
 
 
-def _wait_pinned(app: Alkfs, key: Key) -> None:
+def _wait_pinned(app: Alkfs, key: Key, writer: threading.Thread) -> None:
     while app.store.arbiter.pin_count(key) == 0:
+        assert writer.is_alive()
         threading.Event().wait(0.001)
 
 
@@ -136,7 +137,7 @@ def test_a_ref_write_straddling_a_mark_answers_live_never_dead(app):
         )
     )
     writer.start()
-    _wait_pinned(app, tip)  # the write holds its pin and waits on the database lock
+    _wait_pinned(app, tip, writer)  # the write holds its pin and waits on the database lock
     assert closure.live_keys() == set()  # the mark's snapshot misses the in-flight write
     assert app.refs.write_counter == 0  # no bump before the commit
     blocker.release()

@@ -170,6 +170,7 @@ def test_every_source_object_stays_pinned_until_the_refs_commit(app, make_repo):
     )
     worker.start()
     while app.store.arbiter.pin_count(tip) < 2:  # the import's pin and the ref update's own
+        assert worker.is_alive()
         threading.Event().wait(0.001)
     assert all(app.store.arbiter.pin_count(k) >= 1 for k in keys)  # the ref CAS is in flight
     assert app.refs.refs("second") == {}
@@ -227,3 +228,12 @@ def test_an_empty_repository_imports_as_a_repository_without_refs(app, make_repo
     )
     assert app.refs.refs("empty") == {}
     assert app.refs.head("empty") == "refs/heads/trunk"
+
+
+def test_an_invalid_repository_id_is_refused_before_anything_is_stored(app, make_repo):
+    src = make_repo()
+    src.commit("x")
+    with pytest.raises(Invalid):
+        import_repo(app, src.gitdir, "bad/id", progress=False)
+    assert stored_keys(app) == set()
+    assert app.refs.repos() == []

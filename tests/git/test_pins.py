@@ -148,7 +148,7 @@ def test_a_pin_write_straddling_a_mark_answers_live_never_dead(app):
     done = threading.Event()
     writer = threading.Thread(target=lambda: (app.pins.pin("late", key), done.set()))
     writer.start()
-    _wait_pinned(app, key)  # in-process pin held, the row waits on the database lock
+    _wait_pinned(app, key, writer)  # in-process pin held, the row waits on the database lock
     assert app.pins.live_keys() == set()
     assert app.pins.write_counter == 0
     blocker.release()
