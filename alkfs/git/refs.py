@@ -195,7 +195,16 @@ class Refs:
     def refs(self, repo_id: str, prefix: str = "") -> dict[str, str]:
         """name -> lowercase hex oid, sorted by name, of the refs starting with `prefix`."""
         self.repo(repo_id)
-        if prefix:
+        if prefix and ord(prefix[-1]) < 0x10FFFF:
+            # [prefix, its successor): a range of the primary key (code point order is
+            # the UTF-8 byte order sqlite compares in)
+            upper = prefix[:-1] + chr(ord(prefix[-1]) + 1)
+            rows = self.tables.read(
+                "SELECT name, oid FROM git_refs WHERE repo = ? AND name >= ? AND name < ? "
+                "ORDER BY name",
+                (repo_id, prefix, upper),
+            )
+        elif prefix:
             rows = self.tables.read(
                 "SELECT name, oid FROM git_refs WHERE repo = ? AND substr(name, 1, ?) = ? "
                 "ORDER BY name",

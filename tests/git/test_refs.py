@@ -327,3 +327,30 @@ def test_a_sha256_repository_takes_sha256_object_ids(app):
     )
     assert [o.reason for o in outcomes] == [None, "missing-object"]
     assert app.refs.refs("s") == {"refs/heads/main": key.hex}
+
+
+def test_refs_under_a_prefix_are_exactly_those_starting_with_it(app, blobs):
+    a, _, _ = blobs
+    names = [
+        "refs/heads/a",
+        "refs/heads/a/b",
+        "refs/heads/a-b",
+        "refs/heads/a0",
+        "refs/heads/b",
+        "refs/heads/ä",
+        "refs/headsx/y",
+        "refs/tags/v1",
+    ]
+    app.refs.update("r", [RefUpdate(n, a, None) for n in names if n != "refs/heads/a"])
+    for prefix in [
+        "",
+        "refs/",
+        "refs/heads/",
+        "refs/heads/a",
+        "refs/heads/a/",
+        "refs/heads/ä",
+        "x",
+    ]:
+        expected = {n: a for n in sorted(names) if n.startswith(prefix) and n != "refs/heads/a"}
+        assert app.refs.refs("r", prefix) == expected
+        assert list(app.refs.refs("r", prefix)) == sorted(expected)
