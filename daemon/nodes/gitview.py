@@ -28,10 +28,8 @@ from __future__ import annotations
 import errno
 import logging
 import os
-import weakref
 import zlib
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import pyfuse3
@@ -96,28 +94,6 @@ def loose_segments(n: int, offset: int, size: int) -> Iterator[bytes | tuple[int
                 length = min(start + clen, cpos + end - pos) - cpos
                 yield (cpos, length)
                 pos += length
-
-
-# -- per-mount state ----------------------------------------------------------------------------
-@dataclass
-class _State:
-    """What the git views remember for one mount: adler32 sums of large objects."""
-
-    adler: dict[bytes, tuple[tuple[int, int, int, int], int]] = field(default_factory=dict)
-
-
-_STATES: weakref.WeakKeyDictionary[Context, _State] = weakref.WeakKeyDictionary()
-
-
-def state(ctx: Context) -> _State:
-    st = _STATES.get(ctx)
-    if st is None:
-        st = _STATES[ctx] = _State()
-    return st
-
-
-def _identity(fst: os.stat_result) -> tuple[int, int, int, int]:
-    return (fst.st_ino, fst.st_size, fst.st_mtime_ns, fst.st_ctime_ns)
 
 
 def repo_fanout_ident(repo: Any, xx: bytes) -> tuple:
@@ -200,9 +176,6 @@ class EmptyDir(Dir):
     """A directory that is always empty (`pack/`, `info/`)."""
 
     __slots__ = ()
-
-    def __init__(self, ctx: Context, ident: tuple, parent: Node, name: bytes) -> None:
-        super().__init__(ctx, ident, parent, name)
 
 
 class FanoutDir(Dir):
@@ -413,20 +386,11 @@ class LooseLargeHandle(Handle):
     async def _adler32(self) -> int:
         if self.n:
             await self.inner.read(self.n - 1, 1)  # completes the verification, or fails
-        if self.adler_pos == self.n:
-            return self.adler
-        cache = state(self.loose.ctx).adler
-        ident = _identity(self.inner.fst)
-        hit = cache.get(self.loose.key.raw)
-        if hit is not None and hit[0] == ident:
-            return hit[1]
-        value = await self.loose.ctx.run_sync(self._sum_rest)
-        if len(cache) > 4096:
-            cache.clear()
-        cache[self.loose.key.raw] = (ident, value)
-        return value
+        if self.adler_pos < self.n:  # not read in order: sum the rest in a thread
+            await self.loose.ctx.run_sync(self._sum_rest)
+        return self.adler
 
-    def _sum_rest(self) -> int:
+    def _sum_rest(self) -> None:
         value, pos = self.adler, self.adler_pos
         while pos < self.n:
             chunk = os.pread(self.inner.fd, min(ADLER_CHUNK, self.n - pos), pos)
@@ -435,7 +399,6 @@ class LooseLargeHandle(Handle):
             value = zlib.adler32(chunk, value)
             pos += len(chunk)
         self.adler, self.adler_pos = value, pos
-        return value
 
     async def release(self) -> None:
         await self.inner.release()
