@@ -22,7 +22,10 @@ mark always answers live.
 
 from __future__ import annotations
 
+import binascii
+import hashlib
 import threading
+from binascii import unhexlify
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
@@ -150,11 +153,11 @@ class Walker:
 
     def _walk(self, algo: Algorithm, tips: set[bytes], missing: list[int]) -> set[bytes]:
         entry = WALK_ENTRY[_FORMAT[algo]]
+        ids = ID_ONLY[_FORMAT[algo]]
         hexlen = algo.hex_len
-        hasher = algo.hasher
+        digest_of = hashlib.sha1 if algo is Algorithm.GIT_SHA1 else hashlib.sha256
         loaded = self._preload(algo) if tips else None
         preload, kv_blobs = loaded if loaded is not None else (None, set())
-        ids = ID_ONLY[_FORMAT[algo]]
         seen: set[bytes] = set()  # read (or named as a blob): never visited again
         found: set[bytes] = set()  # the closure
         frontier = set(tips)
@@ -170,35 +173,31 @@ class Walker:
                 rest = []
                 for x in frontier:
                     data = preload.get(x)
-                    if data is None:
-                        rest.append(x)
-                        continue
-                    h = hasher()
-                    h.update(data)
-                    if h.digest() == x:
+                    if data is not None and digest_of(data).digest() == x:
                         objects[x] = data
-                    else:
-                        rest.append(x)  # the store's own read records the corruption
+                    else:  # not in the pass (or corrupt: the store's own read records it)
+                        rest.append(x)
                 if rest:
                     objects.update(self._fetch(algo, rest))
             missing[0] += len(frontier) - len(objects)
+            found.update(objects)
             nxt: set[bytes] = set()
-            for oid, data in objects.items():
-                found.add(oid)
+            for data in objects.values():
                 nul = data.find(b"\0")
-                kind = data[: data.find(b" ")]
-                if kind == b"tree" and preload is not None and b"160000 " not in data:
-                    # No gitlink: every entry is walked. A tree in the pass is walked, a kv
-                    # blob is live as it is, anything else (large tier, absent) is read.
-                    new = set(ids.findall(data, nul + 1))
-                    new -= seen
-                    for child in new:
-                        if child in kv_blobs:
-                            seen.add(child)
-                            found.add(child)
-                        else:
-                            nxt.add(child)
-                elif kind == b"tree":
+                if data.startswith(b"tree "):
+                    if preload is not None and b"160000 " not in data:
+                        # No gitlink: every entry is walked. A tree in the pass is walked,
+                        # a kv blob is live as it is, anything else (large tier, absent)
+                        # is read to learn what it is.
+                        new = set(ids.findall(data, nul + 1))
+                        new -= seen
+                        blobs = new & kv_blobs
+                        if blobs:
+                            seen |= blobs
+                            found |= blobs
+                            new -= blobs
+                        nxt |= new
+                        continue
                     modes = dict(map(reversed, entry.findall(data, nul + 1)))
                     for child in modes.keys() - seen:
                         mode = modes[child]
@@ -207,28 +206,24 @@ class Walker:
                         elif mode != b"160000":  # gitlinks belong to other repositories
                             seen.add(child)
                             found.add(child)
-                elif kind == b"commit":
-                    # header lines: "tree <hex>", then "parent <hex>"...
+                elif data.startswith(b"commit "):
+                    # "tree <hex>\n", then "parent <hex>\n" lines
                     pos = nul + 1
-                    while (end := data.find(b"\n", pos)) >= 0:
-                        line = data[pos:end]
-                        if line.startswith(b"tree ") or line.startswith(b"parent "):
-                            h = line[line.find(b" ") + 1 :]
-                            if len(h) == hexlen:
-                                try:
-                                    nxt.add(bytes.fromhex(h.decode("ascii")))
-                                except (ValueError, UnicodeDecodeError):
-                                    pass
-                            pos = end + 1
-                        else:
-                            break
-                elif kind == b"tag":
-                    line_end = data.find(b"\n", nul + 1)
-                    line = data[nul + 1 : line_end]
-                    if line.startswith(b"object "):
+                    try:
+                        if data.startswith(b"tree ", pos):
+                            nxt.add(unhexlify(data[pos + 5 : pos + 5 + hexlen]))
+                            pos += 6 + hexlen
+                        while data.startswith(b"parent ", pos):
+                            nxt.add(unhexlify(data[pos + 7 : pos + 7 + hexlen]))
+                            pos += 8 + hexlen
+                    except (ValueError, binascii.Error):
+                        pass
+                elif data.startswith(b"tag "):
+                    pos = nul + 1
+                    if data.startswith(b"object ", pos):
                         try:
-                            nxt.add(bytes.fromhex(line[7:].decode("ascii")))
-                        except (ValueError, UnicodeDecodeError):
+                            nxt.add(unhexlify(data[pos + 7 : pos + 7 + hexlen]))
+                        except (ValueError, binascii.Error):
                             pass
             frontier = nxt
         return found
