@@ -431,11 +431,11 @@ def main() -> int:
 
     quick = args.quick
     reps = 3 if quick else 5
-    rounds = 5 if quick else 9
+    rounds = 9
     counts = {
         KiB: 500 if quick else 2000,
         64 * KiB: 100 if quick else 400,
-        16 * MiB: 3 if quick else 8,
+        16 * MiB: 4 if quick else 8,
     }
     sweep_n = 100_000 if quick else 1_000_000
     work = Path(args.dir or tempfile.mkdtemp(prefix="alkfs-bench-"))
