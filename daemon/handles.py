@@ -5,19 +5,23 @@ Three pieces, shared by every directory that accepts new files (/objects/<algo>,
 
 `StagedWriter(ctx, algo, expect=None)` — the content of one new file.
     `await write(off, buf)`, `await read(off, size)`, `await truncate(size)`, `size`,
-    `dirty`; `await commit() -> PutResult` stores what was written (a worker thread runs
+    `dirty` (written since the last commit); `await commit() -> PutResult` stores what was written (a worker thread runs
     `store.put` under `algo`, checked against `expect` when given: a mismatch raises
     Verification and stores nothing); the caller then owns `result.pin` and releases it
     once the object's name is published. `close()` frees everything (idempotent).
-    Up to MEM_MAX bytes stay in memory. Past that, one thread per writer owns a spool
-    file under STORE/spool/ (unlinked at once; `clear_spool` at start removes what a
-    crash may have left) and applies the writes in order; the trio thread only queues
-    them, waiting when more than QUEUE_MAX bytes are queued, so memory stays bounded
-    whatever the file's size. While the writes only move forward (appends, holes, an
-    extending truncate: cp, dd, rsync, tar), the same thread feeds them into
-    `store.put` as they come, so by the time the file is closed it is hashed and
-    written and `commit` only waits for the tail; a write below the end or a shrinking
-    truncate ends that stream and `commit` stores from the spool instead.
+    Up to MEM_MAX bytes stay in memory. Past that, one thread per writer takes the
+    writes in order from a queue (the trio thread only queues them, waiting while more
+    than QUEUE_MAX bytes are queued, so memory stays bounded whatever the file's size).
+    While the writes only move forward (appends, holes, an extending truncate: cp, dd,
+    rsync, tar), that thread streams them straight into `store.put`, whose own staging
+    file under the store directory is the only copy: by the time the file is closed it
+    is hashed and written, and `commit` only waits for the tail and the fsync. A write
+    below the end, a read or a shrinking truncate ends the stream: the part streamed so
+    far is finished as an object, copied into a spool file under STORE/spool/
+    (unlinked at once; `clear_spool` at start removes what a crash may leave) and
+    deleted again if it was new and nothing protects it (else the sweep takes it);
+    from then on the writes go to the spool file and `commit` puts from it. A file named by its digest (`expect`) is spooled, not
+    streamed, so that nothing is stored unless the content matches the name.
 
 `StagedFile(ctx, parent, name, algo, expect=None, mode=0o644)` — the node of a file
     being written. `parent` implements `publish(node, result)` (name the stored object
@@ -27,8 +31,10 @@ Three pieces, shared by every directory that accepts new files (/objects/<algo>,
     recorded (it is the writer's private file until it is stored); `truncate` applies.
 
 `StagedHandle(node)` — an open file on a StagedFile: `flush` (every close) commits and
-    publishes if anything changed, so `close()` reports a refusal (EIO, EEXIST, ...);
-    `release` (the last close) commits what a dup'd descriptor may still have written,
+    publishes what was written since the last commit, so `close()` reports a refusal
+    (EIO, EEXIST, ...); `release` (the last close) commits a file never written (an
+    empty file: a shell closes its redirection's first descriptor before writing, so
+    flush alone must not store emptiness) or what was written after the last flush,
     and tells the parent.
 """
 
@@ -101,12 +107,14 @@ def _open_spool(directory: str) -> int:
 
 
 class _Abandoned(AlkfsError):
-    """The streaming put was given up (a write went back): it stores nothing."""
+    """The streaming put was given up (the writer was closed first): it stores nothing."""
 
 
-_EOF = object()  # the stream ends here: the put may finish
-_ABANDON = object()  # the stream is given up: the put fails and stores nothing
-_CLOSE = object()  # the writer is done: the thread closes the spool and ends
+# Markers queued between writes (a write is ("w", off, bytes), a truncate ("t", size)).
+_EOF = object()  # the commit: the streaming put finishes with everything written
+_SPILL = object()  # the writes go back: finish the put, copy it into a spool file, go on
+_SYNC = object()  # (spooling) everything queued before it is in the spool file
+_CLOSE = object()  # the writer is done: the thread ends (a streaming put stores nothing)
 
 
 def _zeros(n: int) -> Iterator[bytes]:
@@ -117,24 +125,31 @@ def _zeros(n: int) -> Iterator[bytes]:
 
 
 class _Spooler:
-    """The thread that owns one writer's spool file, applying queued writes in order and,
-    while the stream lasts, feeding them to `store.put`."""
+    """The thread behind one writer's content past MEM_MAX, applying queued items in order.
 
-    def __init__(self, store: Any, algo: Algorithm, expect: Key | None) -> None:
+    Streaming first: writes that only move forward go straight into `store.put` (no copy
+    of our own on disk). `_EOF` ends that put: its result is the commit's. `_SPILL`
+    (a write went back, a read, a shrinking truncate) ends it too, and the partial
+    object is copied into a spool file under STORE/spool, released and deleted again if
+    it was new. From then on the items are applied to the spool file, and a commit puts
+    from it. After a commit, the next item first copies the committed object into the
+    spool file (a descriptor still open may write on)."""
+
+    def __init__(self, store: Any, algo: Algorithm, expect: Key | None, stream: bool) -> None:
         self.store = store
         self.algo = algo
         self.expect = expect
+        self.stream = stream
         self.fd = -1
         self.cond = threading.Condition()
         self.items: collections.deque[Any] = collections.deque()
-        self.queued = 0  # bytes in `items`
+        self.queued = 0  # bytes of the writes in `items`
         self.submitted = 0
         self.applied = 0
-        self.error: BaseException | None = None  # the spool failed: every later step fails
+        self.broken: BaseException | None = None  # every later step fails with this
         self.stream_done = False
         self.stream_result: PutResult | None = None
-        self.stream_error: BaseException | None = None
-        self.opened = False
+        self.source: Key | None = None  # what the spool file must start from (after a commit)
         self._directory = spool_dir(store)
         threading.Thread(target=self._run, name="alkfsd-spool", daemon=True).start()
 
@@ -146,15 +161,15 @@ class _Spooler:
             self.submitted += 1
             self.cond.notify_all()
 
-    # -- waits (run in worker threads) ------------------------------------------------
+    # -- waits (worker threads) ---------------------------------------------------------
     def wait_room(self) -> None:
         with self.cond:
-            self.cond.wait_for(lambda: self.queued <= QUEUE_MAX // 2 or self.error is not None)
+            self.cond.wait_for(lambda: self.queued <= QUEUE_MAX // 2 or self.broken is not None)
 
     def wait_applied(self) -> None:
         with self.cond:
             upto = self.submitted
-            self.cond.wait_for(lambda: self.applied >= upto or self.error is not None)
+            self.cond.wait_for(lambda: self.applied >= upto or self.broken is not None)
 
     def wait_stream(self) -> None:
         with self.cond:
@@ -165,7 +180,7 @@ class _Spooler:
         with self.cond:
             self.cond.wait_for(lambda: bool(self.items))
             item = self.items.popleft()
-            if isinstance(item, tuple) and item[0] == "w":
+            if type(item) is tuple and item[0] == "w":
                 self.queued -= len(item[2])
             return item
 
@@ -174,68 +189,42 @@ class _Spooler:
             self.applied += 1
             self.cond.notify_all()
 
-    def _apply(self, item: tuple) -> None:
-        if self.error is not None:
-            return
-        try:
-            if item[0] == "w":
-                _, off, data = item
-                view = memoryview(data)
-                while view:
-                    n = os.pwrite(self.fd, view, off)
-                    view = view[n:]
-                    off += n
-            else:
-                os.ftruncate(self.fd, item[1])
-        except OSError as exc:
-            with self.cond:
-                self.error = exc
+    def _break(self, exc: BaseException) -> None:
+        with self.cond:
+            if self.broken is None:
+                self.broken = exc
+            self.cond.notify_all()
 
-    def _feed(self) -> Iterator[bytes]:
+    def _feed(self, end: list[Any]) -> Iterator[bytes]:
+        """The streaming put's input: forward writes, holes and extensions as zeros."""
         pos = 0
         while True:
             item = self._next()
-            if item is _EOF:
-                self._done_one()
+            if item is _EOF or item is _SPILL:
+                end.append(item)
                 return
             if item is _CLOSE:
-                with self.cond:
-                    self.items.appendleft(_CLOSE)  # for the drain that follows
+                end.append(item)
                 raise _Abandoned("the writer was closed")
-            if item is _ABANDON:
+            if type(item) is not tuple:
                 self._done_one()
-                raise _Abandoned("the stream was given up")
-            self._apply(item)
-            self._done_one()
-            if self.error is not None:
-                raise StoreIO(f"the spool failed: {self.error}")
-            if item[1] > pos:  # a hole before a write, or an extending truncate: zeros
+                continue
+            if item[1] > pos:  # a hole before a write, or an extending truncate
                 yield from _zeros(item[1] - pos)
                 pos = item[1]
             if item[0] == "w":
-                yield item[2]
-                pos += len(item[2])
+                data = item[2]
+                pos += len(data)
+                yield data
+            self._done_one()
 
     def _run(self) -> None:
         try:
-            self.fd = _open_spool(self._directory)
-        except OSError as exc:
-            with self.cond:
-                self.error = exc
-        with self.cond:
-            self.opened = True
-            self.cond.notify_all()
-        try:
-            if self.error is None:
+            if self.stream:
                 try:
-                    result = self.store.put(self._feed(), algo=self.algo, expect=self.expect)
-                    with self.cond:
-                        self.stream_result = result
+                    self._run_stream()
                 except _Abandoned:
-                    pass
-                except BaseException as exc:
-                    with self.cond:
-                        self.stream_error = exc
+                    return
             with self.cond:
                 self.stream_done = True
                 self.cond.notify_all()
@@ -243,8 +232,11 @@ class _Spooler:
                 item = self._next()
                 if item is _CLOSE:
                     return
-                if isinstance(item, tuple):
-                    self._apply(item)
+                if self.broken is None:
+                    try:
+                        self._spool_item(item)
+                    except Exception as exc:
+                        self._break(exc)
                 self._done_one()
         finally:
             with self.cond:
@@ -254,10 +246,87 @@ class _Spooler:
                 os.close(self.fd)
                 self.fd = -1
 
-    # -- reads of the spool (worker threads, after wait_applied) ------------------------
+    def _run_stream(self) -> None:
+        end: list[Any] = []
+        result: PutResult | None = None
+        try:
+            result = self.store.put(self._feed(end), algo=self.algo)
+        except _Abandoned:
+            raise
+        except BaseException as exc:
+            self._break(exc)  # (the put refused: every later step says so)
+        if end and end[0] is _SPILL and result is not None:
+            self._take_back(result)
+        else:
+            with self.cond:
+                self.stream_result = result
+                self.source = None if result is None else result.key
+        if end:
+            self._done_one()  # the _EOF or _SPILL
+
+    def _take_back(self, partial: PutResult) -> None:
+        """The writes went back: the streamed part becomes the spool file's start. The
+        partial object is deleted again if this put created it (a delete refused because
+        something else pins it now leaves it to them)."""
+        try:
+            self._open(partial.key)
+        except Exception as exc:
+            self._break(exc)
+        finally:
+            partial.pin.release()
+        if partial.created:
+            try:
+                self.store.delete(partial.key)
+            except AlkfsError as exc:
+                log.debug("the partial object %s stays: %s", partial.key, exc)
+
+    def _open(self, source: Key | None) -> None:
+        self.fd = _open_spool(self._directory)
+        if source is None:
+            return
+        store = self.store
+        with store.pin(source):  # (a committed object may be unreferenced: hold it)
+            st = store.stat(source)
+            if st is None:
+                raise StoreIO(f"{source} was swept before the file was written again")
+            path = store.large_path(source) if st.tier == "large" else None
+            if path is None:
+                data = store.kv_value(source) or b""
+                os.pwrite(self.fd, data, 0)
+                return
+            src = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                left, off = st.size, 0
+                while left > 0:
+                    n = os.copy_file_range(src, self.fd, left, off, off)
+                    if n <= 0:
+                        raise StoreIO(f"{source}: short copy into the spool file")
+                    left -= n
+                    off += n
+            finally:
+                os.close(src)
+
+    def _spool_item(self, item: Any) -> None:
+        if self.fd < 0:
+            with self.cond:
+                source, self.source = self.source, None
+            self._open(source)
+        if type(item) is not tuple:
+            return  # _SYNC: nothing more to do
+        if item[0] == "w":
+            _, off, data = item
+            view = memoryview(data)
+            while view:
+                n = os.pwrite(self.fd, view, off)
+                view = view[n:]
+                off += n
+        else:
+            os.ftruncate(self.fd, item[1])
+
+    # -- reads of the spool file (worker threads) ----------------------------------------
     def pread(self, size: int, off: int) -> bytes:
         self.wait_applied()
-        self._check()
+        self.check()
         return os.pread(self.fd, size, off)
 
     def chunks(self, length: int) -> Iterator[bytes]:
@@ -269,9 +338,13 @@ class _Spooler:
             pos += len(chunk)
             yield chunk
 
-    def _check(self) -> None:
-        if self.error is not None:
-            raise StoreIO(f"the spool failed: {self.error}")
+    def check(self) -> None:
+        exc = self.broken
+        if exc is None:
+            return
+        if isinstance(exc, AlkfsError):
+            raise exc
+        raise StoreIO(f"the spool failed: {exc}")
 
 
 class StagedWriter:
@@ -282,7 +355,7 @@ class StagedWriter:
         self.algo = algo
         self.expect = expect
         self.size = 0
-        self.dirty = True  # a new file is content (maybe empty) not yet stored
+        self.dirty = False  # written since the last commit
         self.mem: bytearray | None = bytearray()
         self.spool: _Spooler | None = None
         self.streaming = False
@@ -306,16 +379,14 @@ class StagedWriter:
             self._spill()
         spool = self.spool
         assert spool is not None
-        self._raise_spool_error()
-        if spool.stream_error is not None and not isinstance(spool.stream_error, StoreIO):
-            raise spool.stream_error  # refused early (e.g. over the kv-only threshold)
-        if off < self.size:
-            self._abandon()
-        spool.submit(("w", off, bytes(buf)), n)
+        spool.check()
+        if off < self.size and self.streaming:
+            await self._take_back()
+        spool.submit(("w", off, buf), n)
         self.size = max(self.size, end)
         if spool.queued > QUEUE_MAX:
             await self.ctx.run_sync(spool.wait_room)
-            self._raise_spool_error()
+            spool.check()
         return n
 
     async def truncate(self, size: int) -> None:
@@ -330,8 +401,9 @@ class StagedWriter:
                 return
             self._spill()
         assert self.spool is not None
-        if size < self.size:
-            self._abandon()
+        self.spool.check()
+        if size < self.size and self.streaming:
+            await self._take_back()
         self.spool.submit(("t", size))
         self.size = size
 
@@ -341,33 +413,37 @@ class StagedWriter:
             if off + len(data) < min(off + size, self.size):  # a hole past what was written
                 data += bytes(min(off + size, self.size) - off - len(data))
             return data
-        assert self.spool is not None
+        spool = self.spool
+        assert spool is not None
         n = max(0, min(size, self.size - off))
         if n == 0:
             return b""
-        data = await self.ctx.run_sync(self.spool.pread, n, off)
+        if self.streaming:
+            await self._take_back()
+        spool.submit(_SYNC)
+        data = await self.ctx.run_sync(spool.pread, n, off)
         return data + bytes(n - len(data))
 
     def _spill(self) -> None:
-        """Past MEM_MAX: hand the content to a spool thread, streaming into a put."""
+        """Past MEM_MAX: a thread takes over, streaming into a put."""
         assert self.mem is not None
         data = bytes(self.mem)
         if len(data) < self.size:  # an in-memory file extended by truncate
             data += bytes(self.size - len(data))
         self.mem = None
-        self.spool = _Spooler(self.ctx.store, self.algo, self.expect)
-        self.streaming = True
+        # A file named by its digest is not streamed: a put that streams cannot be checked
+        # against the name before it stores (a spool file can).
+        self.streaming = self.expect is None
+        self.spool = _Spooler(self.ctx.store, self.algo, self.expect, self.streaming)
         self.spool.submit(("w", 0, data), len(data))
 
-    def _abandon(self) -> None:
-        if self.streaming:
-            assert self.spool is not None
-            self.streaming = False
-            self.spool.submit(_ABANDON)
-
-    def _raise_spool_error(self) -> None:
-        if self.spool is not None and self.spool.error is not None:
-            raise StoreIO(f"the spool failed: {self.spool.error}")
+    async def _take_back(self) -> None:
+        """End the stream: what was written so far moves into a spool file."""
+        assert self.spool is not None
+        self.streaming = False
+        self.spool.submit(_SPILL)
+        await self.ctx.run_sync(self.spool.wait_applied)
+        self.spool.check()
 
     # -- storing ------------------------------------------------------------------------
     async def commit(self) -> PutResult:
@@ -384,40 +460,55 @@ class StagedWriter:
             return await self.ctx.run_sync(put)
         spool = self.spool
         assert spool is not None
+        spool.check()
         if self.streaming:
             self.streaming = False
             spool.submit(_EOF)
             await self.ctx.run_sync(spool.wait_stream)
-            self._raise_spool_error()
-            if spool.stream_error is not None:
-                raise spool.stream_error
-            if spool.stream_result is not None:
-                result = spool.stream_result
-                spool.stream_result = None
-                return result
+            spool.check()
+            result = spool.stream_result
+            spool.stream_result = None
+            if result is None:
+                raise StoreIO("the streaming put gave no result")
+            return result
+        spool.submit(_SYNC)
         return await self.ctx.run_sync(self._put_from_spool)
 
     def _put_from_spool(self) -> PutResult:
         spool = self.spool
         assert spool is not None
         spool.wait_applied()
-        spool._check()
+        spool.check()
         return self.ctx.store.put(
             spool.chunks(self.size), self.size, algo=self.algo, expect=self.expect
         )
 
     def close(self) -> None:
-        """Free the memory or the spool (its thread ends and closes the file)."""
+        """Free the memory or end the thread (a streaming put not committed stores nothing)."""
         if self.closed:
             return
         self.closed = True
         self.mem = None
         if self.spool is not None:
-            if self.streaming:
-                self.streaming = False
-                self.spool.submit(_ABANDON)
             self.spool.submit(_CLOSE)
             self.spool = None
+
+
+def noop_setattr(node: Node, attr: Any, fields: Any) -> bool:
+    """The rule for things that cannot change (objects, pins, the fixed directories): a
+    chmod, chown or truncate to the value it already has succeeds and does nothing (so
+    `cp -p`, `rsync -a` and `install` work); any other change is EPERM. Returns whether
+    times were set (the caller freshens an object; a directory ignores them)."""
+    a = node.attr()
+    if fields.update_size and attr.st_size != a.st_size:
+        fail(errno.EPERM, f"{node.describe()}: its size cannot change")
+    if fields.update_mode and stat.S_IMODE(attr.st_mode) != stat.S_IMODE(a.st_mode):
+        fail(errno.EPERM, f"{node.describe()}: its mode is {stat.S_IMODE(a.st_mode):o}")
+    if (fields.update_uid and attr.st_uid != a.st_uid) or (
+        fields.update_gid and attr.st_gid != a.st_gid
+    ):
+        fail(errno.EPERM, f"{node.describe()}: its owner cannot change")
+    return bool(fields.update_atime or fields.update_mtime)
 
 
 class StagingParent(Protocol):
@@ -450,6 +541,7 @@ class StagedFile(File):
         "key",
         "error",
         "unlinked",
+        "attempted",
         "lock",
         "extra",
     )
@@ -473,6 +565,7 @@ class StagedFile(File):
         self.key: Key | None = None  # the stored object, once committed
         self.error: int | None = None  # the errno of the last failed commit
         self.unlinked = False  # removed while open: nothing is stored at close
+        self.attempted = False  # a commit was tried (an empty file is stored at release)
         self.lock = trio.Lock()
         self.extra: Any = None  # the parent's own state (e.g. a pin it holds)
 
@@ -529,17 +622,19 @@ class StagedFile(File):
         return handle
 
     # -- storing ---------------------------------------------------------------------------
-    async def commit(self) -> None:
-        """Store and publish what changed since the last commit; a refusal is raised
-        again at every later flush until something is written."""
+    async def commit(self, *, empty: bool = False) -> None:
+        """Store and publish what was written since the last commit (`empty`: also a
+        file never written, at its release); a refusal is raised again at every later
+        flush until something is written."""
         async with self.lock:
-            if not self.writer.dirty:
+            if not self.writer.dirty and not (empty and not self.attempted):
                 if self.error is not None:
                     fail(self.error, f"{self.path} was not stored")
                 return
             if self.unlinked:
                 self.writer.dirty = False
                 return
+            self.attempted = True
             try:
                 result = await self.writer.commit()
             except Exception as exc:
@@ -556,9 +651,9 @@ class StagedFile(File):
 
     async def last_close(self) -> None:
         try:
-            if self.writer.dirty and not self.unlinked:
+            if (self.writer.dirty or not self.attempted) and not self.unlinked:
                 try:
-                    await self.commit()
+                    await self.commit(empty=True)
                 except Exception as exc:
                     log.warning("release %s: not stored (%s)", self.path, exc)
         finally:
