@@ -1,0 +1,431 @@
+"""Pins written through a real mount (SPEC 3.4, 3.5): `cp`, `cp -r`, `rsync` and `dd` into
+/pins store and pin on close (the entry is then the symlink), `ln -s`, `rm` and `mv` pin,
+unpin and rename, setfattr/getfattr pin and unpin with the errnos the spec names, and a
+sweep loop racing writers never loses a pinned object."""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import os
+import random
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+SMALL = b"pin me, a small file\n"
+LARGE = bytes(range(256)) * 800  # 204800 bytes: the large tier
+STREAMED = bytes(range(251)) * 12_000  # ~3 MiB: streamed into the put
+OTHER = b"another object\n"
+PIN_X = b"user.alkfs.pin."
+
+
+def run(*args: str | os.PathLike[str], cwd: Path | None = None) -> str:
+    done = subprocess.run(
+        [str(a) for a in args], cwd=cwd, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, (args, done.stderr)
+    return done.stdout
+
+
+def sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def os_errno(fn, *args) -> int:
+    with pytest.raises(OSError) as caught:
+        fn(*args)
+    return caught.value.errno
+
+
+def write_close(path: Path, data: bytes) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        os.write(fd, data)
+    finally:
+        os.close(fd)
+
+
+def link_of(data: bytes) -> str:
+    return f"../objects/sha256/{sha(data)}"
+
+
+def pins(m) -> dict[str, str]:
+    """name -> link target, as `ls -l` would show them (every entry must be a symlink)."""
+    out = {}
+    for name in sorted(os.listdir(m.path("pins"))):
+        path = m.path("pins", name)
+        assert path.is_symlink(), f"{name} is not a symlink"
+        out[name] = os.readlink(path)
+    return out
+
+
+def serves(m, data: bytes) -> None:
+    """The daemon serves normally: an object reads back exactly."""
+    assert m.path("objects", "sha256", sha(data)).read_bytes() == data
+
+
+def store_object(m, data: bytes) -> Path:
+    write_close(m.path("objects", "sha256", f"new-{os.urandom(4).hex()}"), data)
+    return m.path("objects", "sha256", sha(data))
+
+
+def sweep(m) -> dict:
+    m.path(".alkfs", "control").write_text("sweep\n")
+    return json.loads(m.path(".alkfs", "status").read_text())["last_sweep"]
+
+
+@pytest.fixture
+def sources(tmp_path: Path) -> Path:
+    src = tmp_path / "src"
+    src.mkdir(mode=0o755)
+    src.chmod(0o755)  # rsync -a / cp -a copy the directory's mode onto /pins (0755)
+    (src / "small.txt").write_bytes(SMALL)
+    (src / "large.bin").write_bytes(LARGE)
+    (src / "streamed.bin").write_bytes(STREAMED)
+    return src
+
+
+EXPECTED = {
+    "large.bin": link_of(LARGE),
+    "small.txt": link_of(SMALL),
+    "streamed.bin": link_of(STREAMED),
+}
+
+
+def check_pinned_files(m, names: list[str]) -> None:
+    out = run("sha256sum", *(m.path("pins", n) for n in names))
+    data = {"small.txt": SMALL, "large.bin": LARGE, "streamed.bin": STREAMED}
+    assert out == "".join(f"{sha(data[n])}  {m.path('pins', n)}\n" for n in names)
+
+
+# -- writing files into /pins ------------------------------------------------------------------
+
+
+def test_cp_into_pins_stores_and_pins_and_the_entry_becomes_the_symlink(mount, sources):
+    m = mount
+    for name in ("small.txt", "large.bin", "streamed.bin"):
+        run("cp", sources / name, m.path("pins", name))
+        # the kernel's entry of the regular file just written is gone: ls -l shows a link
+        line = run("ls", "-l", m.path("pins", name))
+        assert line.startswith("lrwxrwxrwx "), line
+        assert line.rstrip("\n").endswith(f"{name} -> {EXPECTED[name]}"), line
+    assert pins(m) == EXPECTED
+    check_pinned_files(m, ["large.bin", "small.txt", "streamed.bin"])
+    obj = m.path("objects", "sha256", sha(STREAMED))
+    assert os.getxattr(obj, "user.alkfs.pins") == b"streamed.bin"
+    assert m.tracebacks() == []
+
+
+def test_cp_r_into_pins_pins_every_file(mount, sources):
+    m = mount
+    run("cp", "-r", f"{sources}/.", m.path("pins"))
+    assert pins(m) == EXPECTED
+    check_pinned_files(m, sorted(EXPECTED))
+
+
+def test_rsync_into_pins_writes_a_temporary_name_then_renames_it_to_the_pin(mount, sources):
+    m = mount
+    run("rsync", "-a", f"{sources}/", m.path("pins"))
+    assert pins(m) == EXPECTED  # no temporary left behind
+    check_pinned_files(m, sorted(EXPECTED))
+    (sources / "small.txt").write_bytes(OTHER)  # an update replaces the pin
+    run("rsync", "-a", f"{sources}/", m.path("pins"))
+    assert pins(m) == {**EXPECTED, "small.txt": link_of(OTHER)}
+    assert m.path("pins", "small.txt").read_bytes() == OTHER
+
+
+def test_dd_through_pins_pins_the_written_bytes(mount):
+    m = mount
+    payload = STREAMED + LARGE
+    done = subprocess.run(
+        ["dd", f"of={m.path('pins', 'dd.bin')}", "bs=64k", "status=none"],
+        input=payload,
+        capture_output=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert pins(m) == {"dd.bin": link_of(payload)}
+    assert run("sha256sum", m.path("pins", "dd.bin")).split()[0] == sha(payload)
+
+
+def test_a_temporary_renamed_to_a_name_is_pinned_and_one_unlinked_keeps_nothing(mount):
+    """The rsync pattern by hand: `.NAME.XXXXXX` written and closed stays listed as a
+    regular file; renamed to NAME it is the pin; unlinked it leaves no pin, and the
+    object goes with the next sweeps."""
+    m = mount
+    tmp = m.path("pins", ".kept.a1B2c3")
+    write_close(tmp, SMALL)
+    st = os.lstat(tmp)
+    assert (oct(st.st_mode & 0o170000), st.st_size) == (oct(0o100000), len(SMALL))
+    assert tmp.read_bytes() == SMALL
+    os.chmod(tmp, 0o600)  # rsync sets the mode and times of its temporary
+    os.utime(tmp, (1_000_000, 1_000_000))
+    assert os.listdir(m.path("pins")) == [".kept.a1B2c3"]
+    os.rename(tmp, m.path("pins", "kept"))
+    assert pins(m) == {"kept": link_of(SMALL)}
+
+    dropped = m.path("pins", ".dropped.x9Y8z7")
+    write_close(dropped, OTHER)
+    os.unlink(dropped)
+    assert pins(m) == {"kept": link_of(SMALL)}
+    assert sweep(m)["candidates_staged"] == 1  # OTHER, nothing keeps it
+    assert sweep(m)["deleted"] == 1
+    assert not m.path("objects", "sha256", sha(OTHER)).exists()
+    serves(m, SMALL)
+
+
+def test_a_temporary_renamed_over_a_pin_replaces_it(mount):
+    m = mount
+    write_close(m.path("pins", "doc"), SMALL)
+    write_close(m.path("pins", ".doc.tmp"), OTHER)
+    os.rename(m.path("pins", ".doc.tmp"), m.path("pins", "doc"))
+    assert pins(m) == {"doc": link_of(OTHER)}
+    assert m.path("pins", "doc").read_bytes() == OTHER
+
+
+def test_a_name_in_pins_is_written_once(mount):
+    """A pin is not a file to overwrite: `cp` onto it opens its object (EPERM), an
+    exclusive create is EEXIST; `rm` first, then write."""
+    m = mount
+    write_close(m.path("pins", "once"), SMALL)
+    assert os_errno(write_close, m.path("pins", "once"), OTHER) == errno.EEXIST
+    assert os_errno(os.open, m.path("pins", "once"), os.O_WRONLY | os.O_TRUNC) == errno.EPERM
+    os.unlink(m.path("pins", "once"))
+    write_close(m.path("pins", "once"), OTHER)
+    assert pins(m) == {"once": link_of(OTHER)}
+
+
+def test_a_new_file_whose_name_was_pinned_meanwhile_fails_with_eexist(mount):
+    m = mount
+    obj = store_object(m, OTHER)
+    fd = os.open(m.path("pins", "race"), os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+    try:
+        os.write(fd, SMALL)
+        os.setxattr(obj, PIN_X + b"race", b"")
+    finally:
+        with pytest.raises(OSError) as caught:
+            os.close(fd)
+    assert caught.value.errno == errno.EEXIST
+    assert pins(m) == {"race": link_of(OTHER)}
+
+
+# -- ln -s, rm, mv ------------------------------------------------------------------------------
+
+
+def test_ln_s_pins_an_object_and_refuses_bad_targets_names_and_taken_names(mount):
+    m = mount
+    store_object(m, SMALL)
+    run("ln", "-s", link_of(SMALL), m.path("pins", "linked"))
+    assert pins(m) == {"linked": link_of(SMALL)}
+    absolute = str(m.path("objects", "sha256", sha(SMALL)))
+    os.symlink(absolute, m.path("pins", "absolute"))  # the same object, through this mount
+    assert pins(m)["absolute"] == link_of(SMALL)
+    cases = [
+        (link_of(OTHER), "missing", errno.EINVAL),  # an object not stored
+        ("/etc/passwd", "outside", errno.EINVAL),  # not an object path
+        ("../objects/sha256/abc", "short", errno.EINVAL),
+        ("../objects/nope/" + sha(SMALL), "algo", errno.EINVAL),
+        (link_of(SMALL), ".bad-name", errno.EINVAL),
+        (link_of(SMALL), "linked", errno.EEXIST),
+    ]
+    for target, name, code in cases:
+        assert os_errno(os.symlink, target, m.path("pins", name)) == code, name
+        serves(m, SMALL)
+    assert sorted(pins(m)) == ["absolute", "linked"]
+
+
+def test_rm_unpins_and_a_missing_pin_is_enoent(mount):
+    m = mount
+    write_close(m.path("pins", "gone"), SMALL)
+    run("rm", m.path("pins", "gone"))
+    assert pins(m) == {}
+    assert os.getxattr(m.path("objects", "sha256", sha(SMALL)), "user.alkfs.pins") == b""
+    assert os_errno(os.unlink, m.path("pins", "gone")) == errno.ENOENT
+    serves(m, SMALL)
+
+
+def test_mv_renames_a_pin_and_over_an_existing_pin_replaces_it(mount):
+    m = mount
+    write_close(m.path("pins", "a"), SMALL)
+    write_close(m.path("pins", "b"), OTHER)
+    run("mv", m.path("pins", "a"), m.path("pins", "c"))
+    assert pins(m) == {"b": link_of(OTHER), "c": link_of(SMALL)}
+    assert m.path("pins", "c").read_bytes() == SMALL  # the moved entry resolves at once
+    run("mv", m.path("pins", "c"), m.path("pins", "b"))
+    assert pins(m) == {"b": link_of(SMALL)}
+    assert m.path("pins", "b").read_bytes() == SMALL
+    assert os_errno(os.rename, m.path("pins", "b"), m.path("pins", ".hidden")) == errno.EINVAL
+    assert os_errno(os.rename, m.path("pins", "nope"), m.path("pins", "x")) == errno.ENOENT
+    assert pins(m) == {"b": link_of(SMALL)}
+    serves(m, SMALL)
+
+
+# -- extended attributes ------------------------------------------------------------------------
+
+
+def test_setfattr_pins_and_unpins_with_the_errnos_of_the_spec(mount):
+    m = mount
+    obj = store_object(m, SMALL)
+    other = store_object(m, OTHER)
+    run("setfattr", "-n", "user.alkfs.pin.release-1", obj)
+    assert pins(m) == {"release-1": link_of(SMALL)}
+    assert os.getxattr(obj, "user.alkfs.pins") == b"release-1"
+    assert os.getxattr(obj, "user.alkfs.pin.release-1").endswith(b"+00:00")
+    assert "user.alkfs.pin.release-1" in os.listxattr(obj)
+    refusals = [
+        (os.setxattr, (other, "user.alkfs.pin.release-1", b""), errno.EEXIST),
+        (os.setxattr, (obj, "user.alkfs.pin..bad", b""), errno.EINVAL),
+        (os.setxattr, (obj, "user.alkfs.pin.", b""), errno.EINVAL),
+        (os.setxattr, (obj, "user.alkfs.pin." + "x" * 129, b""), errno.EINVAL),
+        (os.removexattr, (other, "user.alkfs.pin.release-1"), errno.ENODATA),
+        (os.removexattr, (obj, "user.alkfs.pin.never"), errno.ENODATA),
+        (os.getxattr, (other, "user.alkfs.pin.release-1"), errno.ENODATA),
+        (os.setxattr, (obj, "user.alkfs.size", b"1"), errno.EPERM),
+        (os.setxattr, (obj, "user.alkfs.pins", b"x"), errno.EPERM),
+        (os.setxattr, (obj, "user.alkfs.algorithm", b"x"), errno.EPERM),
+        (os.removexattr, (obj, "user.alkfs.tier"), errno.EPERM),
+        (os.setxattr, (obj, "user.other", b"x"), errno.ENOTSUP),
+        (os.setxattr, (obj, "user.alkfs.unknown", b"x"), errno.ENOTSUP),
+        (os.getxattr, (obj, "user.alkfs.unknown"), errno.ENODATA),
+    ]
+    for fn, args, code in refusals:
+        assert os_errno(fn, *args) == code, (fn.__name__, args[1:])
+        serves(m, SMALL)
+    run("setfattr", "-n", "user.alkfs.pin.release-1", obj)  # the same object again: no-op
+    run("setfattr", "-x", "user.alkfs.pin.release-1", obj)
+    assert pins(m) == {}
+    assert os_errno(os.removexattr, obj, "user.alkfs.pin.release-1") == errno.ENODATA
+    serves(m, OTHER)
+    assert m.tracebacks() == []
+
+
+def test_the_cli_puts_pins_and_unpins_through_the_mount(mount, tmp_path):
+    m = mount
+    alkfs = Path(sys.executable).parent / "alkfs"
+    f = tmp_path / "file"
+    f.write_bytes(SMALL)
+    key = run(alkfs, "--mount", m.mnt, "put", "--pin", "by-cli", f).strip()
+    assert key == f"sha256/{sha(SMALL)}"
+    assert pins(m) == {"by-cli": link_of(SMALL)}
+    f.write_bytes(OTHER)
+    key = run(alkfs, "--mount", m.mnt, "put", f).strip()
+    run(alkfs, "--mount", m.mnt, "pin", "again", key)
+    assert pins(m) == {"again": link_of(OTHER), "by-cli": link_of(SMALL)}
+    run(alkfs, "--mount", m.mnt, "unpin", "by-cli")
+    assert pins(m) == {"again": link_of(OTHER)}
+
+
+# -- 2 GiB through dd ---------------------------------------------------------------------------
+
+BLOCK = 1 << 20
+
+
+def blocks(n: int):
+    """A deterministic stream of `n` MiB: a seeded random MiB, each block numbered."""
+    base = random.Random(0).randbytes(BLOCK)
+    for i in range(n):
+        yield i.to_bytes(8, "big") + base[8:]
+
+
+@pytest.mark.slow
+def test_a_2_gib_file_written_with_dd_through_pins_reads_back_byte_identical(mount):
+    m = mount
+    n = 2048
+    dest = m.path("pins", "two-gib")
+    dd = subprocess.Popen(
+        ["dd", f"of={dest}", "bs=1M", "iflag=fullblock", "status=none"],
+        stdin=subprocess.PIPE,
+    )
+    h = hashlib.sha256()
+    assert dd.stdin is not None
+    for block in blocks(n):
+        h.update(block)
+        dd.stdin.write(block)
+    dd.stdin.close()
+    assert dd.wait(timeout=300) == 0
+    expected = h.hexdigest()
+    assert pins(m) == {"two-gib": f"../objects/sha256/{expected}"}
+    assert os.stat(dest).st_size == n * BLOCK
+    assert run("sha256sum", dest) == f"{expected}  {dest}\n"
+
+
+# -- a sweep loop racing writers ----------------------------------------------------------------
+
+RACE_S = 10.0
+
+
+def test_a_sweep_loop_racing_writers_of_objects_and_pins_loses_no_pinned_object(mount):
+    """With --window 0 every sweep deletes what the previous one staged. Writers store
+    objects and pin them every way there is (a file in /pins, ln -s, setfattr, the
+    rsync pattern) while sweeps run back to back; afterwards every pin names an object
+    that is present and byte-identical. A pin of an object written unpinned may find it
+    swept first (ENOENT/EINVAL): then it simply was not pinned."""
+    m = mount
+    deadline = time.monotonic() + RACE_S
+    pinned: dict[str, bytes] = {}
+    errors: list[BaseException] = []
+    sweeps = [0]
+    lock = threading.Lock()
+
+    def sweeper() -> None:
+        try:
+            while time.monotonic() < deadline:
+                m.path(".alkfs", "control").write_text("sweep\n")
+                sweeps[0] += 1
+        except BaseException as exc:
+            errors.append(exc)
+
+    def writer(wid: int) -> None:
+        rng = random.Random(wid)
+        i = 0
+        try:
+            while time.monotonic() < deadline:
+                i += 1
+                size = rng.choice([17, 4096, 150_000, 1_500_000])
+                data = f"writer {wid} item {i} ".encode() + rng.randbytes(size)
+                name = f"w{wid}-{i}"
+                way = i % 4
+                if way == 0:  # a new file in /pins
+                    write_close(m.path("pins", name), data)
+                elif way == 1:  # the rsync pattern
+                    tmp = m.path("pins", f".{name}.XXXXXX")
+                    write_close(tmp, data)
+                    os.rename(tmp, m.path("pins", name))
+                else:  # an unpinned object, pinned afterwards (it may be swept first)
+                    obj = store_object(m, data)
+                    try:
+                        if way == 2:
+                            os.symlink(link_of(data), m.path("pins", name))
+                        else:
+                            os.setxattr(obj, PIN_X + name.encode(), b"")
+                    except OSError as exc:
+                        if exc.errno not in (errno.EINVAL, errno.ENOENT):
+                            raise
+                        continue
+                with lock:
+                    pinned[name] = data
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=sweeper)]
+    threads += [threading.Thread(target=writer, args=(w,)) for w in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=RACE_S + 120)
+    assert errors == []
+    assert sweeps[0] >= 2 and len(pinned) >= 8, (sweeps[0], len(pinned))
+    sweep(m)
+    sweep(m)
+    assert pins(m) == {name: link_of(data) for name, data in pinned.items()}
+    for name, data in pinned.items():
+        assert m.path("pins", name).read_bytes() == data, name
+    out = run("sha256sum", *(m.path("pins", n) for n in sorted(pinned)))
+    assert out == "".join(f"{sha(pinned[n])}  {m.path('pins', n)}\n" for n in sorted(pinned))
+    assert m.tracebacks() == []
