@@ -520,12 +520,15 @@ def run(sizes: Sizes, work: Path, mounts: Mounts, report: Report, quick: bool) -
         ("log --stat -n 2000", "log --stat -n 2000"),
     ):
         digests = {
-            n: hashlib.sha256(git(f"--git-dir={r}", *args.split()).encode()).hexdigest()
+            n: hashlib.sha256(
+                git("-c", "core.abbrev=12", f"--git-dir={r}", *args.split()).encode()
+            ).hexdigest()
             for n, r in repos.items()
         }
         if len(set(digests.values())) != 1:
             raise RuntimeError(f"git {args}: outputs differ between {digests}")
-        cmd = "git --git-dir='{}' " + args
+        # a fixed abbreviation: git sizes it from its object count estimate (packs vs loose)
+        cmd = "git -c core.abbrev=12 --git-dir='{}' " + args
         cold = {n: median_time(cmd.format(r), runs, cache.cold) for n, r in repos.items()}
         report.line(f"{title} (cold)", cold, "bindfs", 1.0)
         warm = {n: median_time(cmd.format(r), runs) for n, r in repos.items()}
