@@ -2,7 +2,7 @@
 
 /repos/<id>/
     HEAD        `ref: <target>\\n` (refs.head)
-    config      a minimal bare config: no reflogs, no auto-gc, pushes unpacked
+    config      a minimal bare config: no reflogs, no auto-gc or maintenance, pushes unpacked
     refs/       nested directories of ref files `<oid>\\n`; refs/heads and refs/tags always
     objects/    resolves `<xx>/<rest>` for every stored object of the repository's format
                 (the loose files of /git/<format>, same inodes) but lists only `info/`
@@ -43,6 +43,8 @@ CONFIG = """\
 \tlogAllRefUpdates = false
 {extensions}[gc]
 \tauto = 0
+[maintenance]
+\tauto = false
 [receive]
 \tunpackLimit = 100000
 \tautogc = false

@@ -301,6 +301,7 @@ def test_config_is_a_minimal_bare_config_that_keeps_git_from_packing_and_pruning
             "core.logallrefupdates=false",
             *extensions,
             "gc.auto=0",
+            "maintenance.auto=false",
             "receive.unpacklimit=100000",
             "receive.autogc=false",
             "transfer.unpacklimit=100000",
