@@ -16,11 +16,12 @@ git would re-ask for it. git's enumerations (`--batch-all-objects`, fsck,
 abbreviated ids) open all 256 paths anyway, and in any store of more than a few
 thousand objects every prefix is populated.
 
-Cost per object is what git through alternates pays: lookup + open + read +
-flush + release. Lookups and opens of kv objects are answered inline (one
-indexed sqlite read, no thread hop); an open pushes the whole loose file into
-the kernel's page cache (`notify_store`) the first time the kernel's inode is
-opened, which saves the read and the attribute refresh a read would cause.
+git through alternates pays FUSE requests per object: lookup (once: long entry and
+attribute timeouts), then open + flush + release per open. Lookups and opens of kv
+objects are answered inline (one indexed sqlite read, no thread hop, no writes); the
+first open of the kernel's inode pushes the whole loose file into its page cache
+(`notify_store`), so no read request comes, nor the attribute refresh a read causes;
+later opens load nothing unless the kernel evicted the pages and reads again.
 """
 
 from __future__ import annotations
