@@ -5,10 +5,12 @@ Three pieces, shared by every directory that accepts new files (/objects/<algo>,
 
 `StagedWriter(ctx, algo, expect=None)` — the content of one new file.
     `await write(off, buf)`, `await read(off, size)`, `await truncate(size)`, `size`,
-    `dirty` (written since the last commit); `await commit() -> PutResult` stores what was written (a worker thread runs
-    `store.put` under `algo`, checked against `expect` when given: a mismatch raises
-    Verification and stores nothing); the caller then owns `result.pin` and releases it
-    once the object's name is published. `close()` frees everything (idempotent).
+    `dirty` (written since the last commit). `await commit(after=None) -> PutResult`
+    stores what was written: a worker thread runs `store.put` under `algo`, checked
+    against `expect` when given (a mismatch raises Verification and stores nothing),
+    then `after(result)` if given (publish a name in the same thread hop). The caller
+    owns `result.pin` and releases it once the object's name is published. `close()`
+    frees everything (idempotent).
     Up to MEM_MAX bytes stay in memory. Past that, one thread per writer takes the
     writes in order from a queue (the trio thread only queues them, waiting while more
     than QUEUE_MAX bytes are queued, so memory stays bounded whatever the file's size).
@@ -20,14 +22,16 @@ Three pieces, shared by every directory that accepts new files (/objects/<algo>,
     far is finished as an object, copied into a spool file under STORE/spool/
     (unlinked at once; `clear_spool` at start removes what a crash may leave) and
     deleted again if it was new and nothing protects it (else the sweep takes it);
-    from then on the writes go to the spool file and `commit` puts from it. A file named by its digest (`expect`) is spooled, not
-    streamed, so that nothing is stored unless the content matches the name.
+    from then on the writes go to the spool file and `commit` puts from it. A file
+    named by its digest (`expect`) is spooled, not streamed, so that nothing is stored
+    unless the content matches the name.
 
 `StagedFile(ctx, parent, name, algo, expect=None, mode=0o644)` — the node of a file
     being written. `parent` implements `publish(node, result)` (name the stored object
-    and release `result.pin`, on every path) and `closed(node)` (the last handle went).
-    Its entry and attribute timeouts are 0: its name may vanish or turn into another
-    node at close, and the kernel must ask again. `chmod`/`chown`/`utime` on it are
+    and release `result.pin`, on every path), `closed(node)` (the last handle went) and
+    optionally `publish_in_thread(node, result)` (see StagingParent). Its entry timeout
+    is 0: its name may vanish or turn into another node at close, and the kernel must
+    ask again. `chmod`/`chown`/`utime` on it are
     recorded (it is the writer's private file until it is stored); `truncate` applies.
 
 `StagedHandle(node)` — an open file on a StagedFile: `flush` (every close) commits and
@@ -50,7 +54,7 @@ import stat
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -446,33 +450,54 @@ class StagedWriter:
         self.spool.check()
 
     # -- storing ------------------------------------------------------------------------
-    async def commit(self) -> PutResult:
-        """Store the content now; the caller owns the returned pin."""
+    async def commit(self, after: Callable[[PutResult], None] | None = None) -> PutResult:
+        """Store the content now; the caller owns the returned pin. `after(result)` runs
+        in the same worker thread right after the put (publish a name without a second
+        thread hop); if it raises, the pin is released and the error propagates."""
         if self.closed:
             fail(errno.EBADF, "the file was closed")
         self.dirty = False
-        store = self.ctx.store
+        put: Callable[[], PutResult]
         if self.mem is not None:
             data = bytes(self.mem)
             if len(data) < self.size:
                 data += bytes(self.size - len(data))
-            put = functools.partial(store.put, data, algo=self.algo, expect=self.expect)
-            return await self.ctx.run_sync(put)
+            put = functools.partial(self.ctx.store.put, data, algo=self.algo, expect=self.expect)
+        else:
+            spool = self.spool
+            assert spool is not None
+            spool.check()
+            if self.streaming:
+                self.streaming = False
+                spool.submit(_EOF)
+                put = self._stream_result
+            else:
+                spool.submit(_SYNC)
+                put = self._put_from_spool
+        return await self.ctx.run_sync(self._put_then, put, after)
+
+    @staticmethod
+    def _put_then(
+        put: Callable[[], PutResult], after: Callable[[PutResult], None] | None
+    ) -> PutResult:
+        result = put()
+        if after is not None:
+            try:
+                after(result)
+            except BaseException:
+                result.pin.release()
+                raise
+        return result
+
+    def _stream_result(self) -> PutResult:
         spool = self.spool
         assert spool is not None
+        spool.wait_stream()
         spool.check()
-        if self.streaming:
-            self.streaming = False
-            spool.submit(_EOF)
-            await self.ctx.run_sync(spool.wait_stream)
-            spool.check()
-            result = spool.stream_result
-            spool.stream_result = None
-            if result is None:
-                raise StoreIO("the streaming put gave no result")
-            return result
-        spool.submit(_SYNC)
-        return await self.ctx.run_sync(self._put_from_spool)
+        result, spool.stream_result = spool.stream_result, None
+        if result is None:
+            raise StoreIO("the streaming put gave no result")
+        return result
 
     def _put_from_spool(self) -> PutResult:
         spool = self.spool
@@ -512,7 +537,10 @@ def noop_setattr(node: Node, attr: Any, fields: Any) -> bool:
 
 
 class StagingParent(Protocol):
-    """What a directory accepting new files gives its StagedFile nodes."""
+    """What a directory accepting new files gives its StagedFile nodes. It may also
+    define `publish_in_thread(node, result)`: run in the put's worker thread right after
+    the put (e.g. the durable pin's transaction); raising there fails the commit (the
+    pin is released)."""
 
     async def publish(self, node: StagedFile, result: PutResult) -> None:
         """Name the stored object (or not); release `result.pin` on every path."""
@@ -529,8 +557,8 @@ _serials = iter(range(1, 1 << 62))
 class StagedFile(File):
     """A new regular file being written (see the module docstring)."""
 
-    entry_timeout = 0.0
-    attr_timeout = 0.0
+    entry_timeout = 0.0  # the name may vanish or name another node at close
+    attr_timeout = 1.0  # the attributes change only through this node (the kernel knows)
     __slots__ = (
         "writer",
         "perm",
@@ -636,7 +664,10 @@ class StagedFile(File):
                 return
             self.attempted = True
             try:
-                result = await self.writer.commit()
+                after = getattr(self.parent, "publish_in_thread", None)
+                result = await self.writer.commit(
+                    None if after is None else functools.partial(after, self)
+                )
             except Exception as exc:
                 self.error = errno_of(exc) or errno.EIO
                 raise
