@@ -179,6 +179,7 @@ class ObjectFile(File):
 
     def attr(self) -> pyfuse3.EntryAttributes:
         # The generic Node.attr, unrolled: readdirplus builds one per listed object.
+        # (size() stays a call: subclasses such as the loose view report another size.)
         st = self.st
         a = pyfuse3.EntryAttributes()
         a.st_ino = self.ino
@@ -187,7 +188,7 @@ class ObjectFile(File):
         a.st_nlink = 1
         a.st_uid = self.ctx.uid
         a.st_gid = self.ctx.gid
-        a.st_size = size = st.size
+        a.st_size = size = self.size()
         a.st_blksize = 131072
         a.st_blocks = (size + 511) // 512
         a.st_atime_ns = a.st_mtime_ns = a.st_ctime_ns = st.stored_ns
