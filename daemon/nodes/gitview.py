@@ -287,12 +287,6 @@ class LooseFile(ObjectFile):
     def size(self) -> int:
         return loose_size(self.st.size)
 
-    def attr(self) -> pyfuse3.EntryAttributes:
-        a = super().attr()  # the object's, with the loose file's size
-        a.st_size = size = self.size()
-        a.st_blocks = (size + 511) // 512
-        return a
-
     async def open(self, flags: int, ctx: Any) -> Handle:
         if wants_write(flags):
             fail(errno.EPERM, f"{self.key} is immutable")
