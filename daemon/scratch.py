@@ -45,6 +45,7 @@ import logging
 import os
 import shutil
 import stat
+import subprocess
 import tempfile
 import time
 import weakref
@@ -54,11 +55,11 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
+from alkfs.errors import Verification
 from alkfs.git.objects import decode_loose
 from alkfs.keys import Algorithm, Key
 from alkfs.store import ObjectStat
 
-from .context import DYNAMIC_TIMEOUT
 from .errors import fail
 from .nodes.base import FIRST_OFFSET, Dir, DirHandle, Emit, File, Handle, Node
 
@@ -72,6 +73,7 @@ log = logging.getLogger("alkfsd")
 SCRATCH_DIR = "scratch"
 GRACE_MIN_S = 600.0  # pins of a push that never writes a ref go after this (or the window)
 EXPIRE_EVERY_S = 30.0
+SCRATCH_TIMEOUT = 60.0  # entry/attribute timeout of scratch files and directories
 RepoKey = tuple[str, int]  # (repository id, creation time): a re-created id is another repo
 
 
@@ -156,6 +158,8 @@ class Writes:
         self.overlays: dict[tuple, dict[bytes, Node]] = {}
         self.sessions: dict[tuple[RepoKey, int], Session] = {}
         self.quarantines: dict[int, ScratchDir] = {}  # serial -> a scratch dir made in objects/
+        self.locks: dict[tuple[RepoKey, str], Node] = {}  # git's .lock files, by ref
+        self.ref_dirs: dict[RepoKey, set[str]] = {}  # mkdir'ed ref directories holding no ref
         self.grace_s = max(GRACE_MIN_S, ctx.store.window_ns / 1e9)
         self._expiring = False
 
@@ -194,8 +198,16 @@ class Writes:
         return len(gone)
 
     def forget_repo(self, repo: RepoKey) -> None:
+        """The repository is gone: its pins, locks, ref directories and scratch go too."""
         for k in [k for k in self.sessions if k[0] == repo]:
             self.sessions.pop(k).batch.release()
+        for k in [k for k in self.locks if k[0] == repo]:
+            del self.locks[k]
+        self.ref_dirs.pop(repo, None)
+        for serial, q in list(self.quarantines.items()):
+            if q.repo == repo:
+                q.drop_from_host()
+                del self.quarantines[serial]
 
     def pinned(self, repo: RepoKey | None = None) -> int:
         return sum(len(s.batch) for k, s in self.sessions.items() if repo is None or k[0] == repo)
@@ -297,6 +309,93 @@ async def ingest(
     return st
 
 
+PACK_BATCH = 8192  # objects a put_many batch when a pushed pack is ingested
+GIT_ENV = {"GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": os.devnull, "LC_ALL": "C"}
+
+
+def ingest_pack_blocking(
+    ctx: Context, pack: Path, idx: Path, object_format: str, algo: Algorithm
+) -> list[Any]:
+    """Every object of a pack git indexed (a push's pack, migrated out of its
+    quarantine), verified and stored; returns the PutResults (their pins are the
+    caller's). git itself reads the pack (`cat-file --batch-all-objects`) from a
+    throwaway repository in the scratch area holding links to the two files."""
+    results: list[Any] = []
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")} | GIT_ENV
+    with tempfile.TemporaryDirectory(dir=writes(ctx).area.root, prefix="pack-") as tmp:
+        gitdir = Path(tmp) / "repo.git"
+        subprocess.run(
+            ["git", "init", "-q", "--bare", f"--object-format={object_format}", str(gitdir)],
+            env=env,
+            check=True,
+            capture_output=True,
+        )
+        os.link(pack, gitdir / "objects" / "pack" / "pack-pushed.pack")
+        os.link(idx, gitdir / "objects" / "pack" / "pack-pushed.idx")
+        proc = subprocess.Popen(
+            [
+                "git",
+                f"--git-dir={gitdir}",
+                "cat-file",
+                "--batch-all-objects",
+                "--batch",
+                "--unordered",
+            ],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            stdin=subprocess.DEVNULL,
+        )
+        assert proc.stdout is not None
+        items: list[tuple[bytes, Algorithm, bytes]] = []
+        tag = bytes([algo.value])
+        try:
+            while line := proc.stdout.readline():
+                oid, kind, size = line.split()
+                n = int(size)
+                body = proc.stdout.read(n + 1)
+                if len(body) != n + 1:
+                    raise Verification(f"git cat-file ended inside {oid.decode()}")
+                items.append(
+                    (kind + b" " + size + b"\0" + body[:n], algo, tag + bytes.fromhex(oid.decode()))
+                )
+                if len(items) >= PACK_BATCH:
+                    results += ctx.store.put_many(items)
+                    items = []
+            if items:
+                results += ctx.store.put_many(items)
+        except BaseException:
+            proc.kill()
+            for r in results:
+                r.pin.release()
+            raise
+        finally:
+            err = proc.stderr.read() if proc.stderr is not None else b""
+            code = proc.wait()
+        if code != 0:
+            for r in results:
+                r.pin.release()
+            raise Verification(
+                f"git could not read the pushed pack: {err.decode(errors='replace').strip()}"
+            )
+    return results
+
+
+async def ingest_pack(
+    ctx: Context, pack: ScratchFile, idx: ScratchFile, repo: Any, pid: int
+) -> int:
+    """A push's pack arrived in /repos/<id>/objects/pack: store every object in it,
+    pinned for the push's session. Returns how many objects it held."""
+    results = await ctx.run_sync(
+        ingest_pack_blocking, ctx, pack.disk, idx.disk, repo.object_format, repo.algo
+    )
+    w = writes(ctx)
+    for r in results:
+        w.hold((repo.id, repo.created_ns), pid, r.pin)
+    log.info("repository %s: stored %d object(s) of a pushed pack", repo.id, len(results))
+    return len(results)
+
+
 def freshened(ctx: Context, key: Key, pid: int) -> None:
     """A loose file was touched: if the toucher works for a push, pin the object for it."""
     w = _WRITES.get(ctx)
@@ -309,10 +408,12 @@ def freshened(ctx: Context, key: Key, pid: int) -> None:
 
 # -- nodes --------------------------------------------------------------------------------------
 class ScratchFile(File):
-    """A temporary file git made: bytes on disk in the scratch area, names in memory."""
+    """A temporary file git made: bytes on disk in the scratch area, names in memory.
+    Every change to it goes through the kernel, which keeps its entry and attributes
+    current itself: they are cached long (git stats each file of a quarantine)."""
 
-    entry_timeout = DYNAMIC_TIMEOUT
-    attr_timeout = DYNAMIC_TIMEOUT
+    entry_timeout = SCRATCH_TIMEOUT
+    attr_timeout = SCRATCH_TIMEOUT
     __slots__ = ("serial", "disk", "perm", "names", "mtime")
 
     def __init__(
@@ -395,8 +496,8 @@ class ScratchDir(Dir):
     """A directory git made for itself under a repository's objects/ (a push's quarantine
     and its `xx/`, `pack/`, `info/`): private to that repository, in memory."""
 
-    entry_timeout = DYNAMIC_TIMEOUT
-    attr_timeout = DYNAMIC_TIMEOUT
+    entry_timeout = SCRATCH_TIMEOUT
+    attr_timeout = SCRATCH_TIMEOUT
     __slots__ = ("serial", "entries", "repo", "creator", "host", "perm")
 
     def __init__(
@@ -526,8 +627,11 @@ async def move(
     elif hasattr(new_parent, "adopt") and isinstance(node, ScratchFile):
         await new_parent.adopt(new_name, node, ctx)  # type: ignore[attr-defined]
         if names.get(name) is node:
+            # The kernel now shows this inode under the object's name until the entry
+            # expires: its bytes (the same object, git's compression) stay until the
+            # daemon's end. git renames only where link fails; it links otherwise.
             del names[name]
-            node.drop_name()
+            node.names -= 1
         return
     elif hasattr(new_parent, "scratch_names"):
         target = new_parent.scratch_names()  # type: ignore[attr-defined]
@@ -547,6 +651,9 @@ async def move(
     node.name = new_name
     if isinstance(node, ScratchDir) and node.host is not None:
         node.host = new_parent if not isinstance(new_parent, ScratchDir) else None
+    arrived = getattr(new_parent, "arrived", None)
+    if arrived is not None:
+        await arrived(new_name, ctx)
 
 
 # -- scratch names inside store-backed directories (/git/<format>[/xx], /repos/<id>/objects[/xx])

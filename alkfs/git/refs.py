@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..db import now_ns
-from ..errors import Exists, Invalid, Missing
+from ..errors import Exists, Invalid, Missing, NotEmpty
 from ..keys import Algorithm, Key, is_hex
 from .objects import FORMATS
 from .tables import Tables
@@ -162,6 +162,17 @@ class Refs:
             if cur.rowcount != 1:
                 raise Missing(f"no repository {repo_id!r}")
             conn.execute("DELETE FROM git_refs WHERE repo = ?", (repo_id,))
+        self._bump()
+
+    def delete_repo_if_empty(self, repo_id: str) -> None:
+        """Delete the repository only if it holds no ref, in one transaction (NotEmpty
+        otherwise): `rmdir` of a repository directory."""
+        with self.tables.tx() as conn:
+            if conn.execute("SELECT 1 FROM git_refs WHERE repo = ? LIMIT 1", (repo_id,)).fetchone():
+                raise NotEmpty(f"repository {repo_id!r} still has refs")
+            cur = conn.execute("DELETE FROM git_repos WHERE id = ?", (repo_id,))
+            if cur.rowcount != 1:
+                raise Missing(f"no repository {repo_id!r}")
         self._bump()
 
     def repos(self) -> list[Repo]:

@@ -16,6 +16,14 @@ git would re-ask for it. git's enumerations (`--batch-all-objects`, fsck,
 abbreviated ids) open all 256 paths anyway, and in any store of more than a few
 thousand objects every prefix is populated.
 
+Writes are git's own loose-object protocol (daemon/scratch.py): a temporary file made
+in `<format>/` or `<format>/<xx>/` lives in the scratch area; `link` or `rename` of it to
+`<xx>/<rest>` inflates it, checks it is one canonical object with that id and stores it
+(EIO and nothing stored otherwise); unlinking the temporary name, fsync and chmod of it,
+and `mkdir` of an existing fan-out directory succeed. Objects written here are not pinned
+(their refs live outside the mount; the sweep window protects them); the same writes
+through /repos/<id>/objects are pinned until a ref of that repository commits.
+
 git through alternates pays FUSE requests per object: lookup (once: long entry and
 attribute timeouts), then open + flush + release per open. Lookups and opens of kv
 objects are answered inline (one indexed sqlite read, no thread hop, no writes); the
@@ -40,8 +48,19 @@ from alkfs.git.objects import BLOCK, encode_loose, loose_size
 from alkfs.keys import Algorithm, Key
 from alkfs.store import ObjectStat
 
+from .. import scratch
 from ..errors import fail
-from .base import FIRST_OFFSET, Dir, DirHandle, Emit, Handle, Node, StaticDir, wants_write
+from .base import (
+    FIRST_OFFSET,
+    Dir,
+    DirHandle,
+    Emit,
+    Handle,
+    Node,
+    StaticDir,
+    changes_anything,
+    wants_write,
+)
 from .objects import INLINE_VERIFY, PAGE, LargeHandle, ObjectFile, after_cookie, cookie
 
 if TYPE_CHECKING:
@@ -172,6 +191,40 @@ class ObjectDir(StaticDir):
         assert isinstance(node, FanoutDir)
         return node
 
+    # -- git's writes: scratch names beside the fan-out directories ----------------------
+    async def lookup(self, name: bytes, ctx: Any) -> Node:
+        self._entries()
+        node = self._index.get(name) or scratch.lookup_in(self, name)
+        if node is None:
+            fail(errno.ENOENT)
+        return node
+
+    async def mkdir(self, name: bytes, mode: int, ctx: Any) -> Node:
+        self._entries()
+        node = self._index.get(name)
+        if node is None:
+            fail(errno.EPERM, "only git's fan-out directories are made here")
+        return node  # git makes <xx>/ before writing into it: it is always there
+
+    async def create(self, name: bytes, mode: int, flags: int, ctx: Any) -> tuple[Node, Handle]:
+        return await scratch.create_in(self, name, mode, flags, ctx)
+
+    def scratch_names(self) -> dict[bytes, Node]:
+        return scratch.writes(self.ctx).overlay(self)
+
+    async def unlink(self, name: bytes, ctx: Any) -> None:
+        if not scratch.unlink_in(self, name):
+            await super().unlink(name, ctx)
+
+    async def link(self, name: bytes, node: Node, ctx: Any) -> Node:
+        return await scratch.link_in(self, name, node)
+
+    async def rename(
+        self, name: bytes, new_parent: Node, new_name: bytes, flags: int, ctx: Any
+    ) -> None:
+        if not await scratch.rename_from(self, name, new_parent, new_name, flags, ctx):
+            await super().rename(name, new_parent, new_name, flags, ctx)
+
 
 class EmptyDir(Dir):
     """A directory that is always empty (`pack/`, `info/`)."""
@@ -194,7 +247,10 @@ class FanoutDir(Dir):
 
     async def lookup(self, name: bytes, ctx: Any) -> Node:
         if len(name) != self.algo.hex_len - 2:
-            fail(errno.ENOENT)
+            node = scratch.lookup_in(self, name)  # git's tmp_obj_* (never 38 or 62 long)
+            if node is None:
+                fail(errno.ENOENT)
+            return node
         try:
             key = Key.from_hex(self.algo, self.name.decode() + name.decode("ascii"))
         except (UnicodeDecodeError, Invalid):
@@ -252,6 +308,54 @@ class FanoutDir(Dir):
         finally:
             state_.update(ahead=ahead[i:], after=after, done=done, count=count)
 
+    # -- git's writes ---------------------------------------------------------------------
+    def repo_key(self) -> scratch.RepoKey | None:
+        """The repository whose pins objects stored here join (none in /git/<format>)."""
+        return None
+
+    def key_of(self, name: bytes) -> Key | None:
+        if len(name) != self.algo.hex_len - 2:
+            return None
+        try:
+            return Key.from_hex(self.algo, self.name.decode() + name.decode("ascii"))
+        except (UnicodeDecodeError, Invalid):
+            return None
+
+    async def adopt(self, name: bytes, node: Node, ctx: Any) -> Node:
+        """`link`/`rename` of a scratch file to `<xx>/<rest>`: verify and store it."""
+        key = self.key_of(name)
+        if key is None:
+            fail(errno.EINVAL, f"{name!r} is not an object name of {self.path}")
+        if not isinstance(node, scratch.ScratchFile):
+            fail(errno.EPERM, f"{node.path} is not a file git is writing")
+        st = await scratch.ingest(
+            self.ctx, node, self.algo, key.hex, self.repo_key(), scratch.pid_of(ctx)
+        )
+        return LooseFile.fresh(self.ctx, self, st)
+
+    async def create(self, name: bytes, mode: int, flags: int, ctx: Any) -> tuple[Node, Handle]:
+        if self.key_of(name) is not None:
+            fail(errno.EPERM, "objects are written as a temporary file, then linked")
+        return await scratch.create_in(self, name, mode, flags, ctx)
+
+    def scratch_names(self) -> dict[bytes, Node]:
+        return scratch.writes(self.ctx).overlay(self)
+
+    async def link(self, name: bytes, node: Node, ctx: Any) -> Node:
+        if self.key_of(name) is not None:
+            return await self.adopt(name, node, ctx)
+        return await scratch.link_in(self, name, node)
+
+    async def unlink(self, name: bytes, ctx: Any) -> None:
+        if not scratch.unlink_in(self, name):
+            await super().unlink(name, ctx)  # an object: EPERM (deletion is the sweep's)
+
+    async def rename(
+        self, name: bytes, new_parent: Node, new_name: bytes, flags: int, ctx: Any
+    ) -> None:
+        if not await scratch.rename_from(self, name, new_parent, new_name, flags, ctx):
+            await super().rename(name, new_parent, new_name, flags, ctx)
+
 
 class LooseFile(ObjectFile):
     """One object in loose form. The same inode under /git/<format>/<xx>/ and every
@@ -286,6 +390,12 @@ class LooseFile(ObjectFile):
 
     def size(self) -> int:
         return loose_size(self.st.size)
+
+    async def setattr(self, attr: Any, fields: Any, handle: Handle | None, ctx: Any) -> Any:
+        """touch/utime freshens (ObjectFile); a toucher working for a push pins it first."""
+        if changes_anything(fields):
+            scratch.freshened(self.ctx, self.key, scratch.pid_of(ctx))
+        return await super().setattr(attr, fields, handle, ctx)
 
     async def open(self, flags: int, ctx: Any) -> Handle:
         if wants_write(flags):

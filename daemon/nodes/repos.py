@@ -8,6 +8,26 @@
                 (the loose files of /git/<format>, same inodes) but lists only `info/`
                 (`alternates` naming MNT/git/<format>, where git enumerates) and `pack/`
 
+Writes (daemon/scratch.py keeps what is not yet stored):
+- `mkdir /repos/<id>` creates a repository, `rmdir` deletes it once it holds no ref;
+  HEAD, config and objects/ refuse unlink (EPERM).
+- A ref file written with `<oid>\n` is a compare-and-swap against its value when
+  opened (none for a new one): EINVAL for a malformed oid or one not in the store,
+  EAGAIN when the ref moved meanwhile. The update is applied by the write that
+  completes the line (so `echo` sees the errno), else at close. `rm` deletes.
+- git's lockfile protocol: `<ref>.lock` is created exclusively (EEXIST while another
+  exists), written, and renamed over `<ref>`: a CAS against the value at lock time.
+  Unlinking the lock abandons it; unlinking a locked ref deletes it with a CAS against
+  the lock's value (`git update-ref -d`). `HEAD` (and `HEAD.lock`) take
+  `ref: refs/...\n`; `packed-refs.lock` may be made and removed (there is never a
+  packed-refs file: deletions go ref by ref).
+- Ref directories come and go with the refs below them; `mkdir` makes an empty one
+  that lives in the daemon's memory until a ref lands below it or it is rmdir'ed.
+- objects/ accepts git's loose-object writes and a push's quarantine directories
+  (scratch, private to the repository); objects stored here are pinned until a ref
+  write of the writing process commits in this repository (see scratch.py).
+- Every committed ref write releases the pins of its process in that repository.
+
 HEAD, refs and the repository directory change, so their entries and attributes
 expire after a second and ref contents are read with direct I/O; objects never
 change, so everything under objects/ keeps long timeouts. A repository's
@@ -20,15 +40,28 @@ from __future__ import annotations
 import errno
 import os
 import stat
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from alkfs.git.refs import Repo, valid_repo_id
+from alkfs.git.refs import ANY, RefUpdate, Repo, valid_ref_name, valid_repo_id
+from alkfs.keys import is_hex
 
+from .. import scratch
 from ..context import DYNAMIC_TIMEOUT
 from ..errors import fail
-from .base import FIRST_OFFSET, BytesHandle, Dir, DirHandle, Emit, File, Handle, Node, wants_write
-from .gitview import FANOUT, EmptyDir, FanoutDir, repo_fanout_ident
+from .base import (
+    FIRST_OFFSET,
+    BytesHandle,
+    Dir,
+    DirHandle,
+    Emit,
+    File,
+    Handle,
+    Node,
+    wants_write,
+)
+from .gitview import FANOUT, FanoutDir, repo_fanout_ident
 
 if TYPE_CHECKING:
     from ..context import Context
@@ -46,10 +79,7 @@ CONFIG = """\
 [maintenance]
 \tauto = false
 [receive]
-\tunpackLimit = 100000
 \tautogc = false
-[transfer]
-\tunpackLimit = 100000
 """
 
 
@@ -114,6 +144,23 @@ class ReposDir(Dir):
 
         await readdir_snapshot(dh, start, emit, entries)
 
+    async def mkdir(self, name: bytes, mode: int, ctx: Any) -> Node:
+        repo_id = _text(name)
+        if repo_id is None or not valid_repo_id(repo_id):
+            fail(errno.EINVAL, f"invalid repository id {name!r}")
+        refs = self._refs()
+        repo = await self.ctx.run_sync(refs.create_repo, repo_id)  # Exists: EEXIST
+        return RepoDir(self.ctx, self, repo)
+
+    async def rmdir(self, name: bytes, ctx: Any) -> None:
+        repo_id = _text(name)
+        if repo_id is None or not valid_repo_id(repo_id):
+            fail(errno.ENOENT)
+        refs = self._refs()
+        repo = refs.repo(repo_id)  # Missing: ENOENT
+        await self.ctx.run_sync(refs.delete_repo_if_empty, repo_id)  # NotEmpty: ENOTEMPTY
+        scratch.writes(self.ctx).forget_repo(repo_key(repo))
+
 
 class RepoDir(Dir):
     """/repos/<id>: HEAD, config, objects/, refs/."""
@@ -141,10 +188,39 @@ class RepoDir(Dir):
         return None
 
     async def lookup(self, name: bytes, ctx: Any) -> Node:
-        node = self._child(name)
+        node = self._child(name) or _lock_of(self, self.repo, _ROOT_LOCKS.get(name))
         if node is None:
             fail(errno.ENOENT)
         return node
+
+    # -- writes: HEAD.lock and packed-refs.lock; plumbing stays --------------------------
+    async def create(self, name: bytes, mode: int, flags: int, ctx: Any) -> tuple[Node, Handle]:
+        ref = _ROOT_LOCKS.get(name)
+        if ref is None:
+            fail(errno.EPERM, f"{self.path}: only HEAD.lock and packed-refs.lock can be made")
+        node = _new_lock(self, self.repo, ref, name, None)
+        return node, LockHandle(node)
+
+    async def unlink(self, name: bytes, ctx: Any) -> None:
+        if _drop_lock(self.ctx, self.repo, _ROOT_LOCKS.get(name)):
+            return
+        await super().unlink(name, ctx)  # HEAD, config: EPERM; objects, refs: EISDIR
+
+    async def rmdir(self, name: bytes, ctx: Any) -> None:
+        if name == b"refs":
+            await RefDir(self.ctx, self, self.repo, "refs").remove_tree_if_empty()
+            return
+        await super().rmdir(name, ctx)
+
+    async def rename(
+        self, name: bytes, new_parent: Node, new_name: bytes, flags: int, ctx: Any
+    ) -> None:
+        ref = _ROOT_LOCKS.get(name)
+        lock = _lock_of(self, self.repo, ref)
+        if lock is None or new_parent is not self or new_name != name[:-5]:
+            await super().rename(name, new_parent, new_name, flags, ctx)
+            return
+        await lock.commit(ctx)
 
     async def readdir(self, dh: DirHandle, start: int, emit: Emit) -> None:
         def entries() -> Entries:
@@ -208,6 +284,14 @@ class HeadFile(RepoFile):
     def content(self) -> bytes:
         return f"ref: {self.ctx.refs.head(self.repo.id)}\n".encode()
 
+    async def open(self, flags: int, ctx: Any) -> Handle:
+        if wants_write(flags):
+            return RefWriteHandle(self, self.repo, "HEAD", None, scratch.pid_of(ctx))
+        return await super().open(flags, ctx)
+
+    async def setattr(self, attr: Any, fields: Any, handle: Handle | None, ctx: Any) -> Any:
+        return _truncate_only(self, fields)
+
 
 class ConfigFile(RepoFile):
     __slots__ = ()
@@ -237,13 +321,230 @@ class RefFile(RepoFile):
             fail(errno.ENOENT, f"{self.repo.id}: {self.ref} is gone")
         return f"{oid}\n".encode()
 
+    async def open(self, flags: int, ctx: Any) -> Handle:
+        if wants_write(flags):
+            old = self.ctx.refs.get(self.repo.id, self.ref)
+            return RefWriteHandle(self, self.repo, self.ref, old, scratch.pid_of(ctx))
+        return await super().open(flags, ctx)
+
+    async def setattr(self, attr: Any, fields: Any, handle: Handle | None, ctx: Any) -> Any:
+        return _truncate_only(self, fields)
+
+
+class NewRefFile(RefFile):
+    """A ref being created: empty until its first line is written. Its entry is never
+    cached: a refused first write leaves no name behind."""
+
+    entry_timeout = 0.0
+    attr_timeout = 0.0
+    __slots__ = ()
+
+    def __init__(self, ctx: Context, parent: Node, repo: Repo, ref: str) -> None:
+        super().__init__(ctx, parent, repo, ref, "")
+        self.data = b""
+
+    def content(self) -> bytes:
+        oid = self.ctx.refs.get(self.repo.id, self.ref)
+        return b"" if oid is None else f"{oid}\n".encode()
+
+
+def _truncate_only(node: RepoFile, fields: Any) -> Any:
+    """O_TRUNC and touch of a ref or HEAD: accepted (the next write replaces it whole)."""
+    if fields.update_mode or fields.update_uid or fields.update_gid:
+        fail(errno.EPERM, f"{node.path}: its mode and owner cannot be changed")
+    return node.attr()
+
+
+def repo_key(repo: Repo) -> scratch.RepoKey:
+    return (repo.id, repo.created_ns)
+
+
+# -- ref writes -----------------------------------------------------------------------------
+_ROOT_LOCKS = {b"HEAD.lock": "HEAD", b"packed-refs.lock": "packed-refs"}
+_STALE = {"stale", "exists", "missing-ref", "atomic-sibling-failed"}
+
+
+async def write_ref(
+    ctx: Context, repo: Repo, ref: str, data: bytes, old: Any, pid: int, *, delete: bool = False
+) -> None:
+    """Apply `data` (`<oid>\n`, or `ref: <target>\n` for HEAD) to `ref` with a CAS against
+    `old` (None: must not exist; ANY: whatever). EINVAL for bad content or a missing
+    object, EAGAIN for a lost race. A committed write releases the writer's pins."""
+    refs = ctx.refs
+    if ref == "HEAD":
+        text = data.decode("utf-8", "replace")
+        if not text.startswith("ref: ") or text.count("\n") != 1 or not text.endswith("\n"):
+            fail(errno.EINVAL, f"{repo.id}: HEAD takes `ref: refs/...`, not {text!r}")
+        await ctx.run_sync(refs.set_head, repo.id, text[5:-1])  # Invalid: EINVAL
+        return
+    if ref == "packed-refs":
+        if any(line.strip() and not line.startswith(b"#") for line in data.splitlines()):
+            fail(errno.EPERM, f"{repo.id}: refs are not packed here")
+        return
+    if delete:
+        new = None
+    else:
+        text = data.decode("ascii", "replace")
+        oid = text[:-1] if text.endswith("\n") else text
+        if not is_hex(oid, repo.algo.hex_len):
+            fail(errno.EINVAL, f"{repo.id}: {ref}: {text!r} is not a {repo.object_format} id")
+        new = oid
+    outcome = (await ctx.run_sync(refs.update, repo.id, [RefUpdate(ref, new, old)], True))[0]
+    if not outcome.ok:
+        code = errno.EAGAIN if outcome.reason in _STALE else errno.EINVAL
+        if delete and outcome.reason == "missing-ref":
+            code = errno.ENOENT
+        fail(code, f"{repo.id}: {ref}: {outcome.reason}")
+    w = scratch.writes(ctx)
+    w.committed(repo_key(repo), pid)
+    dirs = w.ref_dirs.get(repo_key(repo))
+    if dirs and not delete:
+        dirs.difference_update([d for d in dirs if ref.startswith(d + "/")])
+
+
+class RefWriteHandle(Handle):
+    """An open ref (or HEAD) for writing: the line is applied as one CAS against the value
+    at open, by the write that completes it (else at flush)."""
+
+    direct_io = True
+
+    def __init__(self, node: RepoFile, repo: Repo, ref: str, old: str | None, pid: int) -> None:
+        super().__init__(node)
+        self.repo = repo
+        self.ref = ref
+        self.old = old if ref != "HEAD" else ANY
+        self.pid = pid
+        self.buf = bytearray()
+        self.applied = False
+
+    async def read(self, off: int, size: int) -> bytes:
+        return bytes(self.buf[off : off + size])
+
+    async def write(self, off: int, buf: bytes) -> int:
+        if self.applied:
+            fail(errno.EINVAL, f"{self.node.path}: one line per open")
+        end = off + len(buf)
+        if len(self.buf) < end:
+            self.buf.extend(bytes(end - len(self.buf)))
+        self.buf[off:end] = buf
+        if b"\n" in buf:
+            await self.apply()
+        return len(buf)
+
+    async def apply(self) -> None:
+        self.applied = True
+        await write_ref(self.node.ctx, self.repo, self.ref, bytes(self.buf), self.old, self.pid)
+
+    async def flush(self) -> None:
+        if not self.applied and self.buf:
+            await self.apply()
+
+
+class LockFile(File):
+    """git's `<ref>.lock`: written in memory, applied by the rename over `<ref>` as a CAS
+    against the ref's value when the lock was made. Each lock is an inode of its own whose
+    entry is never cached: after the rename the kernel shows it under the ref's name, and
+    the next path walk must find the ref itself."""
+
+    entry_timeout = 0.0
+    attr_timeout = 0.0
+    __slots__ = ("repo", "ref", "old", "buf", "made_ns")
+
+    def __init__(
+        self, ctx: Context, parent: Node, repo: Repo, ref: str, name: bytes, old: str | None
+    ) -> None:
+        serial = scratch.writes(ctx).area.next_serial()
+        super().__init__(ctx, ("reflock", repo.id, repo.created_ns, ref, serial), parent, name)
+        self.repo = repo
+        self.ref = ref
+        self.old = old
+        self.buf = bytearray()
+        self.made_ns = time.time_ns()
+
+    def mode(self) -> int:
+        return stat.S_IFREG | 0o644
+
+    def size(self) -> int:
+        return len(self.buf)
+
+    def mtime_ns(self) -> int:
+        return self.made_ns
+
+    async def open(self, flags: int, ctx: Any) -> Handle:
+        if flags & os.O_TRUNC:
+            self.buf.clear()
+        return LockHandle(self)
+
+    async def setattr(self, attr: Any, fields: Any, handle: Handle | None, ctx: Any) -> Any:
+        if fields.update_size:
+            del self.buf[attr.st_size :]
+        return self.attr()
+
+    def held(self) -> bool:
+        return scratch.writes(self.ctx).locks.get((repo_key(self.repo), self.ref)) is self
+
+    async def commit(self, ctx: Any) -> None:
+        """The rename over the ref: apply, and the lock is gone whatever the outcome (git
+        unlinks it after a failed rename and gets ENOENT, which it ignores)."""
+        if not self.held():
+            fail(errno.ENOENT, f"{self.path} is not held")
+        # A refused rename keeps the lock: git unlinks it next (and so abandons it).
+        await write_ref(
+            self.ctx, self.repo, self.ref, bytes(self.buf), self.old, scratch.pid_of(ctx)
+        )
+        _drop_lock(self.ctx, self.repo, self.ref)
+
+
+class LockHandle(Handle):
+    direct_io = True
+
+    def __init__(self, node: LockFile) -> None:
+        super().__init__(node)
+        self.lock = node
+
+    async def read(self, off: int, size: int) -> bytes:
+        return bytes(self.lock.buf[off : off + size])
+
+    async def write(self, off: int, buf: bytes) -> int:
+        b = self.lock.buf
+        end = off + len(buf)
+        if len(b) < end:
+            b.extend(bytes(end - len(b)))
+        b[off:end] = buf
+        return len(buf)
+
+
+def _lock_of(parent: Node, repo: Repo, ref: str | None) -> LockFile | None:
+    if ref is None:
+        return None
+    w = scratch._WRITES.get(parent.ctx)
+    node = None if w is None else w.locks.get((repo_key(repo), ref))
+    return node if isinstance(node, LockFile) else None
+
+
+def _new_lock(parent: Node, repo: Repo, ref: str, name: bytes, old: str | None) -> LockFile:
+    w = scratch.writes(parent.ctx)
+    k = (repo_key(repo), ref)
+    if k in w.locks:
+        fail(errno.EEXIST, f"{repo.id}: {ref} is locked")
+    node = LockFile(parent.ctx, parent, repo, ref, name, old)
+    w.locks[k] = node
+    return node
+
+
+def _drop_lock(ctx: Context, repo: Repo, ref: str | None) -> bool:
+    w = scratch._WRITES.get(ctx)
+    if ref is None or w is None:
+        return False
+    return w.locks.pop((repo_key(repo), ref), None) is not None
+
 
 class RefDir(Dir):
     """/repos/<id>/refs[/...]: one level of the ref namespace (refs/heads and refs/tags
-    always exist)."""
+    always exist). Entries are never cached: a directory vanishes with its last ref."""
 
-    entry_timeout = DYNAMIC_TIMEOUT
-    attr_timeout = DYNAMIC_TIMEOUT
+    entry_timeout = 0.0
+    attr_timeout = 0.0
     __slots__ = ("repo", "ref")
 
     def __init__(self, ctx: Context, parent: Node, repo: Repo, ref: str) -> None:
@@ -258,18 +559,102 @@ class RefDir(Dir):
     def _dir(self, name: str) -> RefDir:
         return RefDir(self.ctx, self, self.repo, f"{self.ref}/{name}")
 
-    async def lookup(self, name: bytes, ctx: Any) -> Node:
+    def _made(self) -> set[str]:
+        """Directories below refs/ made by mkdir that hold no ref yet (in memory)."""
+        w = scratch._WRITES.get(self.ctx)
+        dirs = None if w is None else w.ref_dirs.get(repo_key(self.repo))
+        return dirs or set()
+
+    def _full(self, name: bytes) -> str:
         part = _text(name)
         if not part or "/" in part or part in (".", ".."):
             fail(errno.ENOENT)
-        full = f"{self.ref}/{part}"
+        return f"{self.ref}/{part}"
+
+    async def lookup(self, name: bytes, ctx: Any) -> Node:
+        full = self._full(name)
+        part = full.rpartition("/")[2]
         refs = self.ctx.refs
         oid = refs.get(self.repo.id, full)  # Missing (no repository): ENOENT
         if oid is not None:
             return RefFile(self.ctx, self, self.repo, full, oid)
-        if part in self._always() or refs.refs(self.repo.id, full + "/"):
+        if part in self._always() or full in self._made() or refs.refs(self.repo.id, full + "/"):
             return self._dir(part)
+        if full.endswith(".lock"):
+            lock = _lock_of(self, self.repo, full[:-5])
+            if lock is not None:
+                return lock
         fail(errno.ENOENT)
+
+    # -- writes ---------------------------------------------------------------------------
+    async def create(self, name: bytes, mode: int, flags: int, ctx: Any) -> tuple[Node, Handle]:
+        full = self._full(name)
+        if full.endswith(".lock"):
+            ref = full[:-5]
+            if not valid_ref_name(ref):
+                fail(errno.EINVAL, f"{self.repo.id}: invalid ref name {ref!r}")
+            old = self.ctx.refs.get(self.repo.id, ref)
+            node = _new_lock(self, self.repo, ref, name, old)
+            return node, LockHandle(node)
+        if not valid_ref_name(full):
+            fail(errno.EINVAL, f"{self.repo.id}: invalid ref name {full!r}")
+        old = self.ctx.refs.get(self.repo.id, full)
+        new = NewRefFile(self.ctx, self, self.repo, full)
+        return new, RefWriteHandle(new, self.repo, full, old, scratch.pid_of(ctx))
+
+    async def mkdir(self, name: bytes, mode: int, ctx: Any) -> Node:
+        full = self._full(name)
+        part = full.rpartition("/")[2]
+        if not valid_ref_name(full + "/x"):
+            fail(errno.EINVAL, f"{self.repo.id}: invalid ref directory {full!r}")
+        refs = self.ctx.refs
+        if refs.get(self.repo.id, full) is not None:
+            fail(errno.EEXIST)
+        if part in self._always() or full in self._made() or refs.refs(self.repo.id, full + "/"):
+            fail(errno.EEXIST)
+        w = scratch.writes(self.ctx)
+        w.ref_dirs.setdefault(repo_key(self.repo), set()).add(full)
+        return self._dir(part)
+
+    async def unlink(self, name: bytes, ctx: Any) -> None:
+        full = self._full(name)
+        if full.endswith(".lock") and _drop_lock(self.ctx, self.repo, full[:-5]):
+            return
+        old = self.ctx.refs.get(self.repo.id, full)
+        if old is None:
+            await self.lookup(name, ctx)  # ENOENT, or a directory:
+            fail(errno.EISDIR)
+        lock = _lock_of(self, self.repo, full)
+        expect = lock.old if lock is not None else ANY  # git deletes under its lock
+        await write_ref(self.ctx, self.repo, full, b"", expect, scratch.pid_of(ctx), delete=True)
+
+    async def rmdir(self, name: bytes, ctx: Any) -> None:
+        full = self._full(name)
+        if self.ctx.refs.get(self.repo.id, full) is not None:
+            fail(errno.ENOTDIR)
+        await self._dir(full.rpartition("/")[2]).remove_tree_if_empty(exists_check=True)
+
+    async def remove_tree_if_empty(self, exists_check: bool = False) -> None:
+        """rmdir of this directory: ENOTEMPTY while a ref or a made directory is below."""
+        prefix = self.ref + "/"
+        made = self._made()
+        if self.ctx.refs.refs(self.repo.id, prefix) or any(d.startswith(prefix) for d in made):
+            fail(errno.ENOTEMPTY)
+        part = self.ref.rpartition("/")[2]
+        parent = self.ref.rpartition("/")[0]
+        always = self.ref == "refs" or (parent == "refs" and part in ("heads", "tags"))
+        if exists_check and self.ref not in made and not always:
+            fail(errno.ENOENT)
+        made.discard(self.ref)  # refs/, heads/ and tags/ always come back (empty)
+
+    async def rename(
+        self, name: bytes, new_parent: Node, new_name: bytes, flags: int, ctx: Any
+    ) -> None:
+        full = self._full(name)
+        lock = _lock_of(self, self.repo, full[:-5]) if full.endswith(".lock") else None
+        if lock is None or new_parent is not self or new_name != name[:-5] or flags:
+            fail(errno.EPERM, f"{self.repo.id}: refs move only by `<ref>.lock` -> `<ref>`")
+        await lock.commit(ctx)
 
     async def readdir(self, dh: DirHandle, start: int, emit: Emit) -> None:
         def entries() -> Entries:
@@ -282,6 +667,9 @@ class RefDir(Dir):
                     dirs.add(part)
                 else:
                     files[part] = RefFile(self.ctx, self, self.repo, full, oid)
+            for made in self._made():
+                if made.startswith(prefix):
+                    dirs.add(made[len(prefix) :].partition("/")[0])
             out: Entries = [(d.encode(), self._dir(d)) for d in dirs if d not in files]
             out += [(f.encode(), node) for f, node in files.items()]
             out.sort(key=lambda e: e[0])
@@ -301,26 +689,58 @@ class RepoObjectsDir(Dir):
         self.repo = repo
 
     def _child(self, name: bytes) -> Node | None:
-        repo = self.repo
         if name == b"info":
             return RepoInfoDir(self.ctx, self)
         if name == b"pack":
-            return EmptyDir(self.ctx, ("repo-pack", repo.id, repo.created_ns), self, b"pack")
+            return RepoPackDir(self.ctx, self)
         if name in _FANOUT:
             return RepoFanoutDir(self.ctx, self, name)
         return None
 
     async def lookup(self, name: bytes, ctx: Any) -> Node:
-        node = self._child(name)
+        node = self._child(name) or scratch.lookup_in(self, name)
         if node is None:
             fail(errno.ENOENT)
         return node
 
     async def readdir(self, dh: DirHandle, start: int, emit: Emit) -> None:
         def entries() -> Entries:
-            return [(n, node) for n in (b"info", b"pack") if (node := self._child(n)) is not None]
+            out = [(n, node) for n in (b"info", b"pack") if (node := self._child(n)) is not None]
+            return out + scratch.entries_in(self)  # a push's quarantine, while it lasts
 
         await readdir_snapshot(dh, start, emit, entries)
+
+    # -- git's writes: temporary files and quarantine directories (scratch) -------------
+    async def mkdir(self, name: bytes, mode: int, ctx: Any) -> Node:
+        node = self._child(name)
+        if node is not None:
+            return node  # git makes <xx>/ and pack/ before moving objects in: always there
+        return scratch.mkdir_in(self, name, mode, repo_key(self.repo), ctx)
+
+    async def create(self, name: bytes, mode: int, flags: int, ctx: Any) -> tuple[Node, Handle]:
+        if self._child(name) is not None:
+            fail(errno.EEXIST)
+        return await scratch.create_in(self, name, mode, flags, ctx)
+
+    def scratch_names(self) -> dict[bytes, Node]:
+        return scratch.writes(self.ctx).overlay(self)
+
+    async def unlink(self, name: bytes, ctx: Any) -> None:
+        if not scratch.unlink_in(self, name):
+            await super().unlink(name, ctx)
+
+    async def rmdir(self, name: bytes, ctx: Any) -> None:
+        if not scratch.rmdir_in(self, name):
+            await super().rmdir(name, ctx)
+
+    async def link(self, name: bytes, node: Node, ctx: Any) -> Node:
+        return await scratch.link_in(self, name, node)
+
+    async def rename(
+        self, name: bytes, new_parent: Node, new_name: bytes, flags: int, ctx: Any
+    ) -> None:
+        if not await scratch.rename_from(self, name, new_parent, new_name, flags, ctx):
+            await super().rename(name, new_parent, new_name, flags, ctx)
 
 
 _FANOUT = frozenset(FANOUT)
@@ -339,6 +759,75 @@ class RepoFanoutDir(FanoutDir):
 
     async def readdir(self, dh: DirHandle, start: int, emit: Emit) -> None:
         return None
+
+    def repo_key(self) -> scratch.RepoKey | None:
+        parent = self.parent
+        assert isinstance(parent, RepoObjectsDir)
+        return repo_key(parent.repo)
+
+
+class RepoPackDir(Dir):
+    """/repos/<id>/objects/pack: empty, except while a push moves its pack in. When the
+    index arrives (git moves it after the pack) every object of the pack is verified and
+    stored, pinned for the push (scratch.ingest_pack); the files stay listed until git
+    removes the pack's `.keep`, i.e. until the push's refs are written."""
+
+    __slots__ = ("repo",)
+
+    def __init__(self, ctx: Context, parent: RepoObjectsDir) -> None:
+        repo = parent.repo
+        super().__init__(ctx, ("repo-pack", repo.id, repo.created_ns), parent, b"pack")
+        self.repo = repo
+
+    async def lookup(self, name: bytes, ctx: Any) -> Node:
+        node = scratch.lookup_in(self, name)
+        if node is None:
+            fail(errno.ENOENT)
+        return node
+
+    async def readdir(self, dh: DirHandle, start: int, emit: Emit) -> None:
+        await readdir_snapshot(dh, start, emit, lambda: scratch.entries_in(self))
+
+    async def create(self, name: bytes, mode: int, flags: int, ctx: Any) -> tuple[Node, Handle]:
+        return await scratch.create_in(self, name, mode, flags, ctx)
+
+    def scratch_names(self) -> dict[bytes, Node]:
+        return scratch.writes(self.ctx).overlay(self)
+
+    async def link(self, name: bytes, node: Node, ctx: Any) -> Node:
+        out = await scratch.link_in(self, name, node)
+        await self.arrived(name, ctx)
+        return out
+
+    async def arrived(self, name: bytes, ctx: Any) -> None:
+        """A file was linked or moved in: the index completes a pack, which is ingested."""
+        if not (name.startswith(b"pack-") and name.endswith(b".idx")):
+            return
+        names = self.scratch_names()
+        idx = names.get(name)
+        pack = names.get(name[:-4] + b".pack")
+        if not isinstance(pack, scratch.ScratchFile) or not isinstance(idx, scratch.ScratchFile):
+            fail(errno.EIO, f"{self.path}: {name!r} arrived without its pack")
+        try:
+            await scratch.ingest_pack(self.ctx, pack, idx, self.repo, scratch.pid_of(ctx))
+        except BaseException:
+            scratch.unlink_in(self, name)  # a refused pack: its index is not kept
+            raise
+
+    async def unlink(self, name: bytes, ctx: Any) -> None:
+        if not scratch.unlink_in(self, name):
+            fail(errno.ENOENT)
+        if name.startswith(b"pack-") and name.endswith(b".keep"):
+            stem = name[:-5]  # the push is done: its pack is in the store, the files go
+            for ext in (b".pack", b".idx", b".rev", b".bitmap", b".promisor"):
+                if scratch.lookup_in(self, stem + ext) is not None:
+                    scratch.unlink_in(self, stem + ext)
+
+    async def rename(
+        self, name: bytes, new_parent: Node, new_name: bytes, flags: int, ctx: Any
+    ) -> None:
+        if not await scratch.rename_from(self, name, new_parent, new_name, flags, ctx):
+            fail(errno.ENOENT)
 
 
 class RepoInfoDir(Dir):

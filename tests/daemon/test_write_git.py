@@ -165,12 +165,14 @@ def test_objects_written_into_a_repository_stay_pinned_until_a_ref_there_commits
     (tmp_path / "free").write_bytes(b"written through the git view\n")
     (tmp_path / "tip").write_bytes(b"the ref's own object\n")
     kept = git(f"--git-dir={gitdir}", "hash-object", "-w", tmp_path / "kept").strip()
+    plain = tmp_path / "plain.git"
+    git("init", "-q", "--bare", plain)
     free = git(
+        f"--git-dir={plain}",
         "hash-object",
         "-w",
         tmp_path / "free",
         env={"GIT_OBJECT_DIRECTORY": str(mount.path("git", "sha1"))},
-        cwd=tmp_path,
     ).strip()
     assert loose_path(mount, "sha1", kept).exists() and loose_path(mount, "sha1", free).exists()
     sweep(mount)
@@ -181,7 +183,7 @@ def test_objects_written_into_a_repository_stay_pinned_until_a_ref_there_commits
     # A ref write in that repository (by another process: the writer has exited) commits:
     # the pins go, and the object nothing references goes with the next two sweeps.
     tip = git(f"--git-dir={gitdir}", "hash-object", "-w", tmp_path / "tip").strip()
-    git(f"--git-dir={gitdir}", "update-ref", "refs/heads/main", tip)
+    git(f"--git-dir={gitdir}", "update-ref", "refs/tags/tip", tip)
     sweep(mount)
     sweep(mount)
     assert not loose_path(mount, "sha1", kept).exists()

@@ -21,6 +21,9 @@ from alkfs.git.objects import canonical, object_id
 GIT_ENV = {
     "GIT_CONFIG_GLOBAL": os.devnull,
     "GIT_CONFIG_NOSYSTEM": "1",
+    "GIT_AUTHOR_NAME": "A U Thor",
+    "GIT_AUTHOR_EMAIL": "author@example.com",
+    "GIT_AUTHOR_DATE": "1700000000 +0000",
     "GIT_COMMITTER_NAME": "C O Mitter",
     "GIT_COMMITTER_EMAIL": "committer@example.com",
     "GIT_COMMITTER_DATE": "1700000000 +0000",
@@ -55,12 +58,14 @@ def write_file(path: Path, data: bytes) -> None:
         os.close(fd)
 
 
-def blobs(mount, repo: str, n: int) -> list[str]:
-    """`n` blobs stored through the repository (git hash-object -w with GIT_DIR there)."""
+def commits(mount, repo: str, n: int) -> list[str]:
+    """`n` commits stored through the repository (git writing loose objects with GIT_DIR
+    in the mount)."""
     gitdir = mount.path("repos", repo)
+    tree = git(f"--git-dir={gitdir}", "hash-object", "-w", "-t", "tree", "--stdin", input="")
     out = []
     for i in range(n):
-        done = git(f"--git-dir={gitdir}", "hash-object", "-w", "--stdin", input=f"blob {i}\n")
+        done = git(f"--git-dir={gitdir}", "commit-tree", "-m", f"commit {i}", tree.stdout.strip())
         out.append(done.stdout.strip())
     return out
 
@@ -72,7 +77,7 @@ def repo(mount):
 
 
 def test_git_update_ref_creates_updates_and_deletes_and_refuses_a_stale_old_value(mount, repo):
-    a, b, c = blobs(mount, "r", 3)
+    a, b, c = commits(mount, "r", 3)
     env = {"GIT_DIR": str(repo)}
     git("update-ref", "refs/heads/main", a, env=env)
     assert (repo / "refs" / "heads" / "main").read_text() == f"{a}\n"
@@ -100,7 +105,7 @@ def test_git_update_ref_creates_updates_and_deletes_and_refuses_a_stale_old_valu
 
 
 def test_a_ref_file_write_is_a_compare_and_swap_against_the_value_at_open(mount, repo):
-    a, b, c = blobs(mount, "r", 3)
+    a, b, c = commits(mount, "r", 3)
     main = repo / "refs" / "heads" / "main"
     write_file(main, f"{a}\n".encode())  # a new ref
     assert main.read_text() == f"{a}\n"
@@ -126,7 +131,7 @@ def test_a_ref_file_write_is_a_compare_and_swap_against_the_value_at_open(mount,
 
 
 def test_ref_directories_appear_and_vanish_with_their_refs(mount, repo):
-    (a,) = blobs(mount, "r", 1)
+    (a,) = commits(mount, "r", 1)
     refs = repo / "refs"
     os.mkdir(refs / "heads" / "team")
     os.mkdir(refs / "heads" / "team" / "empty")
@@ -146,7 +151,7 @@ def test_ref_directories_appear_and_vanish_with_their_refs(mount, repo):
 
 
 def test_the_lock_protocol_is_a_compare_and_swap_against_the_value_at_lock_time(mount, repo):
-    a, b, c = blobs(mount, "r", 3)
+    a, b, c = commits(mount, "r", 3)
     heads = repo / "refs" / "heads"
     write_file(heads / "main", f"{a}\n".encode())
 
@@ -208,7 +213,7 @@ def test_repositories_are_made_and_removed_with_mkdir_and_rmdir_and_every_errno(
     assert errno_of(os.mkdir, repos / ".hidden") == errno.EINVAL
     for plumbing in ("HEAD", "config"):
         assert errno_of(os.unlink, repos / "made" / plumbing) == errno.EPERM
-    (a,) = blobs(mount, "made", 1)
+    (a,) = commits(mount, "made", 1)
     write_file(repos / "made" / "refs" / "heads" / "main", f"{a}\n".encode())
     assert errno_of(os.rmdir, repos / "made") == errno.ENOTEMPTY
     assert (repos / "made" / "refs" / "heads" / "main").read_text() == f"{a}\n"
