@@ -27,6 +27,7 @@ import trio
 
 from alkfs.errors import AlkfsError, StoreLocked
 
+from . import scratch
 from .context import Context, Options
 from .fs import Operations
 from .nodes.control import duration
@@ -263,6 +264,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         ctx = Context(store, app=app, options=options, live=True)
         ctx.mountpoint = mnt
+        scratch.prepare(ctx)  # STORE/scratch emptied: nothing of a previous daemon is used
         ops = Operations(ctx)
         fuse_options = set(pyfuse3.default_options)
         fuse_options |= {"fsname=alkfs:" + store_path.replace(",", "_"), "subtype=alkfs"}
@@ -289,6 +291,7 @@ def main(argv: list[str] | None = None) -> int:
             pyfuse3.close(unmount=True)
             log.info("unmounted %s", mnt)
         if ctx is not None:
+            scratch.close(ctx)
             ctx.close()
         if app is not None:
             app.close()

@@ -748,3 +748,10 @@ async def link_in(host: Node, name: bytes, node: Node) -> Node:
     node.names += 1
     names[name] = node
     return node
+
+
+def close(ctx: Context) -> None:
+    """At daemon end: pins released, scratch bytes removed."""
+    w = _WRITES.pop(ctx, None)
+    if w is not None:
+        w.close()

@@ -344,3 +344,12 @@ def test_a_loose_object_linked_under_another_name_fails_with_eio_and_stores_noth
     assert mount.path("objects", "git-sha1", oid).read_bytes() == data
     assert zlib.decompress((fan / oid[2:]).read_bytes()) == data
     assert mount.tracebacks() == []
+
+
+def test_the_scratch_area_is_emptied_when_the_daemon_starts(start_mount, tmp_path):
+    store = tmp_path / "store"
+    (store / "scratch" / "old").mkdir(parents=True)
+    (store / "scratch" / "old" / "tmp_obj_left").write_bytes(b"a killed daemon's scratch")
+    mount = start_mount(store)
+    assert os.listdir(store / "scratch") == []
+    assert mount.tracebacks() == []
