@@ -5,13 +5,16 @@ Run as root from the repository with the project's venv (needs /dev/fuse, bindfs
     .venv/bin/python bench/mount.py            # full sizes
     .venv/bin/python bench/mount.py --quick    # smaller sizes, same scenarios
     .venv/bin/python bench/mount.py --check    # exit 1 if a target fails
+    .venv/bin/python bench/mount.py --only 2,3 # some scenarios only
+    .venv/bin/python bench/mount.py --fresh    # rebuild the cached store and files
 
 Only public tools are driven: `cat`, `find | xargs cat`, `ls -l`, `git`. bindfs (Debian's)
 is the peer FUSE filesystem: it serves the very same bytes from a plain directory, so
 "alkfs vs bindfs" isolates what alkfs adds over a minimal pass-through FUSE filesystem.
 
 The store is populated through the library (Store.put / put_many, git.importer) before the
-daemon starts. The script starts its own `alkfsd` and `bindfs -f` under a temporary
+daemon starts; it and the plain copies of its bytes are cached under bench/out/mount-data-*
+(the daemon only reads them; --fresh rebuilds them). The script starts its own `alkfsd` and `bindfs -f` under a temporary
 directory and always stops them by PID (SIGTERM, then SIGKILL) and unmounts them
 (`fusermount3 -u`, then `-uz`), whatever happens.
 
@@ -65,7 +68,7 @@ sys.path.insert(0, str(HERE.parent))
 
 from alkfs.app import Alkfs  # noqa: E402
 from alkfs.git.importer import import_repo  # noqa: E402
-from alkfs.keys import Algorithm  # noqa: E402
+from alkfs.keys import Algorithm, Key  # noqa: E402
 
 BIN = Path(sys.executable).parent
 
@@ -257,7 +260,7 @@ class Report:
 
     @property
     def failed(self) -> list[str]:
-        return [r["scenario"] for r in self.rows if not r["pass"]]
+        return [str(r["scenario"]) for r in self.rows if not r["pass"]]
 
 
 # -- populating -------------------------------------------------------------------------------
@@ -396,8 +399,11 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="smaller sizes")
     ap.add_argument("--check", action="store_true", help="exit 1 if a target fails")
     ap.add_argument("--keep", action="store_true", help="keep the temporary directory")
+    ap.add_argument("--fresh", action="store_true", help="rebuild the cached store and files")
+    ap.add_argument("--only", default="1,2,3,4", help="scenarios to run, e.g. 2,3")
     a = ap.parse_args()
-    sizes = QUICK if a.quick else FULL
+    if set(a.only.split(",")) - set(SCENARIOS):
+        ap.error(f"--only takes a comma-separated subset of {','.join(SCENARIOS)}")
     if os.geteuid() != 0:
         print("bench/mount.py needs root (FUSE mounts, drop_caches)", file=sys.stderr)
         return 2
@@ -411,7 +417,7 @@ def main() -> int:
     mounts = Mounts(work)
     report = Report()
     try:
-        run(sizes, work, mounts, report, quick=a.quick)
+        run(a, work, mounts, report)
     finally:
         mounts.stop_all()
         if not a.keep:
@@ -425,114 +431,153 @@ def main() -> int:
     return 1 if a.check and report.failed else 0
 
 
-def run(sizes: Sizes, work: Path, mounts: Mounts, report: Report, quick: bool) -> None:
-    store, plain, mnt, bind = work / "store", work / "plain", work / "mnt", work / "bind"
-    plain.mkdir()
-    print(
-        f"bench/mount.py ({'quick' if quick else 'full'}): {os.cpu_count()} CPUs, "
-        f"{subprocess.run(['uname', '-r'], capture_output=True, text=True).stdout.strip()}, "
-        f"median of {sizes.runs} runs",
-        flush=True,
-    )
+@dataclass
+class Data:
+    """The populated store and the plain copies of its bytes (cached under bench/out/)."""
 
-    # -- populate through the library --------------------------------------------------------
-    t0 = time.perf_counter()
-    large_plain = plain / "large.bin"
-    write_random(large_plain, sizes.large_mib << 20)
+    store: Path
+    plain: Path
+    large_key: Key
+    git_src: Path
+    git_loose: Path
+    git_objects: int
+
+
+def populate(sizes: Sizes, quick: bool, fresh: bool) -> Data:
+    base = OUT / f"mount-data-{'quick' if quick else 'full'}"
+    store, plain, done = base / "store", base / "plain", base / "done.json"
     src, loose, git_objects = build_git(sizes.git_commits)
-    with Alkfs.open(store) as app:
-        with open(large_plain, "rb") as f:
-            result = app.store.put(f)
-        result.pin.release()
-        large_key = result.key
-        # /objects/sha256 holds exactly ls_count entries: the large object and the listing set
-        ls_plain = plain / "ls"
-        put_files(app, ls_plain, Algorithm.SHA256, small_payloads(sizes.ls_count - 1, 100, 1))
-        os.link(large_plain, ls_plain / large_key.hex)
-        # /objects/blake3 holds exactly the small-read set
-        put_files(
-            app, plain / "small", Algorithm.BLAKE3, small_payloads(sizes.small_count, 4096, 2)
-        )
-        imported = import_repo(app, str(src), "bench", progress=False)
+    if fresh or not done.exists():
+        shutil.rmtree(base, ignore_errors=True)
+        plain.mkdir(parents=True)
+        t0 = time.perf_counter()
+        large_plain = plain / "large.bin"
+        write_random(large_plain, sizes.large_mib << 20)
+        with Alkfs.open(store) as app:
+            with open(large_plain, "rb") as f:
+                result = app.store.put(f)
+            result.pin.release()
+            # /objects/sha256 holds exactly ls_count entries: the large object and the ls set
+            ls_plain = plain / "ls"
+            put_files(app, ls_plain, Algorithm.SHA256, small_payloads(sizes.ls_count - 1, 100, 1))
+            os.link(large_plain, ls_plain / result.key.hex)
+            # /objects/blake3 holds exactly the small-read set
+            small = small_payloads(sizes.small_count, 4096, 2)
+            put_files(app, plain / "small", Algorithm.BLAKE3, small)
+            imported = import_repo(app, str(src), "bench", progress=False)
+        assert imported.objects == git_objects, (imported.objects, git_objects)
+        done.write_text(json.dumps({"large_key": str(result.key)}) + "\n")
+        print(f"  populated in {time.perf_counter() - t0:.1f}s (cached in {base})", flush=True)
+    large_key = Key.parse(json.loads(done.read_text())["large_key"])
     print(
-        f"  populated in {time.perf_counter() - t0:.1f}s: {sizes.large_mib} MiB object, "
-        f"{sizes.ls_count:,} sha256, {sizes.small_count:,} blake3, "
-        f"{imported.objects:,} git objects ({git_objects:,} in the source)",
+        f"  data: a {sizes.large_mib} MiB object, {sizes.ls_count:,} sha256 objects, "
+        f"{sizes.small_count:,} blake3 objects of 4 KiB, {git_objects:,} git objects",
         flush=True,
     )
+    return Data(store, plain, large_key, src, loose, git_objects)
 
-    alk = mounts.alkfsd(store, mnt)
-    mounts.bindfs(plain, bind)
-    bind_objects = mounts.bindfs(loose / "objects", work / "bindobj").mnt
-    cache = Cache(mounts, [large_plain, store / "large"])
-    print(f"  page cache drop: {'drop_caches' if cache.drop else 'remount + fadvise'}", flush=True)
-    runs = sizes.runs
 
-    # -- 1. one large object ---------------------------------------------------------------------
-    nbytes = sizes.large_mib << 20
-    print(f"[1] sequential read of a {sizes.large_mib} MiB object (cat)", flush=True)
-    paths = {
-        "plain": large_plain,
-        "bindfs": bind / "large.bin",
-        "alkfs": mnt / "objects" / "sha256" / large_key.hex,
-    }
-    first = {n: median_time(f"cat '{p}'", runs, cache.cold) for n, p in paths.items()}
-    report.line("first read", first, "bindfs", 0.5, nbytes)
-    warm = {}
-    for n, p in paths.items():
-        timed(f"cat '{p}'")
-        warm[n] = median_time(f"cat '{p}'", runs)
-    report.line("repeated read", warm, "plain", 0.9, nbytes)
+class Bench:
+    def __init__(self, sizes: Sizes, data: Data, work: Path, mounts: Mounts, report: Report):
+        self.sizes, self.data, self.work, self.report = sizes, data, work, report
+        self.runs = sizes.runs
+        self.mnt = mounts.alkfsd(data.store, work / "mnt").mnt
+        self.bind = mounts.bindfs(data.plain, work / "bind").mnt
+        self.bind_objects = mounts.bindfs(data.git_loose / "objects", work / "bindobj").mnt
+        self.cache = Cache(mounts, [data.plain / "large.bin", data.store / "large"])
+        how = "drop_caches" if self.cache.drop else "remount + fadvise"
+        print(f"  page cache dropped with {how}", flush=True)
 
-    # -- 2. many small objects -------------------------------------------------------------------
-    print(f"[2] {sizes.small_count:,} objects of 4 KiB (find | xargs cat)", flush=True)
-    dirs = {
-        "plain": plain / "small",
-        "bindfs": bind / "small",
-        "alkfs": mnt / "objects" / "blake3",
-    }
-    cmd = "find '{}' -type f -print0 | xargs -0 cat"
-    cold = {n: median_time(cmd.format(d), runs, cache.cold) for n, d in dirs.items()}
-    report.line("cold", cold, "bindfs", 1.0)
-    warm = {n: median_time(cmd.format(d), runs) for n, d in dirs.items()}
-    report.line("warm", warm, "bindfs", 1.0)
-
-    # -- 3. a big directory -----------------------------------------------------------------------
-    print(f"[3] ls -l of a {sizes.ls_count:,}-entry directory", flush=True)
-    dirs = {"plain": plain / "ls", "alkfs": mnt / "objects" / "sha256"}
-    listing = {n: len(os.listdir(d)) for n, d in dirs.items()}
-    assert listing["plain"] == listing["alkfs"] == sizes.ls_count, listing
-    cmd = "LC_ALL=C ls -l '{}'"
-    first = {n: median_time(cmd.format(d), runs, cache.cold) for n, d in dirs.items()}
-    report.line("first listing", first, "plain", 1 / 3)
-    warm = {n: median_time(cmd.format(d), runs) for n, d in dirs.items()}
-    report.line("repeated listing", warm, "plain", 1 / 3)
-
-    # -- 4. git through alternates --------------------------------------------------------------
-    print(f"[4] git over {git_objects:,} objects", flush=True)
-    repos = {
-        "native": src,
-        "bindfs": alternates_repo(work / "alt-bindfs.git", src, bind_objects),
-        "alkfs": alternates_repo(work / "alt-alkfs.git", src, alk.mnt / "git" / "sha1"),
-    }
-    for title, args in (
-        ("rev-list --objects --all", "rev-list --objects --all"),
-        ("log --stat -n 2000", "log --stat -n 2000"),
-    ):
-        digests = {
-            n: hashlib.sha256(
-                git("-c", "core.abbrev=12", f"--git-dir={r}", *args.split()).encode()
-            ).hexdigest()
-            for n, r in repos.items()
+    def large(self) -> None:
+        sizes, data, runs = self.sizes, self.data, self.runs
+        nbytes = sizes.large_mib << 20
+        print(f"[1] sequential read of a {sizes.large_mib} MiB object (cat)", flush=True)
+        paths = {
+            "plain": data.plain / "large.bin",
+            "bindfs": self.bind / "large.bin",
+            "alkfs": self.mnt / "objects" / "sha256" / data.large_key.hex,
         }
-        if len(set(digests.values())) != 1:
-            raise RuntimeError(f"git {args}: outputs differ between {digests}")
-        # a fixed abbreviation: git sizes it from its object count estimate (packs vs loose)
-        cmd = "git -c core.abbrev=12 --git-dir='{}' " + args
-        cold = {n: median_time(cmd.format(r), runs, cache.cold) for n, r in repos.items()}
-        report.line(f"{title} (cold)", cold, "bindfs", 1.0)
-        warm = {n: median_time(cmd.format(r), runs) for n, r in repos.items()}
-        report.line(f"{title} (warm)", warm, "bindfs", 1.0)
+        first = {n: median_time(f"cat '{p}'", runs, self.cache.cold) for n, p in paths.items()}
+        self.report.line("first read", first, "bindfs", 0.5, nbytes)
+        warm = {}
+        for n, p in paths.items():
+            timed(f"cat '{p}'")
+            warm[n] = median_time(f"cat '{p}'", runs)
+        self.report.line("repeated read", warm, "plain", 0.9, nbytes)
+
+    def small(self) -> None:
+        print(f"[2] {self.sizes.small_count:,} objects of 4 KiB (find | xargs cat)", flush=True)
+        dirs = {
+            "plain": self.data.plain / "small",
+            "bindfs": self.bind / "small",
+            "alkfs": self.mnt / "objects" / "blake3",
+        }
+        cmd = "find '{}' -type f -print0 | xargs -0 cat"
+        cold = {n: median_time(cmd.format(d), self.runs, self.cache.cold) for n, d in dirs.items()}
+        self.report.line("cold", cold, "bindfs", 1.0)
+        warm = {n: median_time(cmd.format(d), self.runs) for n, d in dirs.items()}
+        self.report.line("warm", warm, "bindfs", 1.0)
+
+    def listing(self) -> None:
+        print(f"[3] ls -l of a {self.sizes.ls_count:,}-entry directory", flush=True)
+        dirs = {"plain": self.data.plain / "ls", "alkfs": self.mnt / "objects" / "sha256"}
+        listed = {n: len(os.listdir(d)) for n, d in dirs.items()}
+        assert listed["plain"] == listed["alkfs"] == self.sizes.ls_count, listed
+        cmd = "LC_ALL=C ls -l '{}'"
+        first = {n: median_time(cmd.format(d), self.runs, self.cache.cold) for n, d in dirs.items()}
+        self.report.line("first listing", first, "plain", 1 / 3)
+        warm = {n: median_time(cmd.format(d), self.runs) for n, d in dirs.items()}
+        self.report.line("repeated listing", warm, "plain", 1 / 3)
+
+    def git(self) -> None:
+        data = self.data
+        print(f"[4] git over {data.git_objects:,} objects", flush=True)
+        repos = {
+            "native": data.git_src,
+            "bindfs": alternates_repo(
+                self.work / "alt-bindfs.git", data.git_src, self.bind_objects
+            ),
+            "alkfs": alternates_repo(
+                self.work / "alt-alkfs.git", data.git_src, self.mnt / "git" / "sha1"
+            ),
+        }
+        # a fixed abbreviation: git sizes it from its object-count estimate (packs vs loose)
+        base = ("-c", "core.abbrev=12")
+        for args in ("rev-list --objects --all", "log --stat -n 2000"):
+            digests = {
+                n: hashlib.sha256(git(*base, f"--git-dir={r}", *args.split()).encode()).hexdigest()
+                for n, r in repos.items()
+            }
+            if len(set(digests.values())) != 1:
+                raise RuntimeError(f"git {args}: outputs differ: {digests}")
+            cmd = "git " + " ".join(base) + " --git-dir='{}' " + args
+            cold = {
+                n: median_time(cmd.format(r), self.runs, self.cache.cold) for n, r in repos.items()
+            }
+            self.report.line(f"{args} (cold)", cold, "bindfs", 1.0)
+            warm = {n: median_time(cmd.format(r), self.runs) for n, r in repos.items()}
+            self.report.line(f"{args} (warm)", warm, "bindfs", 1.0)
+
+
+SCENARIOS = {"1": Bench.large, "2": Bench.small, "3": Bench.listing, "4": Bench.git}
+
+
+def run(a: argparse.Namespace, work: Path, mounts: Mounts, report: Report) -> None:
+    sizes = QUICK if a.quick else FULL
+    print(
+        f"bench/mount.py ({'quick' if a.quick else 'full'}): {os.cpu_count()} CPUs, "
+        f"{subprocess.run(['uname', '-r'], capture_output=True, text=True).stdout.strip()}, "
+        f"load average {os.getloadavg()[0]:.1f}, median of {sizes.runs} runs",
+        flush=True,
+    )
+    data = populate(sizes, a.quick, a.fresh)
+    bench = Bench(sizes, data, work, mounts, report)
+    for name in a.only.split(","):
+        try:
+            SCENARIOS[name](bench)
+        except Exception as exc:  # one broken scenario must not hide the others
+            print(f"  scenario {name} FAILED: {type(exc).__name__}: {exc}", flush=True)
+            report.rows.append({"scenario": name, "error": str(exc), "pass": False})
 
 
 if __name__ == "__main__":
