@@ -107,7 +107,9 @@ def _number(x: float) -> int | float:
 
 
 def iso(ns: int) -> str:
-    return datetime.fromtimestamp(ns / 1e9, UTC).isoformat(timespec="microseconds")
+    """UTC ISO 8601 to the microsecond, computed exactly from nanoseconds."""
+    whole = datetime.fromtimestamp(ns // 10**9, UTC)
+    return whole.replace(microsecond=ns // 1000 % 10**6).isoformat(timespec="microseconds")
 
 
 def progress_bar(desc: str, total: int | None = None) -> Any:
