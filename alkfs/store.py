@@ -640,42 +640,9 @@ class Store:
         pins = self.pin_many([raw for raw, _, _ in checked])  # pin before publish
         results: list[PutResult | None] = [None] * len(items)
         try:
-            stamp = now_ns()
-            if isinstance(self.kv, SqliteTier):
-                created = [True] * len(checked)
-                with self.kv.db.tx() as conn:
-                    cur = conn.executemany(
-                        "INSERT OR IGNORE INTO blobs (key, size, stored_ns, value) "
-                        "VALUES (?, ?, ?, ?)",
-                        [(raw, len(data), stamp, data) for raw, data, _ in checked],
-                    )
-                    if cur.rowcount != len(checked):
-                        # Some were present: they keep their bytes and count as written now.
-                        fresh = {raw for raw, _, _ in checked}
-                        old: set[bytes] = set()
-                        raws = sorted(fresh)
-                        for j in range(0, len(raws), 500):
-                            chunk = raws[j : j + 500]
-                            marks = ",".join("?" * len(chunk))
-                            old.update(
-                                bytes(k)
-                                for (k,) in conn.execute(
-                                    f"SELECT key FROM blobs WHERE stored_ns != ? AND key IN ({marks})",
-                                    (stamp, *chunk),
-                                )
-                            )
-                        conn.executemany(
-                            "UPDATE blobs SET stored_ns = ? WHERE key = ?",
-                            [(stamp, raw) for raw in sorted(old)],
-                        )
-                        created = [raw not in old for raw, _, _ in checked]
-            else:
-                created = [self.kv.put(raw, data, stamp) for raw, data, _ in checked]
-            # Identical items (adjacent once sorted): only the first one created the entry.
-            created = [
-                first and (j == 0 or checked[j - 1][0] != checked[j][0])
-                for j, first in enumerate(created)
-            ]
+            created = self._kv_insert(
+                [raw for raw, _, _ in checked], [data for _, data, _ in checked], now_ns()
+            )
             for (_, _, i), pin, made in zip(checked, pins, created, strict=True):
                 key = keys[i]
                 assert key is not None
@@ -694,9 +661,69 @@ class Store:
             raise
         return [r for r in results if r is not None]
 
+    _KV_ROWS = 8191  # rows an INSERT statement: 4 parameters each, within sqlite's 32766
+
+    def _kv_insert(self, raws: list[bytes], datas: list[bytes], stamp: int) -> list[bool]:
+        """Insert (key, content) rows, given in key order, in one kv transaction; rows
+        already present keep their bytes and count as written now. Which rows created
+        their entry (of identical keys, only the first). The caller has pinned every key.
+
+        Multi-row INSERTs (sqlite releases the GIL once for thousands of rows, not once
+        a row) with the blobs bound as bytearray, which pysqlite binds directly (a bytes
+        parameter first goes through two failing adapter-protocol attribute lookups)."""
+        n = len(raws)
+        kv = self.kv
+        if not isinstance(kv, SqliteTier):
+            created = [kv.put(raw, data, stamp) for raw, data in zip(raws, datas, strict=True)]
+        else:
+            created = [True] * n
+            inserted = 0
+            with kv.db.tx() as conn:
+                for j in range(0, n, self._KV_ROWS):
+                    part = datas[j : j + self._KV_ROWS]
+                    m = len(part)
+                    params: list[object] = [stamp] * (4 * m)
+                    params[0::4] = map(bytearray, raws[j : j + m])
+                    params[1::4] = map(len, part)
+                    params[3::4] = map(bytearray, part)
+                    inserted += conn.execute(
+                        "INSERT OR IGNORE INTO blobs (key, size, stored_ns, value) VALUES "
+                        + ",".join(["(?,?,?,?)"] * m),
+                        params,
+                    ).rowcount
+                if inserted != n:
+                    # Some were present: they keep their bytes and count as written now.
+                    old: set[bytes] = set()
+                    fresh = sorted(set(raws))
+                    for j in range(0, len(fresh), 500):
+                        chunk = list(map(bytearray, fresh[j : j + 500]))
+                        marks = ",".join("?" * len(chunk))
+                        old.update(
+                            bytes(k)
+                            for (k,) in conn.execute(
+                                f"SELECT key FROM blobs WHERE stored_ns != ? AND key IN ({marks})",
+                                (stamp, *chunk),
+                            )
+                        )
+                    conn.executemany(
+                        "UPDATE blobs SET stored_ns = ? WHERE key = ?",
+                        [(stamp, bytearray(raw)) for raw in sorted(old)],
+                    )
+                    created = [raw not in old for raw in raws]
+        if n != len(set(raws)):  # identical items (adjacent in key order): the first created it
+            created = [c and (j == 0 or raws[j - 1] != raws[j]) for j, c in enumerate(created)]
+        return created
+
     def pin_many(self, raws: list[bytes]) -> list[Pin]:
         """In-process pins on many keys (raw bytes) in one locked step: `pin` for each,
         with the same waits for in-flight deletes and the same counts."""
+        self._pin_raws(raws)
+        arbiter = self.arbiter
+        return [Pin(arbiter, raw) for raw in raws]
+
+    def _pin_raws(self, raws: Iterable[bytes]) -> None:
+        """pin_many without a Pin object each: the counts go up in one locked step; the
+        caller gives each back with `_unpin_raws` (one locked step too)."""
         arbiter = self.arbiter
         with arbiter._cond:
             counts, deleting = arbiter._pins, arbiter._deleting
@@ -704,7 +731,86 @@ class Store:
                 while raw in deleting:
                     arbiter._cond.wait()
                 counts[raw] = counts.get(raw, 0) + 1
-        return [Pin(arbiter, raw) for raw in raws]
+
+    def _unpin_raws(self, raws: list[bytes]) -> None:
+        self.arbiter._release(raws)
+
+    # -- the git import's fast path: hashed on the caller's thread, stored on another ----
+    class _Digested:
+        """Git objects with the keys `_digest_git` derived from their bytes, for
+        `_put_digested`, which stores them under these keys without hashing again.
+        Only `_digest_git` makes one; it holds immutable bytes only, so a key can never
+        be paired with content other than the content that hashed to it."""
+
+        __slots__ = ("algo", "raws", "datas", "big")
+
+        def __init__(
+            self, algo: Algorithm, raws: tuple[bytes, ...], datas: tuple[bytes, ...], big: tuple
+        ) -> None:
+            for name, value in (("algo", algo), ("raws", raws), ("datas", datas), ("big", big)):
+                object.__setattr__(self, name, value)
+
+        def __setattr__(self, name: str, value: object) -> None:
+            raise AttributeError("a digested batch is immutable")
+
+    def _digest_git(self, algo: Algorithm, kinds: list[bytes], bodies: list[bytes]) -> _Digested:
+        """The canonical git objects of (kind, body) pairs, "<kind> <size>\\0<body>",
+        each hashed here. The caller compares `.raws` (algorithm byte + digest, in input
+        order) with the ids it expects; `_put_digested` stores them under exactly these."""
+        from .git.objects import TYPES as GIT_TYPES
+
+        if algo is Algorithm.GIT_SHA1:
+            hasher = hashlib.sha1
+        elif algo is Algorithm.GIT_SHA256:
+            hasher = hashlib.sha256
+        else:
+            raise Invalid(f"{algo.label} is not a git object format")
+        if len(kinds) != len(bodies):
+            raise Invalid("one kind per body")
+        if not frozenset(GIT_TYPES).issuperset(kinds):
+            bad = next(k for k in kinds if k not in GIT_TYPES)
+            raise Verification(f"not a git object type: {bad[:16]!r}")
+        datas = tuple(
+            [b"%s %d\0%s" % kb for kb in zip(kinds, map(len, bodies), bodies, strict=True)]
+        )
+        tag = bytes([algo.value])
+        raws = tuple([tag + hasher(data).digest() for data in datas])
+        big: tuple[int, ...] = ()
+        if self.mode != "mem":
+            limit = self.threshold
+            big = tuple(i for i, data in enumerate(datas) if len(data) > limit)
+            if big and self.mode == "kv-only":
+                raise TooLarge(f"{len(datas[big[0]])} bytes is over the kv-only threshold {limit}")
+        return Store._Digested(algo, raws, datas, big)
+
+    def _put_digested(self, batch: _Digested) -> list[bool]:
+        """Store a `_digest_git` batch under its keys (small objects in one kv transaction,
+        in key order), each pinned before it is published: which ones were created, in
+        the batch's order. The pins stay until the caller's `_unpin_raws(batch.raws)`
+        (released here if this fails)."""
+        if type(batch) is not Store._Digested:
+            raise Invalid("not a batch hashed by _digest_git")
+        raws, datas = batch.raws, batch.datas
+        self._pin_raws(raws)  # pin before publish
+        try:
+            if batch.big:
+                skip = set(batch.big)
+                small = [i for i in range(len(raws)) if i not in skip]
+            else:
+                small = range(len(raws))
+            order = sorted(small, key=raws.__getitem__)  # the key index is written in order
+            done = self._kv_insert([raws[i] for i in order], [datas[i] for i in order], now_ns())
+            created = [False] * len(raws)
+            for i, c in zip(order, done, strict=True):
+                created[i] = c
+            for i in batch.big:
+                r = self.put(datas[i], algo=batch.algo, expect=Key(raws[i]))
+                r.pin.release()  # the batch's pin holds it
+                created[i] = r.created
+        except BaseException:
+            self._unpin_raws(list(raws))
+            raise
+        return created
 
 
 def _write_all(fd: int, data: bytes | bytearray) -> None:

@@ -2,15 +2,23 @@
 
 Objects come from `git cat-file --batch`, each verified against its id as it is
 stored. Objects already in the store are skipped, so a rerun reads no content.
-Every object of the source stays pinned (in-process, one Batch) from before it
-is looked up or stored until the refs that reach it have committed, so a sweep
-running during the import can never delete what the new refs will reference.
+Every object of the source stays pinned (in-process) from before it is looked up
+or stored until the refs that reach it have committed, so a sweep running during
+the import can never delete what the new refs will reference.
+
+The stream is parsed from large reads of git's pipe; each batch is hashed by the
+store (`Store._digest_git`) on this thread, compared with the ids git named, and
+written by one writer thread (sqlite releases the GIL while it inserts), so git,
+the parsing and hashing, and sqlite run at once.
 """
 
 from __future__ import annotations
 
+import binascii
 import collections
 import concurrent.futures
+import fcntl
+import itertools
 import os
 import subprocess
 import sys
@@ -27,15 +35,17 @@ from .refs import Outcome, RefUpdate, algo_of, valid_ref_name, valid_repo_id
 
 if TYPE_CHECKING:
     from ..app import Alkfs
-    from ..gc.arbiter import Batch
     from ..store import Store
 
-PUT_BATCH_ITEMS = 16384
-PUT_BATCH_BYTES = 32 << 20
+PUT_BATCH_ITEMS = 8192
+PUT_BATCH_BYTES = 16 << 20
 MAX_INFLIGHT = 2
 WRITER_CACHE_KIB = 65536
-CHECK_BATCH = 500
+CHECK_BATCH = 8000  # keys a presence query (within sqlite's 32766 parameters)
 SAMPLE = 256  # ids looked up first: none present means a first import
+READ = 1 << 20  # bytes a read of git's pipe
+PIPE_SIZE = 1 << 20  # git's pipe, enlarged where the system allows
+F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
 
 
 @dataclass
@@ -65,12 +75,12 @@ def _writer() -> concurrent.futures.ThreadPoolExecutor:
         return _WRITER
 
 
-def _put(store: Store, items: list) -> list:
-    """put_many on the writer thread, whose own sqlite connection gets a page cache
+def _put(store: Store, batch: Store._Digested) -> list[bool]:
+    """_put_digested on the writer thread, whose own sqlite connection gets a page cache
     large enough to keep the key index warm across a whole import."""
     if store.db is not None:
         store.db.conn().execute(f"PRAGMA cache_size = -{WRITER_CACHE_KIB}")
-    return store.put_many(items)
+    return store._put_digested(batch)
 
 
 def _git(gitdir: str, *args: str, check: bool = True) -> subprocess.CompletedProcess[bytes]:
@@ -108,31 +118,29 @@ def object_format(gitdir: str) -> str:
     return fmt
 
 
-def _present(store: Store, algo: Algorithm, ids: list[bytes], sizes: list[int]) -> list[bool]:
-    """Which ids the store holds (batched kv lookups; the large tier only for large objects)."""
-    prefix = bytes([algo.value])
-    have: set[bytes] = set()
+def _present(store: Store, raws: list[bytes], sizes: list[int]) -> list[bool]:
+    """Which keys (raw) the store holds (batched kv lookups; the large tier only for
+    large objects)."""
     kv = store.kv
-    if isinstance(kv, SqliteTier):
-        conn = kv.db.conn()
-        for i in range(0, len(ids), CHECK_BATCH):
-            chunk = [prefix + x for x in ids[i : i + CHECK_BATCH]]
-            marks = ",".join("?" * len(chunk))
-            have.update(
-                bytes(k)
-                for (k,) in conn.execute(f"SELECT key FROM blobs WHERE key IN ({marks})", chunk)
-            )
-        out = []
-        for x, size in zip(ids, sizes, strict=True):
-            k = prefix + x
-            if k in have:
-                out.append(True)
-            elif size + MAX_HEADER > store.threshold and store.large is not None:
-                out.append(store.large.stat(k) is not None)
-            else:
-                out.append(False)
-        return out
-    return [store.has(Key(prefix + x)) for x in ids]
+    if not isinstance(kv, SqliteTier):
+        return [store.has(Key(raw)) for raw in raws]
+    have: set[bytes] = set()
+    conn = kv.db.conn()
+    for i in range(0, len(raws), CHECK_BATCH):
+        # bytearray parameters: pysqlite binds them directly (bytes go through its adapters)
+        chunk = list(map(bytearray, raws[i : i + CHECK_BATCH]))
+        marks = ",".join("?" * len(chunk))
+        have.update(
+            bytes(k)
+            for (k,) in conn.execute(f"SELECT key FROM blobs WHERE key IN ({marks})", chunk)
+        )
+    out = [raw in have for raw in raws]
+    if store.large is not None:
+        over = store.threshold - MAX_HEADER
+        for i, size in enumerate(sizes):
+            if not out[i] and size > over:
+                out[i] = store.large.stat(raws[i]) is not None
+    return out
 
 
 def _progress(progress: bool | None, total: int, desc: str):
@@ -171,29 +179,31 @@ def import_repo(
         "--unordered",
         "--batch-check=%(objectname) %(objectsize)",
     ).stdout.split()
-    ids = [bytes.fromhex(x.decode()) for x in listing[0::2]]
-    sizes = [int(x) for x in listing[1::2]]
-    result = ImportResult(repo_id, fmt, len(ids), 0, 0, 0)
+    hexes = listing[0::2]  # ids as git spells them (ascii hex)
+    count = len(hexes)
+    result = ImportResult(repo_id, fmt, count, 0, 0, 0)
 
-    held = store.arbiter.batch()
+    pinned: list[list[bytes]] = []  # keys pinned by this import, released once the refs commit
     try:
-        sample = ids[:: max(1, len(ids) // SAMPLE)]
-        if not any(_present(store, algo, sample, sizes[:: max(1, len(ids) // SAMPLE)])):
+        stride = max(1, count // SAMPLE)
+        sample = [prefix + binascii.unhexlify(x) for x in hexes[::stride]]
+        if not any(_present(store, sample, [int(x) for x in listing[1::2][::stride]])):
             # A first import: store everything in git's own order. Whatever is present
             # after all is deduplicated (and freshened) by the put, which pins it too.
-            _store_objects(store, gitdir, algo, ids, True, result, progress, held)
-            result.present = len(ids) - result.stored
+            _store_objects(store, gitdir, algo, hexes, True, result, progress, pinned)
+            result.present = count - result.stored
         else:
             # Pin every id, then look: nothing skipped can be deleted before the refs
             # commit (pinning an id that is missing is harmless; its put pins it too).
-            for pin in store.pin_many([prefix + x for x in ids]):
-                held.add(pin)
-            present = _present(store, algo, ids, sizes)
-            missing = [x for x, p in zip(ids, present, strict=True) if not p]
-            result.present = len(ids) - len(missing)
+            raws = [prefix + x for x in map(binascii.unhexlify, hexes)]
+            store._pin_raws(raws)
+            pinned.append(raws)
+            present = _present(store, raws, list(map(int, listing[1::2])))
+            missing = [x for x, p in zip(hexes, present, strict=True) if not p]
+            result.present = count - len(missing)
             if missing:
                 _store_objects(
-                    store, gitdir, algo, missing, len(missing) == len(ids), result, progress, held
+                    store, gitdir, algo, missing, len(missing) == count, result, progress, pinned
                 )
         if not _check_format(app, repo_id, fmt):
             try:
@@ -202,7 +212,8 @@ def import_repo(
                 _check_format(app, repo_id, fmt)
         _import_refs(app, gitdir, repo_id, result)
     finally:
-        held.release()
+        for raws in pinned:
+            store._unpin_raws(raws)
     return result
 
 
@@ -217,16 +228,36 @@ def _check_format(app: Alkfs, repo_id: str, fmt: str) -> bool:
     return True
 
 
+def _read_body(stdout, head: bytes, n: int) -> bytearray:
+    """An object's n-byte body read to its end at once: `head` is its start, already
+    read; the rest and the newline after it come from the pipe."""
+    out = bytearray(n + 1)
+    out[: len(head)] = head
+    got = len(head)
+    with memoryview(out) as view:
+        while got <= n:
+            k = stdout.readinto(view[got:])
+            if not k:
+                raise StoreIO(f"git cat-file ended inside an object ({got} of {n} bytes)")
+            got += k
+    if out[n] != 10:
+        raise StoreIO("git cat-file framed an object badly")
+    del out[n]
+    return out
+
+
 def _store_objects(
     store: Store,
     gitdir: str,
     algo: Algorithm,
-    missing: list[bytes],
+    wanted_hex: list[bytes],
     everything: bool,
     result: ImportResult,
     progress: bool | None,
-    held: Batch,
+    pinned: list[list[bytes]],
 ) -> None:
+    """Stream the wanted objects (hex ids) out of git into the store; every key stored
+    is added to `pinned` (pinned until the caller releases it)."""
     args = ["git", f"--git-dir={gitdir}", "cat-file", "--batch"]
     if everything:
         args += ["--batch-all-objects", "--unordered"]
@@ -235,8 +266,15 @@ def _store_objects(
         stdin=subprocess.DEVNULL if everything else subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
-        bufsize=1 << 20,
+        bufsize=0,
     )
+    assert proc.stdout is not None
+    stdout = proc.stdout
+    fd = stdout.fileno()
+    try:
+        fcntl.fcntl(fd, F_SETPIPE_SZ, PIPE_SIZE)
+    except OSError:
+        pass  # the default pipe size: more, smaller reads
     feeder = None
     if not everything:
         assert proc.stdin is not None
@@ -244,7 +282,7 @@ def _store_objects(
 
         def feed() -> None:
             try:
-                stdin.write(b"".join(x.hex().encode() + b"\n" for x in missing))
+                stdin.write(b"\n".join(wanted_hex) + b"\n")
             except BrokenPipeError:
                 pass
             finally:
@@ -252,56 +290,91 @@ def _store_objects(
 
         feeder = threading.Thread(target=feed, daemon=True)
         feeder.start()
-    bar = _progress(progress, len(missing), "objects")
-    wanted = set(missing)
+    bar = _progress(progress, len(wanted_hex), "objects")
+    wanted = frozenset(wanted_hex)
     prefix = bytes([algo.value])
-    assert proc.stdout is not None
-    out = proc.stdout
-    pending: list[tuple[bytes, Algorithm, Key | bytes | None]] = []
-    pending_bytes = 0
+    unhex = binascii.unhexlify
     received = 0
 
     # Puts run on one long-lived writer thread (sqlite releases the GIL while it works),
-    # overlapping with the parsing here; at most MAX_INFLIGHT batches are in flight.
-    inflight: collections.deque[tuple[list, concurrent.futures.Future]] = collections.deque()
+    # overlapping with the parsing and hashing here; at most MAX_INFLIGHT batches in flight.
+    inflight: collections.deque[tuple[Store._Digested, concurrent.futures.Future]] = (
+        collections.deque()
+    )
 
     def collect() -> None:
-        nonlocal received
         batch, future = inflight.popleft()
-        for (data, _, _), r in zip(batch, future.result(), strict=True):
-            held.add(r.pin)  # kept until the refs commit
-            if r.created:
-                result.stored += 1
-                result.bytes += len(data)
-            received += 1
+        created = future.result()
+        pinned.append(list(batch.raws))  # kept until the refs commit
+        result.stored += sum(created)
+        result.bytes += sum(map(len, itertools.compress(batch.datas, created)))
         if bar is not None:
-            bar.update(len(batch))
+            bar.update(len(created))
+
+    oids: list[bytes] = []
+    kinds: list[bytes] = []
+    bodies: list[bytes] = []
 
     def flush() -> None:
-        nonlocal pending, pending_bytes
+        nonlocal oids, kinds, bodies, received
+        if not wanted.issuperset(oids):
+            extra = next(x for x in oids if x not in wanted)
+            raise Verification(f"git sent an object that was not asked for: {extra.decode()}")
+        batch = store._digest_git(algo, kinds, bodies)
+        expected = [prefix + x for x in map(unhex, oids)]
+        if list(batch.raws) != expected:
+            oid, got = next(
+                (o, r) for o, r, e in zip(oids, batch.raws, expected, strict=True) if r != e
+            )
+            raise Verification(f"git's object {oid.decode()} hashes to {got[1:].hex()}")
+        received += len(oids)
         while len(inflight) >= MAX_INFLIGHT:
             collect()
-        inflight.append((pending, _writer().submit(_put, store, pending)))
-        pending = []
-        pending_bytes = 0
+        inflight.append((batch, _writer().submit(_put, store, batch)))
+        oids, kinds, bodies = [], [], []
+
+    def bad_header(line: bytes) -> Exception:
+        if line.endswith(b" missing"):
+            return Missing(f"the source lost object {line.split()[0].decode(errors='replace')}")
+        return StoreIO(f"git cat-file sent a malformed header {line[:100]!r}")
 
     try:
-        while line := out.readline():
-            oid, kind, size = line.split()
-            if size == b"missing" or kind == b"missing":
-                raise Missing(f"the source lost object {oid.decode()}")
-            n = int(size)
-            body = out.read(n)
-            out.read(1)
-            raw = bytes.fromhex(oid.decode())
-            if raw not in wanted:
-                raise Verification(f"git sent an object that was not asked for: {oid.decode()}")
-            data = b"%s %d\0%s" % (kind, n, body)
-            pending.append((data, algo, prefix + raw))  # verified against its id
-            pending_bytes += len(data)
-            if len(pending) >= PUT_BATCH_ITEMS or pending_bytes >= PUT_BATCH_BYTES:
-                flush()
-        if pending:
+        buf = b""
+        pos = 0
+        pending = 0  # bytes parsed into the current batch
+        while chunk := os.read(fd, READ):
+            buf = buf[pos:] + chunk if pos < len(buf) else chunk
+            pos = 0
+            size = len(buf)
+            find = buf.find
+            while (nl := find(b"\n", pos)) >= 0:
+                try:
+                    oid, kind, n = buf[pos:nl].split(b" ")
+                    end = nl + 1 + int(n)
+                except ValueError:
+                    raise bad_header(buf[pos:nl]) from None
+                if end >= size:
+                    if end + 1 - size <= READ:
+                        break  # the rest arrives with the next reads
+                    # a large object: read to its end at once (not re-buffered read by read)
+                    bodies.append(_read_body(stdout, buf[nl + 1 :], end - nl - 1))
+                    buf, pos, size = b"", 0, 0
+                else:
+                    if buf[end] != 10:
+                        raise StoreIO(f"git cat-file framed object {oid.decode()} badly")
+                    bodies.append(buf[nl + 1 : end])
+                    pos = end + 1
+                oids.append(oid)
+                kinds.append(kind)
+                pending += end - nl
+                if len(oids) >= PUT_BATCH_ITEMS or pending >= PUT_BATCH_BYTES:
+                    flush()
+                    pending = 0
+                if not size:
+                    break
+        if pos < len(buf):
+            raise StoreIO(f"git cat-file ended inside an object ({len(buf) - pos} bytes left)")
+        if oids:
             flush()
         while inflight:
             collect()
@@ -309,10 +382,10 @@ def _store_objects(
         while inflight:  # after a failure: wait for the writer, release what it pinned
             batch, future = inflight.popleft()
             try:
-                for r in future.result():
-                    r.pin.release()
+                future.result()
+                store._unpin_raws(list(batch.raws))
             except Exception:
-                pass
+                pass  # a failed put released its own pins
         if bar is not None:
             bar.close()
         if proc.poll() is None:
@@ -320,12 +393,12 @@ def _store_objects(
         proc.wait()
         if feeder is not None:
             feeder.join()
-        out.close()
+        proc.stdout.close()
         assert proc.stderr is not None
         err = proc.stderr.read().decode(errors="replace")
         proc.stderr.close()
-    if received != len(missing):
-        raise StoreIO(f"git cat-file gave {received} of {len(missing)} objects {err}".strip())
+    if received != len(wanted_hex):
+        raise StoreIO(f"git cat-file gave {received} of {len(wanted_hex)} objects {err}".strip())
 
 
 def _import_refs(app: Alkfs, gitdir: str, repo_id: str, result: ImportResult) -> None:
