@@ -14,9 +14,9 @@ is the peer FUSE filesystem: it serves the very same bytes from a plain director
 
 The store is populated through the library (Store.put / put_many, git.importer) before the
 daemon starts; it and the plain copies of its bytes are cached under bench/out/mount-data-*
-(the daemon only reads them; --fresh rebuilds them). The script starts its own `alkfsd` and `bindfs -f` under a temporary
-directory and always stops them by PID (SIGTERM, then SIGKILL) and unmounts them
-(`fusermount3 -u`, then `-uz`), whatever happens.
+(the daemon only reads them; --fresh rebuilds them). The script starts its own `alkfsd` and
+`bindfs -f` under a temporary directory and always stops them by PID (SIGTERM, then SIGKILL)
+and unmounts them (`fusermount3 -u`, then `-uz`), whatever happens.
 
 Scenarios (full / --quick sizes):
 
@@ -243,7 +243,7 @@ class Report:
             parts.append(f"{name} {t:.3f}s{rate}")
         print(f"  {scenario:<34} " + " | ".join(parts))
         print(
-            f"  {'':<34} alkfs vs {versus}: {ratio:.2f}x (target >= {target:g}x) "
+            f"  {'':<34} alkfs vs {versus}: {ratio:.2f}x (target >= {target:.2g}x) "
             f"{'PASS' if ok else 'FAIL'}{'  ' + note if note else ''}",
             flush=True,
         )
