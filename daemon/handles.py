@@ -525,12 +525,17 @@ def noop_setattr(node: Node, attr: Any, fields: Any) -> bool:
     `cp -p`, `rsync -a` and `install` work); any other change is EPERM. Returns whether
     times were set (the caller freshens an object; a directory ignores them)."""
     a = node.attr()
-    if fields.update_size and attr.st_size != a.st_size:
+
+    def asks(field: str) -> Any:
+        return getattr(attr, field, None)  # (None: no value given, so not the same)
+
+    if fields.update_size and asks("st_size") != a.st_size:
         fail(errno.EPERM, f"{node.describe()}: its size cannot change")
-    if fields.update_mode and stat.S_IMODE(attr.st_mode) != stat.S_IMODE(a.st_mode):
+    mode = asks("st_mode")
+    if fields.update_mode and (mode is None or stat.S_IMODE(mode) != stat.S_IMODE(a.st_mode)):
         fail(errno.EPERM, f"{node.describe()}: its mode is {stat.S_IMODE(a.st_mode):o}")
-    if (fields.update_uid and attr.st_uid != a.st_uid) or (
-        fields.update_gid and attr.st_gid != a.st_gid
+    if (fields.update_uid and asks("st_uid") != a.st_uid) or (
+        fields.update_gid and asks("st_gid") != a.st_gid
     ):
         fail(errno.EPERM, f"{node.describe()}: its owner cannot change")
     return bool(fields.update_atime or fields.update_mtime)

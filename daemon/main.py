@@ -30,6 +30,7 @@ from alkfs.errors import AlkfsError, StoreLocked
 from . import scratch
 from .context import Context, Options
 from .fs import Operations
+from .handles import clear_spool, spool_dir
 from .nodes.control import duration
 
 log = logging.getLogger("alkfsd")
@@ -257,6 +258,8 @@ def main(argv: list[str] | None = None) -> int:
     ctx: Context | None = None
     mounted = False
     try:
+        if clear_spool(store):
+            log.info("removed what earlier writes left in %s", spool_dir(store))
         if conf.get("demo"):
             demo(app, store)
         options = Options(

@@ -15,10 +15,11 @@ import pyfuse3
 from alkfs.errors import Corrupt, Invalid
 from alkfs.git.objects import MAX_HEADER, parse_header
 from alkfs.keys import Algorithm, Key
-from alkfs.store import ObjectStat
+from alkfs.store import ObjectStat, PutResult
 
 from ..errors import fail
-from .base import FIRST_OFFSET, DirHandle, Emit, File, Handle, Node, StaticDir, changes_anything
+from ..handles import StagedFile, noop_setattr
+from .base import FIRST_OFFSET, DirHandle, Emit, File, Handle, Node, StaticDir
 from .base import Dir as _Dir
 
 if TYPE_CHECKING:
@@ -78,6 +79,10 @@ class ObjectsDir(StaticDir):
         assert isinstance(node, AlgoDir)
         return node
 
+    async def setattr(self, attr: Any, fields: Any, handle: Handle | None, ctx: Any) -> Any:
+        noop_setattr(self, attr, fields)  # times are accepted and ignored (cp -rp)
+        return self.attr()
+
     def _deleted(self, key: Key) -> list[tuple[int, bytes, int]]:
         d = self.algo_dir(key.algo)
         known = self.ctx.inodes.known(("object", key.raw))
@@ -85,13 +90,20 @@ class ObjectsDir(StaticDir):
 
 
 class AlgoDir(_Dir):
-    """/objects/<algo>: lists in key order, a page at a time, resuming from the last key."""
+    """/objects/<algo>: lists in key order, a page at a time, resuming from the last key.
 
-    __slots__ = ("algo",)
+    Writing: a file created here under any name is a StagedFile; when it is closed its
+    content is stored under this algorithm (checked against the name when the name is
+    a digest), the in-process pin is released at once (nothing names the object: it
+    lives by the window, SPEC 3.1), and the created name disappears. The names being
+    written resolve by lookup but are not listed."""
+
+    __slots__ = ("algo", "staged")
 
     def __init__(self, ctx: Context, parent: Node, algo: Algorithm) -> None:
         super().__init__(ctx, ("dir", f"/objects/{algo.label}"), parent, algo.label.encode())
         self.algo = algo
+        self.staged: dict[bytes, StagedFile] = {}
 
     def key_of(self, name: bytes) -> Key | None:
         if len(name) != self.algo.hex_len:
@@ -104,11 +116,55 @@ class AlgoDir(_Dir):
     async def lookup(self, name: bytes, ctx: Any) -> Node:
         key = self.key_of(name)
         if key is None:
-            fail(errno.ENOENT)
+            staged = self.staged.get(name)
+            if staged is None:
+                fail(errno.ENOENT)
+            return staged
         st = self.ctx.store.stat(key)
         if st is None:
-            fail(errno.ENOENT)
+            staged = self.staged.get(name)
+            if staged is None:
+                fail(errno.ENOENT)
+            return staged
         return ObjectFile(self.ctx, self, st)
+
+    async def setattr(self, attr: Any, fields: Any, handle: Handle | None, ctx: Any) -> Any:
+        noop_setattr(self, attr, fields)  # times are accepted and ignored (cp -rp)
+        return self.attr()
+
+    # -- writing ------------------------------------------------------------------------
+    async def create(self, name: bytes, mode: int, flags: int, ctx: Any) -> tuple[Node, Handle]:
+        if name in self.staged:
+            fail(errno.EEXIST, f"{self.path}/{name.decode(errors='replace')} is being written")
+        expect = self.key_of(name)
+        if expect is not None and self.ctx.store.has(expect):
+            fail(errno.EEXIST, f"{expect} exists")
+        node = StagedFile(self.ctx, self, name, self.algo, expect=expect, mode=mode)
+        self.staged[name] = node
+        return node, node.new_handle()
+
+    async def publish(self, node: StagedFile, result: PutResult) -> None:
+        result.pin.release()  # no name to publish: the object lives by the window
+        self._forget(node)
+
+    async def closed(self, node: StagedFile) -> None:
+        self._forget(node)
+
+    def _forget(self, node: StagedFile) -> None:
+        """The created name disappears (a StagedFile's entry timeout is 0: the kernel
+        asks again at the next use of the name)."""
+        if self.staged.get(node.name) is node:
+            del self.staged[node.name]
+
+    async def unlink(self, name: bytes, ctx: Any) -> None:
+        staged = self.staged.pop(name, None)
+        if staged is not None:  # a file being written, given up: nothing is stored
+            staged.unlinked = True
+            return
+        key = self.key_of(name)
+        if key is None or not self.ctx.store.has(key):
+            fail(errno.ENOENT)
+        fail(errno.EPERM, f"{key} cannot be removed: deletion is the sweep's job")
 
     async def readdir(self, dh: DirHandle, start: int, emit: Emit) -> None:
         """One query fetches PAGE objects; the kernel takes a few hundred entries per call,
@@ -229,9 +285,8 @@ class ObjectFile(File):
 
     # -- touch: freshen -----------------------------------------------------------------
     async def setattr(self, attr: Any, fields: Any, handle: Handle | None, ctx: Any) -> Any:
-        if fields.update_size or fields.update_mode or fields.update_uid or fields.update_gid:
-            fail(errno.EPERM, f"{self.key} is immutable")
-        if changes_anything(fields):
+        # A chmod/chown/truncate to what it is already is a no-op (cp -p, rsync -a).
+        if noop_setattr(self, attr, fields):
             if not await self.ctx.run_sync(self.ctx.store.freshen, self.key):
                 fail(errno.ENOENT, f"{self.key} is gone")
             st = self.ctx.store.stat(self.key)
@@ -289,7 +344,7 @@ class ObjectFile(File):
     async def setxattr(self, name: bytes, value: bytes, ctx: Any) -> None:
         if name in READ_ONLY_XATTRS:
             fail(errno.EPERM, f"{name.decode()} is read-only")
-        if name.startswith(X_PIN) and len(name) > len(X_PIN):
+        if name.startswith(X_PIN):  # pin as <name>: EINVAL for a bad name, EEXIST if taken
             await self._pin(name[len(X_PIN) :].decode("utf-8", "surrogateescape"))
             return
         fail(errno.ENOTSUP, f"no settable attribute {name!r}")
@@ -303,19 +358,14 @@ class ObjectFile(File):
         fail(errno.ENODATA)
 
     async def _pin(self, name: str) -> None:
-        pins = self.ctx.pins
-        if pins is None or not hasattr(pins, "pin"):
-            fail(errno.ENOTSUP, "pins are not available")
-        await self.ctx.run_sync(pins.pin, name, self.key)
+        from .pins import pin_object  # (pins.py imports this module)
+
+        await pin_object(self.ctx, name, self.key)
 
     async def _unpin(self, name: str) -> None:
-        pins = self.ctx.pins
-        if pins is None or not hasattr(pins, "unpin"):
-            fail(errno.ENODATA)
-        rec = pins.get(name)
-        if rec is None or rec.key != self.key:
-            fail(errno.ENODATA, f"no pin {name!r} on {self.key}")
-        await self.ctx.run_sync(pins.unpin, name)
+        from .pins import unpin_object
+
+        await unpin_object(self.ctx, name, self.key)
 
 
 class KvHandle(Handle):

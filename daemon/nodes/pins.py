@@ -3,45 +3,164 @@
 Pins come and go (setfattr on an object, the command line), so entries and
 attributes expire after a second. A link's identity includes the object it
 names: a name pinned again to another object is another inode.
+
+Writing (SPEC 3.5):
+- `ln -s ../objects/<algo>/<hex> NAME` pins (EINVAL: a target that is not an object
+  path, an object not stored, a bad name; EEXIST: the name is taken).
+- `rm NAME` unpins; `mv A B` renames, replacing a pin B (as rename does).
+- A new regular file NAME is a StagedFile: on close its content is stored (sha256)
+  and pinned as NAME, and the entry becomes the symlink. A file whose name is not a
+  valid pin name (rsync's `.NAME.XXXXXX`) is a temporary: on close its content is
+  stored and held by an in-process pin while the file stays listed; renaming it to a
+  valid NAME pins it as NAME (replacing a pin NAME), unlinking it releases it (nothing
+  durable was made). The in-process pin is released only after the durable pin row
+  has committed, so a sweep never finds the object unprotected.
 """
 
 from __future__ import annotations
 
 import errno
+import re
+import threading
 from typing import TYPE_CHECKING, Any
 
+import pyfuse3
+
+from alkfs.errors import Invalid, Missing
+from alkfs.keys import Algorithm, Key
 from alkfs.pins import PinRecord, valid_pin_name
+from alkfs.store import PutResult
 
 from ..context import DYNAMIC_TIMEOUT
 from ..errors import fail
-from .base import Dir, DirHandle, Emit, Node, Symlink
+from ..handles import StagedFile, noop_setattr
+from .base import Dir, DirHandle, Emit, Handle, Node, Symlink
 from .repos import readdir_snapshot
 
 if TYPE_CHECKING:
     from ..context import Context
+
+# Every change the daemon makes to pins runs under this lock, so a replacing rename
+# (unpin the target, rename the source: two library calls) is one step to every other
+# pin change through the mount.
+PIN_LOCK = threading.Lock()
+LINK_TARGET = re.compile(rb"\.\./objects/([a-z0-9-]+)/([0-9a-f]+)\Z")
 
 
 def target(rec: PinRecord) -> bytes:
     return f"../objects/{rec.key.algo.label}/{rec.key.hex}".encode()
 
 
+def _text(name: bytes) -> str | None:
+    try:
+        return name.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+
+
+def _pins(ctx: Context) -> Any:
+    if ctx.pins is None:
+        fail(errno.ENOTSUP, "pins are not available on this store")
+    return ctx.pins
+
+
+def _pins_dir_ino(ctx: Context) -> int | None:
+    node = ctx.inodes.known(("dir", "/pins"))
+    return None if node is None else node.ino
+
+
+def _changed(ctx: Context, *names: str) -> None:
+    """Tell the kernel that these /pins entries changed (off the request path)."""
+    ino = _pins_dir_ino(ctx)
+    if ino is not None:
+        for name in names:
+            ctx.invalidator.submit(ino, name.encode(), 0)
+
+
+# -- pin changes (worker threads, under PIN_LOCK) ---------------------------------------
+def _pin(pins: Any, name: str, key: Key, replace: Key | None = None) -> PinRecord:
+    """Pin `key` as `name` (Invalid: bad name; Missing: not stored). A pin `name` on
+    `replace` (what this writer stored before) is replaced; on any other object, Exists."""
+    with PIN_LOCK:
+        rec = pins.get(name)
+        if rec is not None and rec.key != key and replace is not None and rec.key == replace:
+            pins.unpin(name)
+        return pins.pin(name, key)
+
+
+def _pin_over(pins: Any, name: str, key: Key) -> PinRecord:
+    """Pin `key` as `name`, replacing whatever `name` named (a rename onto it)."""
+    if not valid_pin_name(name):
+        raise Invalid(f"invalid pin name {name!r}")
+    with PIN_LOCK:
+        rec = pins.get(name)
+        if rec is not None and rec.key != key:
+            pins.unpin(name)
+        return pins.pin(name, key)
+
+
+def _rename_over(pins: Any, old: str, new: str) -> PinRecord:
+    """Rename the pin `old` to `new`, replacing a pin `new`."""
+    if not valid_pin_name(new):
+        raise Invalid(f"invalid pin name {new!r}")
+    with PIN_LOCK:
+        src = pins.get(old)
+        if src is None:
+            raise Missing(f"no pin {old!r}")
+        dst = pins.get(new)
+        if dst is not None:
+            pins.unpin(new)
+        pins.rename(old, new)
+        rec = pins.get(new)
+        assert rec is not None
+        return rec
+
+
+def _unpin(pins: Any, name: str, key: Key | None = None) -> None:
+    with PIN_LOCK:
+        rec = pins.get(name)
+        if rec is None or (key is not None and rec.key != key):
+            raise Missing(f"no pin {name!r}" + (f" on {key}" if key is not None else ""))
+        pins.unpin(name)
+
+
+async def pin_object(ctx: Context, name: str, key: Key) -> None:
+    """setfattr -n user.alkfs.pin.NAME: EINVAL bad name, EEXIST taken, ENOENT gone."""
+    pins = _pins(ctx)
+    await ctx.run_sync(_pin, pins, name, key)
+    _changed(ctx, name)
+
+
+async def unpin_object(ctx: Context, name: str, key: Key) -> None:
+    """setfattr -x user.alkfs.pin.NAME: ENODATA unless NAME pins this object."""
+    pins = ctx.pins
+    if pins is None:
+        fail(errno.ENODATA)
+    try:
+        await ctx.run_sync(_unpin, pins, name, key)
+    except Missing:
+        fail(errno.ENODATA, f"no pin {name!r} on {key}")
+    _changed(ctx, name)
+
+
 class PinsDir(Dir):
-    """/pins: the pins in name order."""
+    """/pins: the pins in name order, then the files being written here."""
 
     entry_timeout = DYNAMIC_TIMEOUT
     attr_timeout = DYNAMIC_TIMEOUT
-    __slots__ = ()
+    __slots__ = ("staged",)
 
     def __init__(self, ctx: Context, parent: Node) -> None:
         super().__init__(ctx, ("dir", "/pins"), parent, b"pins")
+        self.staged: dict[bytes, StagedFile] = {}
 
     async def lookup(self, name: bytes, ctx: Any) -> Node:
+        staged = self.staged.get(name)
+        if staged is not None:
+            return staged
         pins = self.ctx.pins
-        try:
-            text = name.decode("utf-8")
-        except UnicodeDecodeError:
-            fail(errno.ENOENT)
-        if pins is None or not valid_pin_name(text):
+        text = _text(name)
+        if pins is None or text is None or not valid_pin_name(text):
             fail(errno.ENOENT)
         rec = pins.get(text)
         if rec is None:
@@ -52,9 +171,190 @@ class PinsDir(Dir):
         def entries() -> list[tuple[bytes, Node]]:
             pins = self.ctx.pins
             records = pins.list() if pins is not None else []
-            return [(r.name.encode(), PinLink(self.ctx, self, r)) for r in records]
+            out: list[tuple[bytes, Node]] = [
+                (r.name.encode(), PinLink(self.ctx, self, r)) for r in records
+            ]
+            taken = {name for name, _ in out}
+            out += sorted((n, f) for n, f in self.staged.items() if n not in taken)
+            return out
 
         await readdir_snapshot(dh, start, emit, entries)
+
+    async def setattr(self, attr: Any, fields: Any, handle: Handle | None, ctx: Any) -> Any:
+        noop_setattr(self, attr, fields)  # times are accepted and ignored (rsync -a, cp -rp)
+        return self.attr()
+
+    # -- new pins --------------------------------------------------------------------------
+    def _taken(self, name: bytes) -> bool:
+        if name in self.staged:
+            return True
+        text = _text(name)
+        return text is not None and valid_pin_name(text) and _pins(self.ctx).get(text) is not None
+
+    async def create(self, name: bytes, mode: int, flags: int, ctx: Any) -> tuple[Node, Handle]:
+        _pins(self.ctx)
+        if self._taken(name):
+            fail(errno.EEXIST, f"/pins/{name.decode(errors='replace')} exists")
+        node = StagedFile(self.ctx, self, name, Algorithm.SHA256, mode=mode)
+        self.staged[name] = node
+        return node, node.new_handle()
+
+    async def symlink(self, name: bytes, link: bytes, ctx: Any) -> Node:
+        pins = _pins(self.ctx)
+        text = _text(name)
+        if text is None or not valid_pin_name(text):
+            fail(errno.EINVAL, f"invalid pin name {name!r}")
+        if self._taken(name):
+            fail(errno.EEXIST, f"/pins/{text} exists")
+        key = self._target_key(link)
+        try:
+            rec = await self.ctx.run_sync(_pin, pins, text, key)
+        except Missing:
+            fail(errno.EINVAL, f"{key} is not in the store")
+        return PinLink(self.ctx, self, rec)
+
+    def _target_key(self, link: bytes) -> Key:
+        """The object a link target names: `../objects/<algo>/<hex>` (or the same path
+        through this mount, absolute)."""
+        mnt = self.ctx.mountpoint
+        if mnt is not None and link.startswith(mnt.encode() + b"/objects/"):
+            link = b"../" + link[len(mnt) + 1 :]
+        m = LINK_TARGET.match(link)
+        if m is None:
+            fail(errno.EINVAL, f"{link!r} is not ../objects/<algo>/<hex>")
+        try:
+            algo = Algorithm.from_label(m.group(1).decode())
+            return Key.from_hex(algo, m.group(2).decode())
+        except Invalid:
+            fail(errno.EINVAL, f"{link!r} does not name an object")
+
+    # -- files written here ---------------------------------------------------------------
+    def publish_in_thread(self, node: StagedFile, result: PutResult) -> None:
+        """In the put's worker thread: a valid name is pinned, then the in-process pin
+        goes (after the pin row committed); EEXIST if the name is another object's now."""
+        text = _text(node.name)
+        if node.unlinked or text is None or not valid_pin_name(text):
+            return
+        _pin(_pins(self.ctx), text, result.key, node.key)
+        result.pin.release()
+
+    async def publish(self, node: StagedFile, result: PutResult) -> None:
+        if node.unlinked:
+            result.pin.release()
+            return
+        if not result.pin.held:  # pinned under its name: the entry is the symlink now
+            self._forget(node)
+            return
+        # a temporary: stored, held in-process until renamed or unlinked
+        held, node.extra = node.extra, result.pin
+        if held is not None:
+            held.release()
+
+    async def closed(self, node: StagedFile) -> None:
+        if node.extra is None:  # nothing stored to keep under a temporary name
+            self._forget(node)
+
+    def _forget(self, node: StagedFile) -> None:
+        # (no kernel invalidation needed: a StagedFile's entry timeout is 0, so the next
+        # use of the name asks again and finds the link, or nothing)
+        if self.staged.get(node.name) is node:
+            del self.staged[node.name]
+
+    def _drop(self, name: bytes) -> bool:
+        """Remove a file being written (or a stored temporary): nothing durable stays."""
+        node = self.staged.pop(name, None)
+        if node is None:
+            return False
+        node.unlinked = True
+        held, node.extra = node.extra, None
+        if held is not None:
+            held.release()
+        return True
+
+    # -- removing and renaming ----------------------------------------------------------------
+    async def unlink(self, name: bytes, ctx: Any) -> None:
+        if self._drop(name):
+            return
+        pins = _pins(self.ctx)
+        text = _text(name)
+        if text is None or not valid_pin_name(text):
+            fail(errno.ENOENT)
+        await self.ctx.run_sync(_unpin, pins, text)
+
+    async def rename(
+        self, name: bytes, new_parent: Node, new_name: bytes, flags: int, ctx: Any
+    ) -> None:
+        if flags & pyfuse3.RENAME_EXCHANGE:
+            fail(errno.EINVAL, "pins cannot be exchanged")
+        if new_parent is not self:
+            fail(errno.EXDEV, "a pin can only be renamed within /pins")
+        pins = _pins(self.ctx)
+        staged = self.staged.get(name)
+        text = _text(name)
+        is_pin = (
+            staged is None
+            and text is not None
+            and valid_pin_name(text)
+            and pins.get(text) is not None
+        )
+        if staged is None and not is_pin:
+            fail(errno.ENOENT)
+        if name == new_name:
+            return
+        if flags & pyfuse3.RENAME_NOREPLACE and self._taken(new_name):
+            fail(errno.EEXIST, f"/pins/{new_name.decode(errors='replace')} exists")
+        new_text = _text(new_name)
+        new_valid = new_text is not None and valid_pin_name(new_text)
+        if is_pin:
+            assert text is not None
+            if not new_valid:
+                fail(errno.EINVAL, f"invalid pin name {new_name!r}")
+            self._drop(new_name)
+            rec = await self.ctx.run_sync(_rename_over, pins, text, new_text)
+            self._renamed_link(text, rec)
+            _changed(self.ctx, text, rec.name)
+            return
+        assert staged is not None
+        if staged.extra is not None and new_valid:
+            # a stored temporary becomes the pin NAME, replacing one; then its
+            # in-process pin goes (after the pin row committed)
+            assert staged.key is not None and new_text is not None
+            self._drop_other(new_name, staged)
+            await self.ctx.run_sync(_pin_over, pins, new_text, staged.key)
+            held, staged.extra = staged.extra, None
+            held.release()
+            if self.staged.get(name) is staged:
+                del self.staged[name]
+            staged.name = new_name
+            _changed(self.ctx, new_text)
+            return
+        # still being written (pinned at close under its new name), or a temporary
+        # renamed to another temporary name
+        self._drop_other(new_name, staged)
+        if new_valid:
+            assert new_text is not None
+            try:
+                await self.ctx.run_sync(_unpin, pins, new_text)
+            except Missing:
+                pass
+        if self.staged.get(name) is staged:
+            del self.staged[name]
+        staged.name = new_name
+        self.staged[new_name] = staged
+        self.ctx.invalidator.submit(self.ino, new_name, 0)
+
+    def _drop_other(self, name: bytes, keep: StagedFile) -> None:
+        other = self.staged.get(name)
+        if other is not None and other is not keep:
+            self._drop(name)
+
+    def _renamed_link(self, old: str, rec: PinRecord) -> None:
+        """The kernel keeps the renamed link's inode under the new name until it asks
+        again: that inode now stands for the new name."""
+        node = self.ctx.inodes.known(("pin", old.encode(), rec.key.raw))
+        if isinstance(node, PinLink):
+            node.record = rec
+            node.name = rec.name.encode()
 
 
 class PinLink(Symlink):
@@ -77,3 +377,9 @@ class PinLink(Symlink):
         if rec is None or rec.key != self.record.key:
             fail(errno.ENOENT, f"the pin {self.record.name} is gone")
         return self.target
+
+    async def setattr(self, attr: Any, fields: Any, handle: Handle | None, ctx: Any) -> Any:
+        # `touch -h`: freshens the object; a chmod/chown to what it is is a no-op
+        if noop_setattr(self, attr, fields):
+            await self.ctx.run_sync(self.ctx.store.freshen, self.record.key)
+        return self.attr()
