@@ -1,0 +1,267 @@
+"""Write benchmark: `cp` into an alkfs mount against `cp` into a plain directory on the same disk.
+
+Run as root from the repository with the project's venv (needs /dev/fuse):
+
+    .venv/bin/python bench/mount_write.py            # full sizes
+    .venv/bin/python bench/mount_write.py --quick    # smaller sizes, same scenarios
+    .venv/bin/python bench/mount_write.py --check    # exit 1 if a target fails
+
+The script starts its own `alkfsd` on a fresh store under a temporary directory (next to
+the plain destination, so both write to the same disk) and always stops it by PID
+(SIGTERM, then SIGKILL) and unmounts it (`fusermount3 -u`, then `-uz`).
+
+Scenarios (full / --quick sizes):
+
+1. One 1 GiB (128 MiB) file: `cp SRC MNT/pins/NAME` (stored, fsynced, pinned by the time
+   `cp` returns) against `cp SRC PLAIN/NAME` (page cache only). A `cp` + `sync` of the
+   plain file is printed for reference.
+2. 10,000 (1,000) small files of 1-4 KiB: `cp -r SRC/. MNT/pins/` and
+   `cp -r SRC/. MNT/objects/sha256/` against `cp -r SRC/. PLAIN/run-N/`.
+
+Each time is the median of several runs (every run writes fresh names; what a run
+pinned is removed, untimed, before the next). Ratios are throughput ratios (plain time /
+alkfs time). Targets: the large file >= 0.5x, small files >= 0.2x.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import random
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+OUT = HERE / "out"
+BIN = Path(sys.executable).parent
+
+
+@dataclass(frozen=True)
+class Sizes:
+    large_mib: int
+    small_count: int
+    runs: int
+
+
+FULL = Sizes(large_mib=1024, small_count=10_000, runs=3)
+QUICK = Sizes(large_mib=128, small_count=1_000, runs=3)
+
+
+def mounted(mnt: Path) -> bool:
+    with open("/proc/self/mounts") as f:
+        return any(line.split()[1] == str(mnt) for line in f)
+
+
+@dataclass
+class Daemon:
+    """One alkfsd, stopped by PID and unmounted whatever happens."""
+
+    store: Path
+    mnt: Path
+    log: Path
+    proc: subprocess.Popen | None = None
+
+    def start(self, timeout: float = 60) -> None:
+        self.mnt.mkdir(parents=True, exist_ok=True)
+        argv = [str(BIN / "alkfsd"), str(self.store), str(self.mnt)]
+        with open(self.log, "ab") as log:
+            self.proc = subprocess.Popen(
+                argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True
+            )
+        deadline = time.monotonic() + timeout
+        while not mounted(self.mnt):
+            if self.proc.poll() is not None:
+                raise RuntimeError(
+                    f"alkfsd exited {self.proc.returncode}: "
+                    + self.log.read_text(errors="replace")[-2000:]
+                )
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"alkfsd did not mount {self.mnt} within {timeout}s")
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        proc, self.proc = self.proc, None
+        if proc is not None and proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(10)
+        for flags in ("-u", "-uz"):
+            if not mounted(self.mnt):
+                break
+            subprocess.run(["fusermount3", flags, str(self.mnt)], capture_output=True)
+
+
+def timed(argv: list[str]) -> float:
+    t0 = time.perf_counter()
+    subprocess.run(argv, stdout=subprocess.DEVNULL, check=True)
+    return time.perf_counter() - t0
+
+
+def median_run(make: Callable[[int], list[str]], runs: int, after: Callable[[int], None]) -> float:
+    times = []
+    for i in range(runs):
+        times.append(timed(make(i)))
+        after(i)
+    return statistics.median(times)
+
+
+@dataclass
+class Report:
+    rows: list[dict] = field(default_factory=list)
+
+    def line(
+        self, scenario: str, times: dict[str, float], target: float, nbytes: int | None = None
+    ) -> None:
+        ratio = times["plain"] / times["alkfs"]
+        ok = ratio >= target
+        parts = []
+        for name, t in times.items():
+            rate = f" {nbytes / t / 1e6:,.0f} MB/s" if nbytes else ""
+            parts.append(f"{name} {t:.3f}s{rate}")
+        print(f"  {scenario:<36} " + " | ".join(parts))
+        print(
+            f"  {'':<36} alkfs vs plain: {ratio:.2f}x (target >= {target:g}x) "
+            f"{'PASS' if ok else 'FAIL'}",
+            flush=True,
+        )
+        self.rows.append(
+            {
+                "scenario": scenario,
+                "times_s": {k: round(v, 4) for k, v in times.items()},
+                "ratio": round(ratio, 3),
+                "target": target,
+                "pass": ok,
+            }
+        )
+
+    @property
+    def failed(self) -> list[str]:
+        return [r["scenario"] for r in self.rows if not r["pass"]]
+
+
+def write_source(path: Path, mib: int) -> None:
+    """A deterministic, incompressible file: a seeded random MiB, each block numbered."""
+    base = random.Random(1).randbytes(1 << 20)
+    with open(path, "wb") as f:
+        for i in range(mib):
+            f.write(i.to_bytes(8, "big") + base[8:])
+
+
+def small_sources(root: Path, count: int) -> None:
+    rng = random.Random(2)
+    root.mkdir(mode=0o755)
+    for i in range(count):
+        (root / f"f{i:05d}.txt").write_bytes(rng.randbytes(rng.randint(1024, 4096)))
+
+
+def clear_pins(mnt: Path) -> None:
+    for name in os.listdir(mnt / "pins"):
+        os.unlink(mnt / "pins" / name)
+
+
+def drop_dir(path: Path) -> None:
+    shutil.rmtree(path, ignore_errors=True)
+    os.sync()
+
+
+def run(sizes: Sizes, work: Path, daemon: Daemon, report: Report) -> None:
+    mnt, plain = daemon.mnt, work / "plain"
+    plain.mkdir()
+    load = os.getloadavg()
+    print(f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} on {os.cpu_count()} cpus")
+
+    big = work / "big.bin"
+    write_source(big, sizes.large_mib)
+    nbytes = big.stat().st_size
+    subprocess.run(["cat", str(big)], stdout=subprocess.DEVNULL, check=True)  # warm
+    print(f"1. one {sizes.large_mib} MiB file with cp")
+    os.sync()
+    t_alk = median_run(
+        lambda i: ["cp", str(big), str(mnt / "pins" / f"big-{i}")],
+        sizes.runs,
+        lambda i: (os.unlink(mnt / "pins" / f"big-{i}"), os.sync()),
+    )
+    t_plain = median_run(
+        lambda i: ["cp", str(big), str(plain / f"big-{i}")],
+        sizes.runs,
+        lambda i: (os.unlink(plain / f"big-{i}"), os.sync()),
+    )
+    t_sync = median_run(
+        lambda i: ["bash", "-c", f"cp {big} {plain}/big-s{i} && sync {plain}/big-s{i}"],
+        sizes.runs,
+        lambda i: (os.unlink(plain / f"big-s{i}"), os.sync()),
+    )
+    report.line("cp 1 file -> /pins", {"alkfs": t_alk, "plain": t_plain}, 0.5, nbytes)
+    print(f"  {'':<36} (for reference: plain cp + sync {t_sync:.3f}s)")
+    big.unlink()
+
+    src = work / "small"
+    small_sources(src, sizes.small_count)
+    print(f"2. {sizes.small_count:,} small files with cp -r")
+    os.sync()
+    t_pins = median_run(
+        lambda i: ["cp", "-r", f"{src}/.", str(mnt / "pins")],
+        sizes.runs,
+        lambda i: clear_pins(mnt),
+    )
+    t_objs = median_run(
+        lambda i: ["cp", "-r", f"{src}/.", str(mnt / "objects" / "sha256")],
+        sizes.runs,
+        lambda i: os.sync(),
+    )
+    t_plain = median_run(
+        lambda i: ["cp", "-r", f"{src}/.", str(plain / f"run-{i}")],
+        sizes.runs,
+        lambda i: drop_dir(plain / f"run-{i}"),
+    )
+    label = f"cp -r {sizes.small_count} files"
+    report.line(f"{label} -> /pins", {"alkfs": t_pins, "plain": t_plain}, 0.2)
+    report.line(f"{label} -> /objects/sha256", {"alkfs": t_objs, "plain": t_plain}, 0.2)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="smaller sizes")
+    ap.add_argument("--check", action="store_true", help="exit 1 if a target fails")
+    ap.add_argument("--keep", action="store_true", help="keep the temporary directory")
+    a = ap.parse_args()
+    sizes = QUICK if a.quick else FULL
+    if os.geteuid() != 0:
+        print("bench/mount_write.py needs root (FUSE mounts)", file=sys.stderr)
+        return 2
+    OUT.mkdir(exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="alkfs-bench-write-", dir=OUT))
+    daemon = Daemon(work / "store", work / "mnt", work / "alkfsd.log")
+    report = Report()
+    try:
+        daemon.start()
+        run(sizes, work, daemon, report)
+    finally:
+        with contextlib.suppress(Exception):
+            daemon.stop()
+        if not a.keep:
+            shutil.rmtree(work, ignore_errors=True)
+    name = "mount-write-quick.json" if a.quick else "mount-write.json"
+    (OUT / name).write_text(json.dumps(report.rows, indent=2) + "\n")
+    if report.failed:
+        print(f"FAILED targets: {', '.join(report.failed)}")
+    else:
+        print("all targets PASS")
+    return 1 if a.check and report.failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
