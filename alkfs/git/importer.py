@@ -34,13 +34,16 @@ from .objects import FORMATS, MAX_HEADER
 from .refs import Outcome, RefUpdate, algo_of, valid_ref_name, valid_repo_id
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from ..app import Alkfs
     from ..store import Store
 
-PUT_BATCH_ITEMS = 8192
-PUT_BATCH_BYTES = 16 << 20
+PUT_BATCH_ITEMS = 4096
+PUT_BATCH_BYTES = 8 << 20
 MAX_INFLIGHT = 2
 WRITER_CACHE_KIB = 65536
+WRITER_CHECKPOINT_PAGES = 8192  # 32 MiB of WAL at the default page size
 CHECK_BATCH = 8000  # keys a presence query (within sqlite's 32766 parameters)
 SAMPLE = 256  # ids looked up first: none present means a first import
 READ = 1 << 20  # bytes a read of git's pipe
@@ -77,9 +80,14 @@ def _writer() -> concurrent.futures.ThreadPoolExecutor:
 
 def _put(store: Store, batch: Store._Digested) -> list[bool]:
     """_put_digested on the writer thread, whose own sqlite connection gets a page cache
-    large enough to keep the key index warm across a whole import."""
+    large enough to keep the key index warm across a whole import, and checkpoints the
+    WAL every WRITER_CHECKPOINT_PAGES rather than every 1000 pages (each checkpoint
+    copies the key index pages the batches since the last one touched: fewer, larger
+    checkpoints copy far less; synchronous stays NORMAL)."""
     if store.db is not None:
-        store.db.conn().execute(f"PRAGMA cache_size = -{WRITER_CACHE_KIB}")
+        conn = store.db.conn()
+        conn.execute(f"PRAGMA cache_size = -{WRITER_CACHE_KIB}")
+        conn.execute(f"PRAGMA wal_autocheckpoint = {WRITER_CHECKPOINT_PAGES}")
     return store._put_digested(batch)
 
 
@@ -118,9 +126,12 @@ def object_format(gitdir: str) -> str:
     return fmt
 
 
-def _present(store: Store, raws: list[bytes], sizes: list[int]) -> list[bool]:
-    """Which keys (raw) the store holds (batched kv lookups; the large tier only for
-    large objects)."""
+def _present(
+    store: Store, raws: list[bytes], sizes: Callable[[list[int]], list[int]] | None = None
+) -> list[bool]:
+    """Which keys (raw) the store holds: batched kv lookups, then the large tier for those
+    the kv lacks that `sizes` (of the indexes the kv lacks) says are large; without
+    `sizes`, the kv only."""
     kv = store.kv
     if not isinstance(kv, SqliteTier):
         return [store.has(Key(raw)) for raw in raws]
@@ -135,12 +146,30 @@ def _present(store: Store, raws: list[bytes], sizes: list[int]) -> list[bool]:
             for (k,) in conn.execute(f"SELECT key FROM blobs WHERE key IN ({marks})", chunk)
         )
     out = [raw in have for raw in raws]
-    if store.large is not None:
+    large = store.large
+    rest = [i for i, p in enumerate(out) if not p]
+    if large is not None and sizes is not None and rest:
         over = store.threshold - MAX_HEADER
-        for i, size in enumerate(sizes):
-            if not out[i] and size > over:
-                out[i] = store.large.stat(raws[i]) is not None
+        for i, size in zip(rest, sizes(rest), strict=True):
+            if size > over:
+                out[i] = large.stat(raws[i]) is not None
     return out
+
+
+def _sizes(gitdir: str, hexes: list[bytes]) -> list[int]:
+    """The sizes of these objects (hex ids), in order."""
+    proc = subprocess.run(
+        ["git", f"--git-dir={gitdir}", "cat-file", "--batch-check=%(objectsize)", "--buffer"],
+        input=b"\n".join(hexes) + b"\n",
+        capture_output=True,
+        check=False,
+    )
+    out = proc.stdout.split(b"\n")[: len(hexes)]
+    try:
+        return [int(x) for x in out]
+    except ValueError:
+        bad = next(h for h, x in zip(hexes, out, strict=False) if not x.isdigit())
+        raise Missing(f"the source lost object {bad.decode(errors='replace')}") from None
 
 
 def _progress(progress: bool | None, total: int, desc: str):
@@ -172,39 +201,40 @@ def import_repo(
     store = app.store
     prefix = bytes([algo.value])
 
-    listing = _git(
-        gitdir,
-        "cat-file",
-        "--batch-all-objects",
-        "--unordered",
-        "--batch-check=%(objectname) %(objectsize)",
-    ).stdout.split()
-    hexes = listing[0::2]  # ids as git spells them (ascii hex)
-    count = len(hexes)
-    result = ImportResult(repo_id, fmt, count, 0, 0, 0)
-
+    # git starts streaming every object at once, while the ids are listed and sampled
+    # (a first import reads it; otherwise it is stopped)
+    stream: subprocess.Popen[bytes] | None = _cat_file(gitdir, True)
     pinned: list[list[bytes]] = []  # keys pinned by this import, released once the refs commit
     try:
-        stride = max(1, count // SAMPLE)
-        sample = [prefix + binascii.unhexlify(x) for x in hexes[::stride]]
-        if not any(_present(store, sample, [int(x) for x in listing[1::2][::stride]])):
+        # the ids only: their sizes cost git more than the ids, and only those the kv
+        # lacks are needed (to look for them in the large tier)
+        hexes = _git(
+            gitdir, "cat-file", "--batch-all-objects", "--unordered", "--batch-check=%(objectname)"
+        ).stdout.split()  # ids as git spells them (ascii hex)
+        count = len(hexes)
+        result = ImportResult(repo_id, fmt, count, 0, 0, 0)
+        sample = [prefix + binascii.unhexlify(x) for x in hexes[:: max(1, count // SAMPLE)]]
+        if not any(_present(store, sample)):  # (the kv only: large objects are few)
             # A first import: store everything in git's own order. Whatever is present
             # after all is deduplicated (and freshened) by the put, which pins it too.
-            _store_objects(store, gitdir, algo, hexes, True, result, progress, pinned)
+            proc, stream = stream, None
+            _store_objects(store, proc, algo, hexes, True, result, progress, pinned)
             result.present = count - result.stored
         else:
+            _stop(stream)
+            stream = None
             # Pin every id, then look: nothing skipped can be deleted before the refs
             # commit (pinning an id that is missing is harmless; its put pins it too).
             raws = [prefix + x for x in map(binascii.unhexlify, hexes)]
             store._pin_raws(raws)
             pinned.append(raws)
-            present = _present(store, raws, list(map(int, listing[1::2])))
+            present = _present(store, raws, lambda rest: _sizes(gitdir, [hexes[i] for i in rest]))
             missing = [x for x, p in zip(hexes, present, strict=True) if not p]
             result.present = count - len(missing)
             if missing:
-                _store_objects(
-                    store, gitdir, algo, missing, len(missing) == count, result, progress, pinned
-                )
+                everything = len(missing) == count
+                proc = _cat_file(gitdir, everything)
+                _store_objects(store, proc, algo, missing, everything, result, progress, pinned)
         if not _check_format(app, repo_id, fmt):
             try:
                 app.refs.create_repo(repo_id, fmt)
@@ -212,6 +242,8 @@ def import_repo(
                 _check_format(app, repo_id, fmt)
         _import_refs(app, gitdir, repo_id, result)
     finally:
+        if stream is not None:
+            _stop(stream)
         for raws in pinned:
             store._unpin_raws(raws)
     return result
@@ -246,19 +278,9 @@ def _read_body(stdout, head: bytes, n: int) -> bytearray:
     return out
 
 
-def _store_objects(
-    store: Store,
-    gitdir: str,
-    algo: Algorithm,
-    wanted_hex: list[bytes],
-    everything: bool,
-    result: ImportResult,
-    progress: bool | None,
-    pinned: list[list[bytes]],
-) -> None:
-    """Stream the wanted objects (hex ids) out of git into the store; every key stored
-    is added to `pinned` (pinned until the caller releases it)."""
-    args = ["git", f"--git-dir={gitdir}", "cat-file", "--batch"]
+def _cat_file(gitdir: str, everything: bool) -> subprocess.Popen[bytes]:
+    """`git cat-file --batch`: every object (in pack order), or the ids given on stdin."""
+    args = ["git", f"--git-dir={gitdir}", "cat-file", "--batch", "--buffer"]
     if everything:
         args += ["--batch-all-objects", "--unordered"]
     proc = subprocess.Popen(
@@ -269,12 +291,38 @@ def _store_objects(
         bufsize=0,
     )
     assert proc.stdout is not None
-    stdout = proc.stdout
-    fd = stdout.fileno()
     try:
-        fcntl.fcntl(fd, F_SETPIPE_SZ, PIPE_SIZE)
+        fcntl.fcntl(proc.stdout.fileno(), F_SETPIPE_SZ, PIPE_SIZE)
     except OSError:
         pass  # the default pipe size: more, smaller reads
+    return proc
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait()
+    for pipe in (proc.stdin, proc.stdout, proc.stderr):
+        if pipe is not None:
+            pipe.close()
+
+
+def _store_objects(
+    store: Store,
+    proc: subprocess.Popen[bytes],
+    algo: Algorithm,
+    wanted_hex: list[bytes],
+    everything: bool,
+    result: ImportResult,
+    progress: bool | None,
+    pinned: list[list[bytes]],
+) -> None:
+    """Stream the wanted objects (hex ids) out of `proc` (from `_cat_file`, which this
+    stops) into the store; every key stored is added to `pinned` (pinned until the
+    caller releases it)."""
+    assert proc.stdout is not None
+    stdout = proc.stdout
+    fd = stdout.fileno()
     feeder = None
     if not everything:
         assert proc.stdin is not None
@@ -393,10 +441,9 @@ def _store_objects(
         proc.wait()
         if feeder is not None:
             feeder.join()
-        proc.stdout.close()
         assert proc.stderr is not None
         err = proc.stderr.read().decode(errors="replace")
-        proc.stderr.close()
+        _stop(proc)
     if received != len(wanted_hex):
         raise StoreIO(f"git cat-file gave {received} of {len(wanted_hex)} objects {err}".strip())
 
