@@ -39,8 +39,8 @@ if TYPE_CHECKING:
     from ..app import Alkfs
     from ..store import Store
 
-PUT_BATCH_ITEMS = 4096
-PUT_BATCH_BYTES = 8 << 20
+PUT_BATCH_ITEMS = 8192
+PUT_BATCH_BYTES = 16 << 20
 MAX_INFLIGHT = 2
 WRITER_CACHE_KIB = 65536
 WRITER_CHECKPOINT_PAGES = 8192  # 32 MiB of WAL at the default page size
