@@ -66,6 +66,7 @@ class ImportResult:
 
 _WRITER: concurrent.futures.ThreadPoolExecutor | None = None
 _WRITER_LOCK = threading.Lock()
+_CONFIGURED = threading.local()  # the writer's connection last given the import's pragmas
 
 
 def _writer() -> concurrent.futures.ThreadPoolExecutor:
@@ -88,8 +89,11 @@ def _put(store: Store, batch: Store._Digested) -> list[bool]:
     here, while the main thread parses the next batch."""
     if store.db is not None:
         conn = store.db.conn()
-        conn.execute(f"PRAGMA cache_size = -{WRITER_CACHE_KIB}")
-        conn.execute(f"PRAGMA wal_autocheckpoint = {WRITER_CHECKPOINT_PAGES}")
+        # once a connection: each statement hands the GIL back and forth with the parser
+        if getattr(_CONFIGURED, "conn", None) is not conn:
+            conn.execute(f"PRAGMA cache_size = -{WRITER_CACHE_KIB}")
+            conn.execute(f"PRAGMA wal_autocheckpoint = {WRITER_CHECKPOINT_PAGES}")
+            _CONFIGURED.conn = conn
     return store._put_digested(batch)
 
 
