@@ -207,28 +207,54 @@ def import_repo(
     store = app.store
     prefix = bytes([algo.value])
 
-    # git starts streaming every object at once, while the ids are listed and sampled
-    # (a first import reads it; otherwise it is stopped)
+    # git starts streaming every object at once, and the parsing with it, while the ids
+    # are listed and sampled (on another thread); a first import goes on with the stream,
+    # otherwise it is stopped before anything of it was stored
     stream: subprocess.Popen[bytes] | None = _cat_file(gitdir, True)
-    pinned: list[list[bytes]] = []  # keys pinned by this import, released once the refs commit
-    try:
+    listing: concurrent.futures.Future[list[bytes]] = concurrent.futures.Future()
+
+    def list_ids() -> None:
         # the ids only: their sizes cost git more than the ids, and only those the kv
         # lacks are needed (to look for them in the large tier)
-        hexes = _git(
-            gitdir, "cat-file", "--batch-all-objects", "--unordered", "--batch-check=%(objectname)"
-        ).stdout.split()  # ids as git spells them (ascii hex)
-        count = len(hexes)
-        result = ImportResult(repo_id, fmt, count, 0, 0, 0)
-        sample = [prefix + binascii.unhexlify(x) for x in hexes[:: max(1, count // SAMPLE)]]
-        if not any(_present(store, sample)):  # (the kv only: large objects are few)
+        try:
+            listing.set_result(
+                _git(
+                    gitdir,
+                    "cat-file",
+                    "--batch-all-objects",
+                    "--unordered",
+                    "--batch-check=%(objectname)",
+                ).stdout.split()  # ids as git spells them (ascii hex)
+            )
+        except BaseException as exc:
+            listing.set_exception(exc)
+
+    lister = threading.Thread(target=list_ids, name="alkfs-import-ids", daemon=True)
+    lister.start()
+    first: list[bool] = []  # the decision, once made
+
+    def first_import() -> list[bytes] | None:
+        """The ids, if this is a first import: none of a sample of them is present."""
+        hexes = listing.result()
+        sample = [prefix + binascii.unhexlify(x) for x in hexes[:: max(1, len(hexes) // SAMPLE)]]
+        first.append(not any(_present(store, sample)))  # (the kv only: large objects are few)
+        return hexes if first[0] else None
+
+    pinned: list[list[bytes]] = []  # keys pinned by this import, released once the refs commit
+    result = ImportResult(repo_id, fmt, 0, 0, 0, 0)
+    try:
+        proc, stream = stream, None
+        try:
             # A first import: store everything in git's own order. Whatever is present
             # after all is deduplicated (and freshened) by the put, which pins it too.
-            proc, stream = stream, None
-            _store_objects(store, proc, algo, hexes, True, result, progress, pinned)
+            _store_objects(store, proc, algo, first_import, True, result, progress, pinned)
+        except _NotFirst:
+            pass
+        hexes = listing.result()
+        count = result.objects = len(hexes)
+        if first[0]:
             result.present = count - result.stored
         else:
-            _stop(stream)
-            stream = None
             # Pin every id, then look: nothing skipped can be deleted before the refs
             # commit (pinning an id that is missing is harmless; its put pins it too).
             raws = [prefix + x for x in map(binascii.unhexlify, hexes)]
@@ -250,6 +276,7 @@ def import_repo(
     finally:
         if stream is not None:
             _stop(stream)
+        lister.join()
         for raws in pinned:
             store._unpin_raws(raws)
     return result
@@ -282,6 +309,10 @@ def _read_body(stdout, head: bytes, n: int) -> bytearray:
         raise StoreIO("git cat-file framed an object badly")
     del out[n]
     return out
+
+
+class _NotFirst(Exception):
+    """Not a first import after all: the speculative stream of every object is dropped."""
 
 
 def _cat_file(gitdir: str, everything: bool) -> subprocess.Popen[bytes]:
@@ -317,7 +348,7 @@ def _store_objects(
     store: Store,
     proc: subprocess.Popen[bytes],
     algo: Algorithm,
-    wanted_hex: list[bytes],
+    wanted_hex: list[bytes] | Callable[[], list[bytes] | None],
     everything: bool,
     result: ImportResult,
     progress: bool | None,
@@ -325,10 +356,26 @@ def _store_objects(
 ) -> None:
     """Stream the wanted objects (hex ids) out of `proc` (from `_cat_file`, which this
     stops) into the store; every key stored is added to `pinned` (pinned until the
-    caller releases it)."""
+    caller releases it). `wanted_hex` may be a function, called before the first
+    batch is stored: None from it stops the stream (_NotFirst) with nothing stored."""
     assert proc.stdout is not None
     stdout = proc.stdout
     fd = stdout.fileno()
+    resolved: list[bytes] = []
+    wanted: frozenset[bytes] = frozenset()
+    bar = None
+    pending_ids = callable(wanted_hex)  # the ids are not known yet
+
+    def resolve() -> None:
+        nonlocal resolved, wanted, bar, pending_ids
+        got = wanted_hex() if callable(wanted_hex) else wanted_hex
+        if got is None:
+            raise _NotFirst
+        resolved, wanted, pending_ids = got, frozenset(got), False
+        bar = _progress(progress, len(resolved), "objects")
+
+    if not pending_ids:
+        resolve()
     feeder = None
     if not everything:
         assert proc.stdin is not None
@@ -336,7 +383,7 @@ def _store_objects(
 
         def feed() -> None:
             try:
-                stdin.write(b"\n".join(wanted_hex) + b"\n")
+                stdin.write(b"\n".join(resolved) + b"\n")
             except BrokenPipeError:
                 pass
             finally:
@@ -344,8 +391,6 @@ def _store_objects(
 
         feeder = threading.Thread(target=feed, daemon=True)
         feeder.start()
-    bar = _progress(progress, len(wanted_hex), "objects")
-    wanted = frozenset(wanted_hex)
     prefix = bytes([algo.value])
     unhex = binascii.unhexlify
     received = 0
@@ -371,6 +416,8 @@ def _store_objects(
 
     def flush() -> None:
         nonlocal oids, kinds, bodies, received
+        if pending_ids:
+            resolve()
         if not wanted.issuperset(oids):
             extra = next(x for x in oids if x not in wanted)
             raise Verification(f"git sent an object that was not asked for: {extra.decode()}")
@@ -430,6 +477,8 @@ def _store_objects(
             raise StoreIO(f"git cat-file ended inside an object ({len(buf) - pos} bytes left)")
         if oids:
             flush()
+        elif pending_ids:
+            resolve()
         while inflight:
             collect()
     finally:
@@ -450,8 +499,8 @@ def _store_objects(
         assert proc.stderr is not None
         err = proc.stderr.read().decode(errors="replace")
         _stop(proc)
-    if received != len(wanted_hex):
-        raise StoreIO(f"git cat-file gave {received} of {len(wanted_hex)} objects {err}".strip())
+    if received != len(resolved):
+        raise StoreIO(f"git cat-file gave {received} of {len(resolved)} objects {err}".strip())
 
 
 def _import_refs(app: Alkfs, gitdir: str, repo_id: str, result: ImportResult) -> None:
