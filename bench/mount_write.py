@@ -20,7 +20,9 @@ Scenarios (full / --quick sizes):
 
 Each time is the median of several runs (every run writes fresh names; what a run
 pinned is removed, untimed, before the next). Ratios are throughput ratios (plain time /
-alkfs time). Targets: the large file >= 0.5x, small files >= 0.2x.
+alkfs time). Targets: the large file >= 0.5x, small files >= 0.2x. The CPU seconds of
+the median run (the tool's, the daemon's) are printed too: on a busy machine the wall
+ratio mostly measures how long each FUSE round trip waits for a CPU.
 """
 
 from __future__ import annotations
@@ -30,9 +32,9 @@ import contextlib
 import json
 import os
 import random
+import resource
 import shutil
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -104,18 +106,38 @@ class Daemon:
             subprocess.run(["fusermount3", flags, str(self.mnt)], capture_output=True)
 
 
-def timed(argv: list[str]) -> float:
+CPU = {"daemon": 0.0, "tool": 0.0}  # CPU seconds of the last median_run (its median run)
+DAEMON_PID = [0]
+
+
+def daemon_cpu() -> float:
+    """alkfsd's user+system CPU seconds so far (0 when no daemon runs)."""
+    if not DAEMON_PID[0]:
+        return 0.0
+    with open(f"/proc/{DAEMON_PID[0]}/stat") as f:
+        fields = f.read().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def timed(argv: list[str]) -> tuple[float, float, float]:
+    """(wall, the tool's CPU, the daemon's CPU) of one run."""
+    r0, d0 = resource.getrusage(resource.RUSAGE_CHILDREN), daemon_cpu()
     t0 = time.perf_counter()
     subprocess.run(argv, stdout=subprocess.DEVNULL, check=True)
-    return time.perf_counter() - t0
+    wall = time.perf_counter() - t0
+    r1, d1 = resource.getrusage(resource.RUSAGE_CHILDREN), daemon_cpu()
+    tool = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
+    return wall, tool, d1 - d0
 
 
 def median_run(make: Callable[[int], list[str]], runs: int, after: Callable[[int], None]) -> float:
-    times = []
+    results = []
     for i in range(runs):
-        times.append(timed(make(i)))
+        results.append(timed(make(i)))
         after(i)
-    return statistics.median(times)
+    results.sort()
+    wall, CPU["tool"], CPU["daemon"] = results[len(results) // 2]
+    return wall
 
 
 @dataclass
@@ -123,7 +145,12 @@ class Report:
     rows: list[dict] = field(default_factory=list)
 
     def line(
-        self, scenario: str, times: dict[str, float], target: float, nbytes: int | None = None
+        self,
+        scenario: str,
+        times: dict[str, float],
+        target: float,
+        nbytes: int | None = None,
+        cpu: dict[str, float] | None = None,
     ) -> None:
         ratio = times["plain"] / times["alkfs"]
         ok = ratio >= target
@@ -137,6 +164,13 @@ class Report:
             f"{'PASS' if ok else 'FAIL'}",
             flush=True,
         )
+        if cpu:
+            print(
+                f"  {'':<36} cpu s: "
+                + ", ".join(f"{k} {v:.2f}" for k, v in cpu.items())
+                + f" (load average {os.getloadavg()[0]:.1f})",
+                flush=True,
+            )
         self.rows.append(
             {
                 "scenario": scenario,
@@ -144,6 +178,7 @@ class Report:
                 "ratio": round(ratio, 3),
                 "target": target,
                 "pass": ok,
+                "cpu_s": {k: round(v, 3) for k, v in (cpu or {}).items()},
             }
         )
 
@@ -194,17 +229,19 @@ def run(sizes: Sizes, work: Path, daemon: Daemon, report: Report) -> None:
         sizes.runs,
         lambda i: (os.unlink(mnt / "pins" / f"big-{i}"), os.sync()),
     )
+    cpu = {"alkfs cp": CPU["tool"], "alkfsd": CPU["daemon"]}
     t_plain = median_run(
         lambda i: ["cp", str(big), str(plain / f"big-{i}")],
         sizes.runs,
         lambda i: (os.unlink(plain / f"big-{i}"), os.sync()),
     )
+    cpu["plain cp"] = CPU["tool"]
     t_sync = median_run(
         lambda i: ["bash", "-c", f"cp {big} {plain}/big-s{i} && sync {plain}/big-s{i}"],
         sizes.runs,
         lambda i: (os.unlink(plain / f"big-s{i}"), os.sync()),
     )
-    report.line("cp 1 file -> /pins", {"alkfs": t_alk, "plain": t_plain}, 0.5, nbytes)
+    report.line("cp 1 file -> /pins", {"alkfs": t_alk, "plain": t_plain}, 0.5, nbytes, cpu)
     print(f"  {'':<36} (for reference: plain cp + sync {t_sync:.3f}s)")
     big.unlink()
 
@@ -217,19 +254,24 @@ def run(sizes: Sizes, work: Path, daemon: Daemon, report: Report) -> None:
         sizes.runs,
         lambda i: clear_pins(mnt),
     )
+    cpu_pins = {"alkfs cp": CPU["tool"], "alkfsd": CPU["daemon"]}
     t_objs = median_run(
         lambda i: ["cp", "-r", f"{src}/.", str(mnt / "objects" / "sha256")],
         sizes.runs,
         lambda i: os.sync(),
     )
+    cpu_objs = {"alkfs cp": CPU["tool"], "alkfsd": CPU["daemon"]}
     t_plain = median_run(
         lambda i: ["cp", "-r", f"{src}/.", str(plain / f"run-{i}")],
         sizes.runs,
         lambda i: drop_dir(plain / f"run-{i}"),
     )
+    cpu_pins["plain cp"] = cpu_objs["plain cp"] = CPU["tool"]
     label = f"cp -r {sizes.small_count} files"
-    report.line(f"{label} -> /pins", {"alkfs": t_pins, "plain": t_plain}, 0.2)
-    report.line(f"{label} -> /objects/sha256", {"alkfs": t_objs, "plain": t_plain}, 0.2)
+    report.line(f"{label} -> /pins", {"alkfs": t_pins, "plain": t_plain}, 0.2, cpu=cpu_pins)
+    report.line(
+        f"{label} -> /objects/sha256", {"alkfs": t_objs, "plain": t_plain}, 0.2, cpu=cpu_objs
+    )
 
 
 def main() -> int:
@@ -248,6 +290,8 @@ def main() -> int:
     report = Report()
     try:
         daemon.start()
+        assert daemon.proc is not None
+        DAEMON_PID[0] = daemon.proc.pid
         run(sizes, work, daemon, report)
     finally:
         with contextlib.suppress(Exception):
