@@ -2,7 +2,9 @@
 
 /repos/<id>/
     HEAD        `ref: <target>\\n` (refs.head)
-    config      a minimal bare config: no reflogs, no auto-gc or maintenance, pushes unpacked
+    config      a minimal bare config: no reflogs, no auto-gc or maintenance; git's own unpack
+                limit, so a large push arrives as one pack that lives only in its
+                quarantine and is stored object by object when git moves it out
     refs/       nested directories of ref files `<oid>\\n`; refs/heads and refs/tags always
     objects/    resolves `<xx>/<rest>` for every stored object of the repository's format
                 (the loose files of /git/<format>, same inodes) but lists only `info/`
