@@ -211,38 +211,41 @@ def import_repo(
     # are listed and sampled (on another thread); a first import goes on with the stream,
     # otherwise it is stopped before anything of it was stored
     stream: subprocess.Popen[bytes] | None = _cat_file(gitdir, True)
-    listing: concurrent.futures.Future[list[bytes]] = concurrent.futures.Future()
-
-    def list_ids() -> None:
-        # the ids only: their sizes cost git more than the ids, and only those the kv
-        # lacks are needed (to look for them in the large tier)
-        try:
-            listing.set_result(
-                _git(
-                    gitdir,
-                    "cat-file",
-                    "--batch-all-objects",
-                    "--unordered",
-                    "--batch-check=%(objectname)",
-                ).stdout.split()  # ids as git spells them (ascii hex)
-            )
-        except BaseException as exc:
-            listing.set_exception(exc)
-
-    lister = threading.Thread(target=list_ids, name="alkfs-import-ids", daemon=True)
-    lister.start()
-    first: list[bool] = []  # the decision, once made
-
-    def first_import() -> list[bytes] | None:
-        """The ids, if this is a first import: none of a sample of them is present."""
-        hexes = listing.result()
-        sample = [prefix + binascii.unhexlify(x) for x in hexes[:: max(1, len(hexes) // SAMPLE)]]
-        first.append(not any(_present(store, sample)))  # (the kv only: large objects are few)
-        return hexes if first[0] else None
-
+    lister: threading.Thread | None = None
     pinned: list[list[bytes]] = []  # keys pinned by this import, released once the refs commit
     result = ImportResult(repo_id, fmt, 0, 0, 0, 0)
     try:
+        listing: concurrent.futures.Future[list[bytes]] = concurrent.futures.Future()
+
+        def list_ids() -> None:
+            # the ids only: their sizes cost git more than the ids, and only those the
+            # kv lacks are needed (to look for them in the large tier)
+            try:
+                listing.set_result(
+                    _git(
+                        gitdir,
+                        "cat-file",
+                        "--batch-all-objects",
+                        "--unordered",
+                        "--batch-check=%(objectname)",
+                    ).stdout.split()  # ids as git spells them (ascii hex)
+                )
+            except BaseException as exc:
+                listing.set_exception(exc)
+
+        lister = threading.Thread(target=list_ids, name="alkfs-import-ids", daemon=True)
+        lister.start()
+        first: list[bool] = []  # the decision, once made
+
+        def first_import() -> list[bytes] | None:
+            """The ids, if this is a first import: none of a sample of them is present."""
+            hexes = listing.result()
+            sample = [
+                prefix + binascii.unhexlify(x) for x in hexes[:: max(1, len(hexes) // SAMPLE)]
+            ]
+            first.append(not any(_present(store, sample)))  # (the kv only: large objects are few)
+            return hexes if first[0] else None
+
         proc, stream = stream, None
         try:
             # A first import: store everything in git's own order. Whatever is present
@@ -276,7 +279,8 @@ def import_repo(
     finally:
         if stream is not None:
             _stop(stream)
-        lister.join()
+        if lister is not None:
+            lister.join()
         for raws in pinned:
             store._unpin_raws(raws)
     return result
