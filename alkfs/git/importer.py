@@ -79,21 +79,26 @@ def _writer() -> concurrent.futures.ThreadPoolExecutor:
         return _WRITER
 
 
-def _put(store: Store, batch: Store._Digested) -> list[bool]:
-    """_put_digested on the writer thread, whose own sqlite connection gets a page cache
-    large enough to keep the key index warm across a whole import, and checkpoints the
-    WAL every WRITER_CHECKPOINT_PAGES (synchronous stays NORMAL): at sqlite's default
-    1000 every batch's commit checkpoints, recopying the whole key index each time; with
-    no checkpoint until the end, the next commit (the main thread's, the refs) copies
-    the whole import at once, serially (about 90 ms here). In between, they happen
-    here, while the main thread parses the next batch."""
+def _prepare(store: Store) -> None:
+    """The writer thread's own sqlite connection, opened and given the import's pragmas
+    (once a connection: each statement hands the GIL back and forth with the parser): a
+    page cache large enough to keep the key index warm across a whole import, and a
+    checkpoint every WRITER_CHECKPOINT_PAGES of WAL (synchronous stays NORMAL). At
+    sqlite's default 1000 every batch's commit checkpoints, recopying the whole key
+    index each time; with no checkpoint until the end, the next commit (the main
+    thread's, the refs) copies the whole import at once, serially (about 90 ms here).
+    In between, they happen here, while the main thread parses the next batch."""
     if store.db is not None:
         conn = store.db.conn()
-        # once a connection: each statement hands the GIL back and forth with the parser
         if getattr(_CONFIGURED, "conn", None) is not conn:
             conn.execute(f"PRAGMA cache_size = -{WRITER_CACHE_KIB}")
             conn.execute(f"PRAGMA wal_autocheckpoint = {WRITER_CHECKPOINT_PAGES}")
             _CONFIGURED.conn = conn
+
+
+def _put(store: Store, batch: Store._Digested) -> list[bool]:
+    """_put_digested on the writer thread."""
+    _prepare(store)
     return store._put_digested(batch)
 
 
@@ -398,6 +403,7 @@ def _store_objects(
     prefix = bytes([algo.value])
     unhex = binascii.unhexlify
     received = 0
+    _writer().submit(_prepare, store)  # while the first batch is parsed
 
     # Puts run on one long-lived writer thread (sqlite releases the GIL while it works),
     # overlapping with the parsing and hashing here; at most MAX_INFLIGHT batches in flight.
