@@ -332,52 +332,40 @@ def ingest_pack_blocking(
         )
         os.link(pack, gitdir / "objects" / "pack" / "pack-pushed.pack")
         os.link(idx, gitdir / "objects" / "pack" / "pack-pushed.idx")
-        proc = subprocess.Popen(
-            [
-                "git",
-                f"--git-dir={gitdir}",
-                "cat-file",
-                "--batch-all-objects",
-                "--batch",
-                "--unordered",
-            ],
+        cat = ["git", f"--git-dir={gitdir}", "cat-file", "--batch-all-objects", "--batch"]
+        with subprocess.Popen(
+            [*cat, "--unordered"],
             env=env,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             stdin=subprocess.DEVNULL,
-        )
-        assert proc.stdout is not None
-        items: list[tuple[bytes, Algorithm, bytes]] = []
-        tag = bytes([algo.value])
-        try:
-            while line := proc.stdout.readline():
-                oid, kind, size = line.split()
-                n = int(size)
-                body = proc.stdout.read(n + 1)
-                if len(body) != n + 1:
-                    raise Verification(f"git cat-file ended inside {oid.decode()}")
-                items.append(
-                    (kind + b" " + size + b"\0" + body[:n], algo, tag + bytes.fromhex(oid.decode()))
-                )
-                if len(items) >= PACK_BATCH:
+        ) as proc:
+            assert proc.stdout is not None and proc.stderr is not None
+            items: list[tuple[bytes, Algorithm, bytes]] = []
+            tag = bytes([algo.value])
+            try:
+                while line := proc.stdout.readline():
+                    oid, kind, size = line.split()
+                    n = int(size)
+                    body = proc.stdout.read(n + 1)
+                    if len(body) != n + 1:
+                        raise Verification(f"git cat-file ended inside {oid.decode()}")
+                    canonical = kind + b" " + size + b"\0" + body[:n]
+                    items.append((canonical, algo, tag + bytes.fromhex(oid.decode())))
+                    if len(items) >= PACK_BATCH:
+                        results += ctx.store.put_many(items)
+                        items = []
+                if items:
                     results += ctx.store.put_many(items)
-                    items = []
-            if items:
-                results += ctx.store.put_many(items)
-        except BaseException:
-            proc.kill()
-            for r in results:
-                r.pin.release()
-            raise
-        finally:
-            err = proc.stderr.read() if proc.stderr is not None else b""
-            code = proc.wait()
-        if code != 0:
-            for r in results:
-                r.pin.release()
-            raise Verification(
-                f"git could not read the pushed pack: {err.decode(errors='replace').strip()}"
-            )
+                err = proc.stderr.read()
+                if proc.wait() != 0:
+                    why = err.decode(errors="replace").strip()
+                    raise Verification(f"git could not read the pushed pack: {why}")
+            except BaseException:
+                proc.kill()
+                for r in results:
+                    r.pin.release()
+                raise
     return results
 
 

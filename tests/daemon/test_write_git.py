@@ -111,6 +111,7 @@ def assert_clean(mount, repo: str) -> None:
     git(f"--git-dir={gitdir}", "fsck", "--full", "--no-dangling")
     assert sorted(os.listdir(gitdir / "objects")) == ["info", "pack"]
     assert os.listdir(mount.store_path / "scratch") == []
+    assert "Warning" not in mount.all_logs()  # -X dev: no unclosed file, no other warning
 
 
 # -- pushes -----------------------------------------------------------------------------------
@@ -121,6 +122,9 @@ def test_a_push_of_branches_tags_and_hundreds_of_objects_clones_back_identically
     git(f"--git-dir={src}", "push", "-q", mount.path("repos", "r1"), "main", "feature/x", "--tags")
 
     assert_clean(mount, "r1")
+    # more than git's unpack limit (100): one pack, stored object by object at migration
+    pushed = len(objects_listed(src))
+    assert f"repository r1: stored {pushed} object(s) of a pushed pack" in mount.log()
     clone = tmp_path / "clone.git"
     git("clone", "-q", "--mirror", mount.path("repos", "r1"), clone)
     assert refs_of(clone) == refs_of(src)
@@ -215,7 +219,11 @@ def test_pushes_racing_a_sweep_loop_lose_no_reachable_object(mount, tmp_path):
     try:
         deadline = time.monotonic() + RACE_S
         while time.monotonic() < deadline:
-            tip = fast_import(src, "main", 2, 6, seed=f"round{pushes}", parent=tip)
+            # every third round is large enough (> 100 objects) to arrive as a pack
+            big = pushes % 3 == 0
+            tip = fast_import(
+                src, "main", 12 if big else 2, 8 if big else 6, seed=f"round{pushes}", parent=tip
+            )
             git(f"--git-dir={src}", "branch", "-f", f"b{pushes % 3}", tip)
             git(f"--git-dir={src}", "push", "-q", "-f", mount.path("repos", "race"), "main")
             target = mount.path("repos", "race2")
