@@ -420,12 +420,14 @@ def _store_objects(
         if bar is not None:
             bar.update(len(created))
 
+    # the batch being parsed (reused: _digest_git copies what it keeps)
     oids: list[bytes] = []
     kinds: list[bytes] = []
     bodies: list[bytes] = []
+    add_oid, add_kind, add_body = oids.append, kinds.append, bodies.append
 
     def flush() -> None:
-        nonlocal oids, kinds, bodies, received
+        nonlocal received
         if pending_ids:
             resolve()
         if not wanted.issuperset(oids):
@@ -442,7 +444,7 @@ def _store_objects(
         while len(inflight) >= MAX_INFLIGHT:
             collect()
         inflight.append((batch, _writer().submit(_put, store, batch)))
-        oids, kinds, bodies = [], [], []
+        del oids[:], kinds[:], bodies[:]
 
     def bad_header(line: bytes) -> Exception:
         if line.endswith(b" missing"):
@@ -452,7 +454,8 @@ def _store_objects(
     try:
         buf = b""
         pos = 0
-        pending = 0  # bytes parsed into the current batch
+        items, limit = PUT_BATCH_ITEMS, PUT_BATCH_BYTES
+        left, room = items, limit  # what the current batch may still take
         while chunk := os.read(fd, READ):
             buf = buf[pos:] + chunk if pos < len(buf) else chunk
             pos = 0
@@ -468,19 +471,20 @@ def _store_objects(
                     if end + 1 - size <= READ:
                         break  # the rest arrives with the next reads
                     # a large object: read to its end at once (not re-buffered read by read)
-                    bodies.append(_read_body(stdout, buf[nl + 1 :], end - nl - 1))
+                    add_body(_read_body(stdout, buf[nl + 1 :], end - nl - 1))
                     buf, pos, size = b"", 0, 0
                 else:
                     if buf[end] != 10:
                         raise StoreIO(f"git cat-file framed object {oid.decode()} badly")
-                    bodies.append(buf[nl + 1 : end])
+                    add_body(buf[nl + 1 : end])
                     pos = end + 1
-                oids.append(oid)
-                kinds.append(kind)
-                pending += end - nl
-                if len(oids) >= PUT_BATCH_ITEMS or pending >= PUT_BATCH_BYTES:
+                add_oid(oid)
+                add_kind(kind)
+                left -= 1
+                room -= end - nl
+                if left <= 0 or room <= 0:
                     flush()
-                    pending = 0
+                    left, room = items, limit
                 if not size:
                     break
         if pos < len(buf):
