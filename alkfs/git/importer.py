@@ -148,9 +148,21 @@ def _present(
         return [store.has(Key(raw)) for raw in raws]
     have: set[bytes] = set()
     conn = kv.db.conn()
-    for i in range(0, len(raws), CHECK_BATCH):
+    top = conn.execute("SELECT max(rowid) FROM blobs").fetchone()[0] or 0  # >= the rows
+    if raws and top <= 2 * len(raws):
+        # most of the table: one pass over the key index's range of these keys is
+        # cheaper than as many lookups (and holds at most twice as many keys)
+        lo, hi = bytearray(min(raws)), bytearray(max(raws))
+        have.update(
+            bytes(k)
+            for (k,) in conn.execute("SELECT key FROM blobs WHERE key >= ? AND key <= ?", (lo, hi))
+        )
+        raws_left: list[bytes] = []
+    else:
+        raws_left = raws
+    for i in range(0, len(raws_left), CHECK_BATCH):
         # bytearray parameters: pysqlite binds them directly (bytes go through its adapters)
-        chunk = list(map(bytearray, raws[i : i + CHECK_BATCH]))
+        chunk = list(map(bytearray, raws_left[i : i + CHECK_BATCH]))
         marks = ",".join("?" * len(chunk))
         have.update(
             bytes(k)
@@ -255,7 +267,9 @@ def import_repo(
         try:
             # A first import: store everything in git's own order. Whatever is present
             # after all is deduplicated (and freshened) by the put, which pins it too.
-            _store_objects(store, proc, algo, first_import, True, result, progress, pinned)
+            _store_objects(
+                store, proc, algo, first_import, True, result, progress, pinned, listing.done
+            )
         except _NotFirst:
             pass
         hexes = listing.result()
@@ -362,11 +376,13 @@ def _store_objects(
     result: ImportResult,
     progress: bool | None,
     pinned: list[list[bytes]],
+    ready: Callable[[], bool] | None = None,
 ) -> None:
     """Stream the wanted objects (hex ids) out of `proc` (from `_cat_file`, which this
     stops) into the store; every key stored is added to `pinned` (pinned until the
     caller releases it). `wanted_hex` may be a function, called before the first
-    batch is stored: None from it stops the stream (_NotFirst) with nothing stored."""
+    batch is stored, or as soon as `ready()` says it would not wait: None from it
+    stops the stream (_NotFirst) with nothing stored."""
     assert proc.stdout is not None
     stdout = proc.stdout
     fd = stdout.fileno()
@@ -457,6 +473,8 @@ def _store_objects(
         items, limit = PUT_BATCH_ITEMS, PUT_BATCH_BYTES
         left, room = items, limit  # what the current batch may still take
         while chunk := os.read(fd, READ):
+            if pending_ids and ready is not None and ready():
+                resolve()  # (not a first import: parse no further)
             buf = buf[pos:] + chunk if pos < len(buf) else chunk
             pos = 0
             size = len(buf)
