@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import os
+from typing import Any
 
+from . import __version__
 from .git.closure import RefClosure
 from .git.refs import Refs
+from .keys import Key
 from .pins import Pins
 from .store import DEFAULT_THRESHOLD, Store
 
@@ -40,6 +43,27 @@ class Alkfs:
     @classmethod
     def memory(cls, threshold: int | None = None, window_s: float = 0) -> Alkfs:
         return cls(Store.memory(threshold or DEFAULT_THRESHOLD, window_s))
+
+    def status(self) -> dict[str, Any]:
+        """The figures of SPEC §3.6 (status JSON); reads the whole store: not for the trio thread."""
+        store = self.store
+        last = store.last_sweep
+        window_s = store.window_ns / 1e9
+        return {
+            "version": __version__,
+            "store": {
+                "path": None if store.path is None else str(store.path.resolve()),
+                "mode": store.mode,
+                "threshold": store.threshold,
+                "window_s": int(window_s) if window_s.is_integer() else window_s,
+            },
+            "objects": store.counts(),
+            "pins": len(self.pins.list()),
+            "repos": len(self.refs.repos()),
+            "sweeping": store.arbiter.sweeping,
+            "last_sweep": None if last is None else last.to_dict(),
+            "corrupt": sorted(str(Key(k)) for k in list(store.corrupt)),
+        }
 
     def close(self) -> None:
         for token in self._tokens:

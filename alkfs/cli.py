@@ -290,21 +290,7 @@ class StoreTarget:
         return [str(k) for k in bad]
 
     def status(self) -> dict[str, Any]:
-        return {
-            "version": __version__,
-            "store": {
-                "path": str(self.root.resolve()),
-                "mode": self.store.mode,
-                "threshold": self.store.threshold,
-                "window_s": _number(self.store.window_ns / 1e9),
-            },
-            "objects": self.store.counts(),
-            "pins": len(self.app.pins.list()),
-            "repos": len(self.app.refs.repos()),
-            "sweeping": False,
-            "last_sweep": None,
-            "corrupt": sorted(str(Key(k)) for k in self.store.corrupt),
-        }
+        return self.app.status()
 
 
 class MountTarget:

@@ -25,13 +25,13 @@ from typing import Any
 import pyfuse3
 import trio
 
+from alkfs.durations import parse_duration
 from alkfs.errors import AlkfsError, StoreLocked
 
 from . import scratch
 from .context import Context, Options
 from .fs import Operations
 from .handles import clear_spool, spool_dir
-from .nodes.control import duration
 
 log = logging.getLogger("alkfsd")
 
@@ -94,7 +94,7 @@ def settings(argv: list[str] | None) -> dict[str, Any]:
     try:
         for key in ("window", "sweep_every"):
             if out.get(key) is not None:
-                out[key] = duration(str(out[key]))
+                out[key] = parse_duration(str(out[key]))
     except ValueError as exc:
         raise Usage(str(exc)) from None
     if out.get("threshold") is not None and int(out["threshold"]) <= 0:

@@ -15,40 +15,15 @@ from typing import TYPE_CHECKING, Any
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-import alkfs
-from alkfs.keys import Key
-
 if TYPE_CHECKING:
     from .context import Context
 
 
-def _number(x: float) -> int | float:
-    return int(x) if float(x).is_integer() else x
-
-
 def figures(ctx: Context) -> dict[str, Any]:
-    store = ctx.store
-    last = store.last_sweep
-    return {
-        "version": alkfs.__version__,
-        "store": {
-            "path": None if store.path is None else str(store.path),
-            "mode": store.mode,
-            "threshold": store.threshold,
-            "window_s": _number(store.window_ns / 1e9),
-        },
-        "objects": store.counts(),
-        "pins": len(ctx.pins.list()) if ctx.pins is not None else 0,
-        "repos": len(ctx.refs.repos()) if ctx.refs is not None else 0,
-        "sweeping": store.arbiter.sweeping,
-        "last_sweep": None if last is None else last.to_dict(),
-        "corrupt": sorted(str(Key(k)) for k in list(store.corrupt)),
-        "mount": {
-            "path": ctx.mountpoint,
-            "read_only": ctx.read_only,
-            "pid": os.getpid(),
-        },
-    }
+    """SPEC §3.6's status (the library's, see Alkfs.status) plus where it is mounted."""
+    fig = ctx.app.status()
+    fig["mount"] = {"path": ctx.mountpoint, "read_only": ctx.read_only, "pid": os.getpid()}
+    return fig
 
 
 def status_json(ctx: Context) -> bytes:

@@ -6,6 +6,8 @@ import errno
 import stat
 from typing import TYPE_CHECKING, Any
 
+from alkfs.durations import parse_duration
+
 from ..context import DYNAMIC_TIMEOUT
 from ..errors import fail
 from ..status import metrics_text, status_json
@@ -14,26 +16,8 @@ from .base import BytesHandle, File, Handle, Node, StaticDir, wants_write
 if TYPE_CHECKING:
     from ..context import Context
 
-try:  # shared with the command line once it lands
-    from alkfs.durations import parse_duration
-except ImportError:  # pragma: no cover
-    parse_duration = None  # type: ignore[assignment]
 
 USAGE = b"commands: sweep [WINDOW]   (e.g. sweep, sweep 0, sweep 1h)\n          verify\n"
-
-
-def duration(text: str) -> float:
-    """Seconds in `0`, `90`, `90s`, `15m`, `1h`, `2d`; ValueError otherwise."""
-    if parse_duration is not None:
-        return parse_duration(text)
-    units = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
-    t = text.strip().lower()
-    mult = units.get(t[-1:], None)
-    number = t[:-1] if mult is not None else t
-    value = float(number) * (mult or 1)
-    if value < 0:
-        raise ValueError(text)
-    return value
 
 
 class AlkfsDir(StaticDir):
@@ -101,7 +85,7 @@ class ControlHandle(Handle):
             window = None
             if args:
                 try:
-                    window = duration(args[0])
+                    window = parse_duration(args[0])
                 except ValueError:
                     fail(errno.EINVAL, f"not a duration: {args[0]!r}")
             if ctx.read_only:
