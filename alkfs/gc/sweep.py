@@ -15,7 +15,9 @@ from datetime import UTC, datetime
 from itertools import filterfalse, islice, repeat
 from typing import TYPE_CHECKING
 
+from ..db import Error as DatabaseError
 from ..db import now_ns
+from ..errors import AlkfsError
 from .arbiter import raw
 
 if TYPE_CHECKING:
@@ -30,6 +32,7 @@ class AbortCause(enum.StrEnum):
     SWEEPER_LOCK = "sweeper-lock"
     NO_LIVENESS_SOURCES = "no-liveness-sources"
     PROTECT_FAILED = "protect-failed"
+    IO_ERROR = "io-error"  # the medium failed mid-sweep: what was done stays done, the rest waits
 
 
 @dataclass
@@ -78,6 +81,11 @@ def sweep(store: Store, window_ns: int | None = None) -> SweepReport:
         return report
     try:
         _run(store, report, store.window_ns if window_ns is None else window_ns)
+    except (OSError, AlkfsError, DatabaseError) as exc:
+        # A sweep is never an error: a failing medium ends it as report data. Every
+        # delete already done was arbitrated; untaken rows stay staged for the next one.
+        store.log.error("sweep: the store failed mid-sweep, stopped: %s", exc)
+        report.aborted = AbortCause.IO_ERROR.value
     finally:
         arbiter.end_sweep()
         report.duration_s = round(time.monotonic() - t0, 6)
