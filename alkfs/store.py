@@ -726,18 +726,11 @@ class Store:
         return [Pin(arbiter, raw) for raw in raws]
 
     def _pin_raws(self, raws: Iterable[bytes]) -> None:
-        """pin_many without a Pin object each: the counts go up in one locked step; the
-        caller gives each back with `_unpin_raws` (one locked step too)."""
-        arbiter = self.arbiter
-        with arbiter._cond:
-            counts, deleting = arbiter._pins, arbiter._deleting
-            for raw in raws:
-                while raw in deleting:
-                    arbiter._cond.wait()
-                counts[raw] = counts.get(raw, 0) + 1
+        """pin_many without a Pin object each; give them back with `_unpin_raws`."""
+        self.arbiter.acquire_counts(raws)
 
     def _unpin_raws(self, raws: list[bytes]) -> None:
-        self.arbiter._release(raws)
+        self.arbiter.release_counts(raws)
 
     # -- the git import's fast path: hashed on the caller's thread, stored on another ----
     class _Digested:

@@ -113,6 +113,21 @@ class Arbiter:
             self._pins[k] = self._pins.get(k, 0) + 1
         return Pin(self, k)
 
+    def acquire_counts(self, keys: Iterable[bytes]) -> None:
+        """Pin many raw keys in one locked step, without a Pin object each (bulk callers
+        such as the import); each waits out an in-flight delete as `acquire` does. Give
+        them back with `release_counts`."""
+        with self._cond:
+            counts, deleting = self._pins, self._deleting
+            for k in keys:
+                while k in deleting:
+                    self._cond.wait()
+                counts[k] = counts.get(k, 0) + 1
+
+    def release_counts(self, keys: list[bytes]) -> None:
+        """Give back pins taken with `acquire_counts`, in one locked step."""
+        self._release(keys)
+
     def _release(self, keys: list[bytes], then: Callable[[], None] | None = None) -> None:
         with self._cond:
             for k in keys:
