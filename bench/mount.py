@@ -52,7 +52,6 @@ import json
 import os
 import random
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -63,14 +62,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-OUT = HERE / "out"
 sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE))
+
+import common  # noqa: E402
+from common import OUT, Mount  # noqa: E402
 
 from alkfs.app import Alkfs  # noqa: E402
 from alkfs.git.importer import import_repo  # noqa: E402
 from alkfs.keys import Algorithm, Key  # noqa: E402
-
-BIN = Path(sys.executable).parent
 
 
 @dataclass(frozen=True)
@@ -89,67 +89,16 @@ QUICK = Sizes(large_mib=128, small_count=2_000, ls_count=10_000, git_commits=700
 # -- mounts, always cleaned up ------------------------------------------------------------
 
 
-def mounted(mnt: Path) -> bool:
-    with open("/proc/self/mounts") as f:
-        return any(line.split()[1] == str(mnt) for line in f)
-
-
-@dataclass
-class Mount:
-    name: str
-    argv: list[str]
-    mnt: Path
-    log: Path
-    proc: subprocess.Popen | None = None
-
-    def start(self, timeout: float = 60) -> None:
-        self.mnt.mkdir(parents=True, exist_ok=True)
-        with open(self.log, "ab") as log:
-            self.proc = subprocess.Popen(
-                self.argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True
-            )
-        deadline = time.monotonic() + timeout
-        while not mounted(self.mnt):
-            if self.proc.poll() is not None:
-                raise RuntimeError(
-                    f"{self.name} exited {self.proc.returncode} before mounting: "
-                    + self.log.read_text(errors="replace")[-2000:]
-                )
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"{self.name} did not mount {self.mnt} within {timeout}s")
-            time.sleep(0.05)
-
-    def stop(self) -> None:
-        proc, self.proc = self.proc, None
-        if proc is not None and proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(10)
-        for flags in ("-u", "-uz"):
-            if not mounted(self.mnt):
-                break
-            subprocess.run(["fusermount3", flags, str(self.mnt)], capture_output=True)
-
-    def restart(self) -> None:
-        self.stop()
-        self.start()
-
-
 class Mounts:
     def __init__(self, work: Path) -> None:
         self.work = work
         self.all: list[Mount] = []
 
     def alkfsd(self, store: Path, mnt: Path) -> Mount:
-        argv = [str(BIN / "alkfsd"), str(store), str(mnt)]
-        return self._add(Mount("alkfsd", argv, mnt, self.work / "alkfsd.log"))
+        return self._add(common.alkfsd(store, mnt, self.work / "alkfsd.log"))
 
     def bindfs(self, src: Path, mnt: Path) -> Mount:
-        argv = ["bindfs", "-f", str(src), str(mnt)]
-        return self._add(Mount(f"bindfs {src.name}", argv, mnt, self.work / "bindfs.log"))
+        return self._add(common.bindfs(src, mnt, self.work / "bindfs.log"))
 
     def _add(self, m: Mount) -> Mount:
         self.all.append(m)
@@ -237,11 +186,7 @@ class Report:
     ) -> None:
         ratio = times[versus] / times["alkfs"]
         ok = ratio >= target
-        parts = []
-        for name, t in times.items():
-            rate = f" {nbytes / t / 1e6:,.0f} MB/s" if nbytes else ""
-            parts.append(f"{name} {t:.3f}s{rate}")
-        print(f"  {scenario:<34} " + " | ".join(parts))
+        print(f"  {scenario:<34} " + common.rate_parts(times, nbytes))
         print(
             f"  {'':<34} alkfs vs {versus}: {ratio:.2f}x (target >= {target:.2g}x) "
             f"{'PASS' if ok else 'FAIL'}{'  ' + note if note else ''}",
@@ -423,12 +368,7 @@ def main() -> int:
         if not a.keep:
             shutil.rmtree(work, ignore_errors=True)
     name = "mount-quick.json" if a.quick else "mount.json"
-    (OUT / name).write_text(json.dumps(report.rows, indent=2) + "\n")
-    if report.failed:
-        print(f"FAILED targets: {', '.join(report.failed)}")
-    else:
-        print("all targets PASS")
-    return 1 if a.check and report.failed else 0
+    return common.finish(report.rows, report.failed, name, a.check)
 
 
 @dataclass

@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -37,9 +36,11 @@ import tempfile
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-OUT = HERE / "out"
-BIN = Path(sys.executable).parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import common  # noqa: E402
+from common import OUT, Mount  # noqa: E402
+
 TARGET = 5.0
 GIT_ENV = {
     **os.environ,
@@ -89,49 +90,6 @@ def count_objects(gitdir: Path) -> int:
     return len(git(f"--git-dir={gitdir}", "rev-list", "--objects", "--all").splitlines())
 
 
-def mounted(mnt: Path) -> bool:
-    with open("/proc/self/mounts") as f:
-        return any(line.split()[1] == str(mnt) for line in f)
-
-
-class Daemon:
-    def __init__(self, store: Path, mnt: Path, log: Path) -> None:
-        self.store, self.mnt, self.log = store, mnt, log
-        self.proc: subprocess.Popen | None = None
-
-    def start(self, timeout: float = 60) -> None:
-        self.mnt.mkdir(parents=True, exist_ok=True)
-        with open(self.log, "ab") as log:
-            self.proc = subprocess.Popen(
-                [str(BIN / "alkfsd"), str(self.store), str(self.mnt)],
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=log,
-                start_new_session=True,
-            )
-        deadline = time.monotonic() + timeout
-        while not mounted(self.mnt):
-            if self.proc.poll() is not None:
-                raise RuntimeError("alkfsd exited: " + self.log.read_text(errors="replace"))
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"alkfsd did not mount {self.mnt}")
-            time.sleep(0.05)
-
-    def stop(self) -> None:
-        proc, self.proc = self.proc, None
-        if proc is not None and proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(10)
-        for flags in ("-u", "-uz"):
-            if not mounted(self.mnt):
-                break
-            subprocess.run(["fusermount3", flags, str(self.mnt)], capture_output=True)
-
-
 def plain_target(path: Path) -> Path:
     git("init", "-q", "--bare", "-b", "main", path)
     for key, value in (
@@ -160,7 +118,7 @@ def main() -> int:
     src = source(a.objects)
     n = count_objects(src)
     work = Path(tempfile.mkdtemp(prefix="alkfs-push-", dir=OUT))
-    daemon: Daemon | None = None
+    daemon: Mount | None = None
     try:
         plain, mount = [], []
         for run in range(a.runs):
@@ -169,7 +127,7 @@ def main() -> int:
             shutil.rmtree(target)
             # a fresh store each run, as the plain side pushes into an empty repository
             # (objects already stored would be re-read by git's collision check)
-            daemon = Daemon(work / f"store-{run}", work / "mnt", work / "alkfsd.log")
+            daemon = common.alkfsd(work / f"store-{run}", work / "mnt", work / "alkfsd.log")
             daemon.start()
             repo = daemon.mnt / "repos" / "bench"
             os.mkdir(repo)

@@ -29,12 +29,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import random
 import resource
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -43,9 +41,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-OUT = HERE / "out"
-BIN = Path(sys.executable).parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import common  # noqa: E402
+from common import OUT, Mount  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -57,53 +56,6 @@ class Sizes:
 
 FULL = Sizes(large_mib=1024, small_count=10_000, runs=3)
 QUICK = Sizes(large_mib=128, small_count=1_000, runs=3)
-
-
-def mounted(mnt: Path) -> bool:
-    with open("/proc/self/mounts") as f:
-        return any(line.split()[1] == str(mnt) for line in f)
-
-
-@dataclass
-class Daemon:
-    """One alkfsd, stopped by PID and unmounted whatever happens."""
-
-    store: Path
-    mnt: Path
-    log: Path
-    proc: subprocess.Popen | None = None
-
-    def start(self, timeout: float = 60) -> None:
-        self.mnt.mkdir(parents=True, exist_ok=True)
-        argv = [str(BIN / "alkfsd"), str(self.store), str(self.mnt)]
-        with open(self.log, "ab") as log:
-            self.proc = subprocess.Popen(
-                argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True
-            )
-        deadline = time.monotonic() + timeout
-        while not mounted(self.mnt):
-            if self.proc.poll() is not None:
-                raise RuntimeError(
-                    f"alkfsd exited {self.proc.returncode}: "
-                    + self.log.read_text(errors="replace")[-2000:]
-                )
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"alkfsd did not mount {self.mnt} within {timeout}s")
-            time.sleep(0.05)
-
-    def stop(self) -> None:
-        proc, self.proc = self.proc, None
-        if proc is not None and proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(10)
-        for flags in ("-u", "-uz"):
-            if not mounted(self.mnt):
-                break
-            subprocess.run(["fusermount3", flags, str(self.mnt)], capture_output=True)
 
 
 CPU = {"daemon": 0.0, "tool": 0.0}  # CPU seconds of the last median_run (its median run)
@@ -154,11 +106,7 @@ class Report:
     ) -> None:
         ratio = times["plain"] / times["alkfs"]
         ok = ratio >= target
-        parts = []
-        for name, t in times.items():
-            rate = f" {nbytes / t / 1e6:,.0f} MB/s" if nbytes else ""
-            parts.append(f"{name} {t:.3f}s{rate}")
-        print(f"  {scenario:<36} " + " | ".join(parts))
+        print(f"  {scenario:<36} " + common.rate_parts(times, nbytes))
         print(
             f"  {'':<36} alkfs vs plain: {ratio:.2f}x (target >= {target:g}x) "
             f"{'PASS' if ok else 'FAIL'}",
@@ -212,7 +160,7 @@ def drop_dir(path: Path) -> None:
     os.sync()
 
 
-def run(sizes: Sizes, work: Path, daemon: Daemon, report: Report) -> None:
+def run(sizes: Sizes, work: Path, daemon: Mount, report: Report) -> None:
     mnt, plain = daemon.mnt, work / "plain"
     plain.mkdir()
     load = os.getloadavg()
@@ -286,7 +234,7 @@ def main() -> int:
         return 2
     OUT.mkdir(exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="alkfs-bench-write-", dir=OUT))
-    daemon = Daemon(work / "store", work / "mnt", work / "alkfsd.log")
+    daemon = common.alkfsd(work / "store", work / "mnt", work / "alkfsd.log")
     report = Report()
     try:
         daemon.start()
@@ -299,12 +247,7 @@ def main() -> int:
         if not a.keep:
             shutil.rmtree(work, ignore_errors=True)
     name = "mount-write-quick.json" if a.quick else "mount-write.json"
-    (OUT / name).write_text(json.dumps(report.rows, indent=2) + "\n")
-    if report.failed:
-        print(f"FAILED targets: {', '.join(report.failed)}")
-    else:
-        print("all targets PASS")
-    return 1 if a.check and report.failed else 0
+    return common.finish(report.rows, report.failed, name, a.check)
 
 
 if __name__ == "__main__":
