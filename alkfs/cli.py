@@ -528,41 +528,50 @@ def cmd_get(t: Target, a: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_stat(t: Target, a: argparse.Namespace) -> int:
-    emit_json(t.stat(a.key))
-    return 0
+Handler = Callable[[Target, argparse.Namespace], int]
 
 
-def cmd_pin(t: Target, a: argparse.Namespace) -> int:
-    t.pin(a.name, a.key)
-    return 0
+def calls(method: str, *fields: str) -> Handler:
+    """A command that calls the target's `method` with the parsed `fields` and prints
+    nothing (pin, unpin, repo create, repo rm)."""
+
+    def handler(t: Target, a: argparse.Namespace) -> int:
+        getattr(t, method)(*(getattr(a, f) for f in fields))
+        return 0
+
+    return handler
 
 
-def cmd_unpin(t: Target, a: argparse.Namespace) -> int:
-    t.unpin(a.name)
-    return 0
+def shows(method: str, *fields: str) -> Handler:
+    """A command that prints what the target's `method` returns as JSON (stat, sweep,
+    status)."""
+
+    def handler(t: Target, a: argparse.Namespace) -> int:
+        emit_json(getattr(t, method)(*(getattr(a, f) for f in fields)))
+        return 0
+
+    return handler
 
 
-def cmd_pins(t: Target, a: argparse.Namespace) -> int:
-    for name, key in t.pins():
-        print(f"{name} {key}")
-    return 0
+def lists(method: str) -> Handler:
+    """A command that prints the pairs the target's `method` returns, one `A B` a line
+    (pins, repo list)."""
+
+    def handler(t: Target, a: argparse.Namespace) -> int:
+        for left, right in getattr(t, method)():
+            print(f"{left} {right}")
+        return 0
+
+    return handler
 
 
-def cmd_repo_create(t: Target, a: argparse.Namespace) -> int:
-    t.repo_create(a.id, a.object_format)
-    return 0
-
-
-def cmd_repo_rm(t: Target, a: argparse.Namespace) -> int:
-    t.repo_rm(a.id)
-    return 0
-
-
-def cmd_repo_list(t: Target, a: argparse.Namespace) -> int:
-    for repo_id, fmt in t.repo_list():
-        print(f"{repo_id} {fmt}")
-    return 0
+cmd_stat = shows("stat", "key")
+cmd_pin = calls("pin", "name", "key")
+cmd_unpin = calls("unpin", "name")
+cmd_pins = lists("pins")
+cmd_repo_create = calls("repo_create", "id", "object_format")
+cmd_repo_rm = calls("repo_rm", "id")
+cmd_repo_list = lists("repo_list")
 
 
 def cmd_git_import(t: Target, a: argparse.Namespace) -> int:
@@ -572,10 +581,7 @@ def cmd_git_import(t: Target, a: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_sweep(t: Target, a: argparse.Namespace) -> int:
-    report = t.sweep(a.window)
-    emit_json(report)
-    return 0
+cmd_sweep = shows("sweep", "window")
 
 
 class VerifyFailed(AlkfsError):
@@ -590,9 +596,7 @@ def cmd_verify(t: Target, a: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_status(t: Target, a: argparse.Namespace) -> int:
-    emit_json(t.status())
-    return 0
+cmd_status = shows("status")
 
 
 # -- parsing --------------------------------------------------------------------------------
