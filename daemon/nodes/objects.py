@@ -19,7 +19,7 @@ from alkfs.store import ObjectStat, PutResult
 
 from ..errors import fail
 from ..handles import StagedFile, noop_setattr
-from .base import FIRST_OFFSET, DirHandle, Emit, File, Handle, Node, StaticDir
+from .base import BLKSIZE, FIRST_OFFSET, DirHandle, Emit, File, Handle, Node, StaticDir
 from .base import Dir as _Dir
 
 if TYPE_CHECKING:
@@ -245,7 +245,7 @@ class ObjectFile(File):
         a.st_uid = self.ctx.uid
         a.st_gid = self.ctx.gid
         a.st_size = size = self.size()
-        a.st_blksize = 131072
+        a.st_blksize = BLKSIZE
         a.st_blocks = (size + 511) // 512
         a.st_atime_ns = a.st_mtime_ns = a.st_ctime_ns = st.stored_ns
         return a
