@@ -24,6 +24,7 @@ from typing import Any
 
 import pytest
 from alkfsd.nodes.gitview import FIRST_PAGE
+from helpers import GIT_ENV
 
 from alkfs.app import Alkfs
 from alkfs.git.importer import import_repo
@@ -35,16 +36,6 @@ EXTRA_BLOBS = 300  # loose git blobs no repository references
 CROWDED = 20_000  # ~78 objects per prefix: most fan-out listings take more than one query
 TWO_BLOCKS = 100_000  # a kv object framed in two stored deflate blocks
 LARGE = 300_000  # over the default threshold: the large tier
-GIT_ENV = {
-    "GIT_CONFIG_GLOBAL": os.devnull,
-    "GIT_CONFIG_NOSYSTEM": "1",
-    "GIT_AUTHOR_NAME": "A U Thor",
-    "GIT_AUTHOR_EMAIL": "author@example.com",
-    "GIT_AUTHOR_DATE": "1700000000 +0000",
-    "GIT_COMMITTER_NAME": "C O Mitter",
-    "GIT_COMMITTER_EMAIL": "committer@example.com",
-    "GIT_COMMITTER_DATE": "1700000000 +0000",
-}
 
 
 def git(*args: str | os.PathLike[str], cwd: Path | None = None, check: bool = True) -> str:

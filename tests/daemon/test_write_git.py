@@ -17,19 +17,10 @@ import zlib
 from pathlib import Path
 
 import pytest
+from helpers import GIT_ENV
 
 from alkfs.git.objects import canonical, object_id
 
-GIT_ENV = {
-    "GIT_CONFIG_GLOBAL": os.devnull,
-    "GIT_CONFIG_NOSYSTEM": "1",
-    "GIT_AUTHOR_NAME": "A U Thor",
-    "GIT_AUTHOR_EMAIL": "author@example.com",
-    "GIT_AUTHOR_DATE": "1700000000 +0000",
-    "GIT_COMMITTER_NAME": "C O Mitter",
-    "GIT_COMMITTER_EMAIL": "committer@example.com",
-    "GIT_COMMITTER_DATE": "1700000000 +0000",
-}
 RACE_S = 20.0  # how long pushes run against the sweep loop
 
 

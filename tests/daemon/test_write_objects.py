@@ -14,19 +14,12 @@ from pathlib import Path
 
 import blake3
 import pytest
+from helpers import os_errno, run, sha, write_close
 
 SMALL = b"a small object, kept in sqlite\n"
 LARGE = bytes(range(256)) * 800  # 204800 bytes: over the default threshold, the large tier
 STREAMED = bytes(range(251)) * 12_000  # ~3 MiB: past the in-memory limit, streamed into a put
 OTHER = b"something else entirely\n"
-
-
-def run(*args: str | os.PathLike[str], cwd: Path | None = None) -> str:
-    done = subprocess.run(
-        [str(a) for a in args], cwd=cwd, capture_output=True, text=True, timeout=120
-    )
-    assert done.returncode == 0, (args, done.stderr)
-    return done.stdout
 
 
 def refused(*args: str | os.PathLike[str]) -> str:
@@ -36,27 +29,8 @@ def refused(*args: str | os.PathLike[str]) -> str:
     return done.stderr
 
 
-def sha(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
 def listing(m, algo: str = "sha256") -> list[str]:
     return sorted(os.listdir(m.path("objects", algo)))
-
-
-def os_errno(fn, *args) -> int:
-    with pytest.raises(OSError) as caught:
-        fn(*args)
-    return caught.value.errno
-
-
-def write_close(path: Path, data: bytes) -> None:
-    """open(O_CREAT|O_EXCL), write, close: the close reports whether it was stored."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-    try:
-        os.write(fd, data)
-    finally:
-        os.close(fd)
 
 
 def serves(m, key_hex: str, data: bytes) -> None:

@@ -16,7 +16,9 @@ import threading
 import time
 from pathlib import Path
 
+import helpers
 import pytest
+from helpers import os_errno, sha, write_close
 
 SMALL = b"pin me, a small file\n"
 LARGE = bytes(range(256)) * 800  # 204800 bytes: the large tier
@@ -26,29 +28,7 @@ PIN_X = b"user.alkfs.pin."
 
 
 def run(*args: str | os.PathLike[str], cwd: Path | None = None) -> str:
-    done = subprocess.run(
-        [str(a) for a in args], cwd=cwd, capture_output=True, text=True, timeout=300
-    )
-    assert done.returncode == 0, (args, done.stderr)
-    return done.stdout
-
-
-def sha(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
-def os_errno(fn, *args) -> int:
-    with pytest.raises(OSError) as caught:
-        fn(*args)
-    return caught.value.errno
-
-
-def write_close(path: Path, data: bytes) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-    try:
-        os.write(fd, data)
-    finally:
-        os.close(fd)
+    return helpers.run(*args, cwd=cwd, timeout=300)
 
 
 def link_of(data: bytes) -> str:

@@ -15,19 +15,10 @@ import zlib
 from pathlib import Path
 
 import pytest
+from helpers import GIT_ENV
+from helpers import os_errno as errno_of
 
 from alkfs.git.objects import canonical, object_id
-
-GIT_ENV = {
-    "GIT_CONFIG_GLOBAL": os.devnull,
-    "GIT_CONFIG_NOSYSTEM": "1",
-    "GIT_AUTHOR_NAME": "A U Thor",
-    "GIT_AUTHOR_EMAIL": "author@example.com",
-    "GIT_AUTHOR_DATE": "1700000000 +0000",
-    "GIT_COMMITTER_NAME": "C O Mitter",
-    "GIT_COMMITTER_EMAIL": "committer@example.com",
-    "GIT_COMMITTER_DATE": "1700000000 +0000",
-}
 
 
 def git(*args, env=None, check=True, input=None) -> subprocess.CompletedProcess:
@@ -42,12 +33,6 @@ def git(*args, env=None, check=True, input=None) -> subprocess.CompletedProcess:
     if check:
         assert done.returncode == 0, (args, done.stderr)
     return done
-
-
-def errno_of(fn, *args) -> int:
-    with pytest.raises(OSError) as err:
-        fn(*args)
-    return err.value.errno
 
 
 def write_file(path: Path, data: bytes) -> None:

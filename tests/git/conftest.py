@@ -8,21 +8,12 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from helpers import GIT_ENV as BASE_GIT_ENV
 
 from alkfs.app import Alkfs
 from alkfs.keys import Algorithm, Key
 
-GIT_ENV = {
-    "GIT_CONFIG_GLOBAL": os.devnull,
-    "GIT_CONFIG_NOSYSTEM": "1",
-    "GIT_AUTHOR_NAME": "A U Thor",
-    "GIT_AUTHOR_EMAIL": "author@example.com",
-    "GIT_AUTHOR_DATE": "1700000000 +0000",
-    "GIT_COMMITTER_NAME": "C O Mitter",
-    "GIT_COMMITTER_EMAIL": "committer@example.com",
-    "GIT_COMMITTER_DATE": "1700000000 +0000",
-    "GIT_ADVICE": "0",
-}
+GIT_ENV = {**BASE_GIT_ENV, "GIT_ADVICE": "0"}
 
 
 class Repo:

@@ -1,0 +1,54 @@
+"""Plain helpers shared by test files that cannot import each other (tests/daemon is not a
+package: `daemon` is the daemon's source folder). tests/ is on sys.path (pytest prepends
+the folder of the rootless tests/conftest.py), so a test file does `from helpers import ...`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+# a fixed identity and clock, and no user or system config, for every git the tests run
+GIT_ENV = {
+    "GIT_CONFIG_GLOBAL": os.devnull,
+    "GIT_CONFIG_NOSYSTEM": "1",
+    "GIT_AUTHOR_NAME": "A U Thor",
+    "GIT_AUTHOR_EMAIL": "author@example.com",
+    "GIT_AUTHOR_DATE": "1700000000 +0000",
+    "GIT_COMMITTER_NAME": "C O Mitter",
+    "GIT_COMMITTER_EMAIL": "committer@example.com",
+    "GIT_COMMITTER_DATE": "1700000000 +0000",
+}
+
+
+def run(*args: str | os.PathLike[str], cwd: Path | None = None, timeout: float = 120) -> str:
+    """Run a tool that must succeed; its stdout."""
+    done = subprocess.run(
+        [str(a) for a in args], cwd=cwd, capture_output=True, text=True, timeout=timeout
+    )
+    assert done.returncode == 0, (args, done.stderr)
+    return done.stdout
+
+
+def sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def os_errno(fn, *args) -> int:
+    """The errno of the OSError `fn(*args)` must raise."""
+    with pytest.raises(OSError) as caught:
+        fn(*args)
+    return caught.value.errno
+
+
+def write_close(path: Path, data: bytes) -> None:
+    """open(O_CREAT|O_EXCL), write, close: the close reports whether it was stored."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        os.write(fd, data)
+    finally:
+        os.close(fd)
