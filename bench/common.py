@@ -81,13 +81,31 @@ def bindfs(src: Path, mnt: Path, log: Path) -> Mount:
     return Mount(f"bindfs {src.name}", ["bindfs", "-f", str(src), str(mnt)], mnt, log)
 
 
-def rate_parts(times: dict[str, float], nbytes: int | None) -> str:
-    """`name 1.234s[ N MB/s] | ...` for one report line."""
+def verdict(
+    scenario: str,
+    times: dict[str, float],
+    versus: str,
+    target: float,
+    nbytes: int | None = None,
+    *,
+    width: int,
+    note: str = "",
+) -> tuple[float, bool]:
+    """Print a scenario's times (and rates) and its throughput ratio against `versus`
+    (baseline time / alkfs time) with PASS/FAIL against `target`; (ratio, passed)."""
+    ratio = times[versus] / times["alkfs"]
+    ok = ratio >= target
     parts = []
     for name, t in times.items():
         rate = f" {nbytes / t / 1e6:,.0f} MB/s" if nbytes else ""
         parts.append(f"{name} {t:.3f}s{rate}")
-    return " | ".join(parts)
+    print(f"  {scenario:<{width}} " + " | ".join(parts))
+    print(
+        f"  {'':<{width}} alkfs vs {versus}: {ratio:.2f}x (target >= {target:.2g}x) "
+        f"{'PASS' if ok else 'FAIL'}{'  ' + note if note else ''}",
+        flush=True,
+    )
+    return ratio, ok
 
 
 def finish(rows: list[dict], failed: list[str], name: str, check: bool) -> int:

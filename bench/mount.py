@@ -184,14 +184,7 @@ class Report:
         nbytes: int | None = None,
         note: str = "",
     ) -> None:
-        ratio = times[versus] / times["alkfs"]
-        ok = ratio >= target
-        print(f"  {scenario:<34} " + common.rate_parts(times, nbytes))
-        print(
-            f"  {'':<34} alkfs vs {versus}: {ratio:.2f}x (target >= {target:.2g}x) "
-            f"{'PASS' if ok else 'FAIL'}{'  ' + note if note else ''}",
-            flush=True,
-        )
+        ratio, ok = common.verdict(scenario, times, versus, target, nbytes, width=34, note=note)
         self.rows.append(
             {
                 "scenario": scenario,

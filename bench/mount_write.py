@@ -104,14 +104,7 @@ class Report:
         nbytes: int | None = None,
         cpu: dict[str, float] | None = None,
     ) -> None:
-        ratio = times["plain"] / times["alkfs"]
-        ok = ratio >= target
-        print(f"  {scenario:<36} " + common.rate_parts(times, nbytes))
-        print(
-            f"  {'':<36} alkfs vs plain: {ratio:.2f}x (target >= {target:g}x) "
-            f"{'PASS' if ok else 'FAIL'}",
-            flush=True,
-        )
+        ratio, ok = common.verdict(scenario, times, "plain", target, nbytes, width=36)
         if cpu:
             print(
                 f"  {'':<36} cpu s: "
