@@ -6,6 +6,7 @@ the folder of the rootless tests/conftest.py), so a test file does `from helpers
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import subprocess
 from pathlib import Path
@@ -52,3 +53,9 @@ def write_close(path: Path, data: bytes) -> None:
         os.write(fd, data)
     finally:
         os.close(fd)
+
+
+def sweep(m) -> dict:
+    """Run a sweep through the mount `m`'s control file; the status's report of it."""
+    m.path(".alkfs", "control").write_text("sweep\n")
+    return json.loads(m.path(".alkfs", "status").read_text())["last_sweep"]

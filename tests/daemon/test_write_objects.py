@@ -7,14 +7,13 @@ from __future__ import annotations
 
 import errno
 import hashlib
-import json
 import os
 import subprocess
 from pathlib import Path
 
 import blake3
 import pytest
-from helpers import os_errno, run, sha, write_close
+from helpers import os_errno, run, sha, sweep, write_close
 
 SMALL = b"a small object, kept in sqlite\n"
 LARGE = bytes(range(256)) * 800  # 204800 bytes: over the default threshold, the large tier
@@ -45,11 +44,6 @@ def leftovers(m) -> list[str]:
         d = m.store_path / sub
         found += [f"{sub}/{n}" for n in (os.listdir(d) if d.exists() else [])]
     return found
-
-
-def sweep(m) -> dict:
-    m.path(".alkfs", "control").write_text("sweep\n")
-    return json.loads(m.path(".alkfs", "status").read_text())["last_sweep"]
 
 
 @pytest.fixture

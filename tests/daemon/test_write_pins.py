@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import errno
 import hashlib
-import json
 import os
 import random
 import subprocess
@@ -18,7 +17,7 @@ from pathlib import Path
 
 import helpers
 import pytest
-from helpers import os_errno, sha, write_close
+from helpers import os_errno, sha, sweep, write_close
 
 SMALL = b"pin me, a small file\n"
 LARGE = bytes(range(256)) * 800  # 204800 bytes: the large tier
@@ -53,11 +52,6 @@ def serves(m, data: bytes) -> None:
 def store_object(m, data: bytes) -> Path:
     write_close(m.path("objects", "sha256", f"new-{os.urandom(4).hex()}"), data)
     return m.path("objects", "sha256", sha(data))
-
-
-def sweep(m) -> dict:
-    m.path(".alkfs", "control").write_text("sweep\n")
-    return json.loads(m.path(".alkfs", "status").read_text())["last_sweep"]
 
 
 @pytest.fixture
