@@ -46,9 +46,10 @@ def os_errno(fn, *args) -> int:
     return caught.value.errno
 
 
-def write_close(path: Path, data: bytes) -> None:
-    """open(O_CREAT|O_EXCL), write, close: the close reports whether it was stored."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+def write_close(path: Path, data: bytes, *, replace: bool = False) -> None:
+    """open(O_CREAT|O_EXCL), or O_CREAT|O_TRUNC with `replace`, write, close: the close
+    reports whether it was stored."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | (os.O_TRUNC if replace else os.O_EXCL), 0o644)
     try:
         os.write(fd, data)
     finally:

@@ -15,7 +15,7 @@ import zlib
 from pathlib import Path
 
 import pytest
-from helpers import GIT_ENV
+from helpers import GIT_ENV, write_close
 from helpers import os_errno as errno_of
 
 from alkfs.git.objects import canonical, object_id
@@ -36,11 +36,7 @@ def git(*args, env=None, check=True, input=None) -> subprocess.CompletedProcess:
 
 
 def write_file(path: Path, data: bytes) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        os.write(fd, data)
-    finally:
-        os.close(fd)
+    write_close(path, data, replace=True)
 
 
 def commits(mount, repo: str, n: int) -> list[str]:
