@@ -90,18 +90,18 @@ def fuse_op(describe: Callable[..., str] | None = None) -> Callable[[F], F]:
                 return await fn(self, *args)
             except Exception as exc:
                 code = errno_of(exc)
-                what = _safe_describe(describe, self, args)
                 if code is None:
+                    what = _safe_describe(describe, self, args)
                     log.exception("%s %s: unexpected error; answering EIO", op, what)
                     self.count_error(op, errno.EIO)
                     raise pyfuse3.FUSEError(errno.EIO) from None
                 self.count_error(op, code)
-                if isinstance(exc, pyfuse3.FUSEError):
-                    why = ""
-                else:
-                    why = str(exc)
                 level = logging.DEBUG if code in QUIET else logging.WARNING
+                # Named only when logged: a quiet ENOENT (a shell or git probing names,
+                # cp checking its target) is normal traffic and would pay for the path.
                 if log.isEnabledFor(level):
+                    what = _safe_describe(describe, self, args)
+                    why = "" if isinstance(exc, pyfuse3.FUSEError) else str(exc)
                     log.log(
                         level,
                         "%s %s: errno=%s%s",

@@ -212,16 +212,31 @@ class Operations(pyfuse3.Operations):
     async def write(self, fh: int, off: int, buf: bytes) -> int:
         return await self._handle(fh).write(off, buf)
 
-    @fuse_op(_fh)
+    # flush (every close) and release (the last) come with every open: a handle that
+    # does nothing there is answered without the wrapper's coroutine (git opens and
+    # closes one file per object).
     async def flush(self, fh: int) -> None:
+        h = self.handles.get(fh)
+        if h is None or type(h).flush is not Handle.flush:
+            await self._flush(fh)
+
+    @fuse_op(_fh)
+    async def _flush(self, fh: int) -> None:
         await self._handle(fh).flush()
 
     @fuse_op(_fh)
     async def fsync(self, fh: int, datasync: bool) -> None:
         await self._handle(fh).fsync(datasync)
 
-    @fuse_op(_fh)
     async def release(self, fh: int) -> None:
+        h = self.handles.get(fh)
+        if h is not None and type(h).release is Handle.release:
+            del self.handles[fh]
+            return
+        await self._release(fh)
+
+    @fuse_op(_fh)
+    async def _release(self, fh: int) -> None:
         h = self.handles.pop(fh, None)
         if h is not None:
             await h.release()
