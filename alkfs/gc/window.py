@@ -20,7 +20,7 @@ CREATE TABLE IF NOT EXISTS gc_window (
     key BLOB PRIMARY KEY,
     visible_after INTEGER NOT NULL,
     staged_ns INTEGER NOT NULL
-);
+) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS gc_window_visible ON gc_window (visible_after);
 """
 
