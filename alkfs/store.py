@@ -279,6 +279,12 @@ class Store:
                 fd = -1
             pin = self.arbiter.acquire(key)  # pin before publish
             try:
+                if key.raw in self.corrupt:
+                    # Known-bad stored bytes: these good ones replace them (under our pin,
+                    # so no sweep can act on the key meanwhile) instead of deduping into them.
+                    self.log.warning("repairing corrupt object %s with a verified re-put", key)
+                    self.engine_delete(key.raw)
+                    self.on_deleted(key.raw)
                 stamp = now_ns()
                 if staging is not None:
                     assert self.large is not None
@@ -309,11 +315,15 @@ class Store:
         return self.arbiter.acquire(key)
 
     def freshen(self, key: Key) -> bool:
-        """Count the object as written now (a staged delete of it will be cancelled)."""
-        stamp = now_ns()
-        if self.kv.freshen(key.raw, stamp):
-            return True
-        return self.large is not None and self.large.freshen(key.raw, stamp)
+        """Count the object as written now (a staged delete of it will be cancelled).
+
+        Done under a pin: a delete already in flight finishes first (then this says
+        False, and the caller writes the object again), and none can start meanwhile."""
+        with self.arbiter.acquire(key):
+            stamp = now_ns()
+            if self.kv.freshen(key.raw, stamp):
+                return True
+            return self.large is not None and self.large.freshen(key.raw, stamp)
 
     # -- metadata ---------------------------------------------------------------
     def _entry(self, key: bytes) -> tuple[Entry, str] | None:

@@ -201,7 +201,7 @@ class Walker:
                     modes = dict(map(reversed, entry.findall(data, nul + 1)))
                     for child in modes.keys() - seen:
                         mode = modes[child]
-                        if mode == b"40000":
+                        if mode.lstrip(b"0") == b"40000":  # git accepts a zero-padded 040000
                             nxt.add(child)
                         elif mode != b"160000":  # gitlinks belong to other repositories
                             seen.add(child)

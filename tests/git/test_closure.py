@@ -206,3 +206,24 @@ def test_a_walk_that_met_a_missing_object_walks_again_at_the_next_mark(app, make
     app.store.add(data, Algorithm.GIT_SHA1)  # the object arrives after the mark
     assert app.closure.live_keys() == src.rev_list_keys()
     assert app.closure.builds == 2  # same refs, but the first walk was incomplete
+
+
+@pytest.mark.parametrize("memory", [False, True], ids=["sqlite", "mem"])
+def test_a_zero_padded_tree_mode_is_walked_like_any_tree(tmp_path, make_repo, memory):
+    # git accepts (with a warning) trees whose subtree entries say 040000 instead of 40000.
+    src = make_repo()
+    src.write("inner/leaf.txt", "under a zero-padded mode\n")
+    src.commit("one")
+    inner = src.git("rev-parse", "HEAD:inner").strip()
+    padded = b"040000 inner\0" + bytes.fromhex(inner)
+    tree = src.git("hash-object", "-t", "tree", "--literally", "-w", "--stdin", input=padded)
+    commit = src.git("commit-tree", tree.strip(), "-m", "padded").strip()
+    src.git("update-ref", "refs/heads/padded", commit)
+    app = Alkfs.memory() if memory else Alkfs.open(tmp_path / "store")
+    try:
+        import_repo(app, src.gitdir, "r", progress=False)
+        assert app.closure.live_keys() == src.rev_list_keys()
+        leaf = src.git("rev-parse", "HEAD:inner/leaf.txt").strip()
+        assert Key.from_hex(Algorithm.GIT_SHA1, leaf).raw in app.closure.live_keys()
+    finally:
+        app.close()

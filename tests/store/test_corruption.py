@@ -133,3 +133,34 @@ def test_only_the_changed_object_is_reported_and_the_others_still_serve(dual: Co
         if key in (keys[1], keys[4]):
             continue
         assert store.get(key) == content
+
+
+def test_a_verified_re_put_repairs_a_known_corrupt_kv_object(sqlite_column: Column) -> None:
+    store = sqlite_column.store
+    content = patterned(300, 181)
+    key = store.add(content)
+    edit_kv_row(sqlite_column, key, flip(content, 10))
+    with pytest.raises(Corrupt):
+        store.get(key)
+    result = store.put(content)
+    result.pin.release()
+    assert (result.key, result.created) == (key, True)
+    assert store.get(key) == content
+    assert key.raw not in store.corrupt
+    assert sqlite_column.pool_rows() == 1
+
+
+def test_a_verified_re_put_repairs_a_known_corrupt_large_object(dual: Column) -> None:
+    store = dual.store
+    content = patterned(3 * dual.threshold + 5, 179)
+    key = store.add(content)
+    edit_large_file(dual, key, at=2 * dual.threshold, keep_times=False)
+    with pytest.raises(Corrupt):
+        store.get(key)
+    result = store.put(content)
+    result.pin.release()
+    assert (result.key, result.created) == (key, True)
+    assert store.get(key) == content
+    assert store.read_range(key, 0, 9)[0] == content[:9]
+    assert key.raw not in store.corrupt
+    assert dual.large_files() == 1
