@@ -295,9 +295,10 @@ class _Spooler:
                 raise StoreIO(f"{source} was swept before the file was written again")
             path = store.large_path(source) if st.tier == "large" else None
             if path is None:
-                data = store.kv_value(source) or b""
-                os.pwrite(self.fd, data, 0)
+                data = store.get(source)  # verified: corrupt bytes are never carried over
+                os.pwrite(self.fd, data or b"", 0)
                 return
+            store.verify_file(source, path)  # hashed once, then remembered
             src = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
             try:
                 left, off = st.size, 0
@@ -678,7 +679,7 @@ class StagedFile(File):
                 raise
             try:
                 await self.parent.publish(self, result)  # type: ignore[union-attr]
-            except Exception as exc:
+            except BaseException as exc:  # cancellation too: a pin must never leak
                 result.pin.release()  # (publish releases it; a second release is a no-op)
                 self.error = errno_of(exc) or errno.EIO
                 raise
