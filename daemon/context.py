@@ -37,6 +37,7 @@ class Options:
     read_only: bool = False
     allow_other: bool = False
     threads: int = 16
+    push_grace_s: float | None = None  # None: max(10 min, the window) (scratch.Writes)
 
 
 class Context:

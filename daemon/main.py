@@ -1,12 +1,15 @@
 """alkfsd: mount a store and serve it until unmounted, SIGINT or SIGTERM (then exit 0).
 
     alkfsd STORE MNT [--threshold N] [--window 1h] [--kv-only] [--sweep-every 15m]
-                     [--read-only] [--allow-other] [--config FILE] [--demo]
+                     [--push-grace 10m] [--read-only] [--allow-other] [--config FILE]
+                     [--demo]
 
-The config file (TOML) takes the same keys (`store`, `mountpoint`, `threshold`,
-`window`, `kv_only`, `sweep_every`, `read_only`, `allow_other`, `demo`); flags on the
-command line win. Readiness is reported to systemd (`READY=1` on $NOTIFY_SOCKET)
-once the mount answers.
+`--push-grace` is how long the objects a push (or any git write through
+/repos/<id>/objects) stored stay pinned when no ref write of it commits (default
+max(10 min, the window); see daemon/scratch.py). The config file (TOML) takes the same
+keys (`store`, `mountpoint`, `threshold`, `window`, `kv_only`, `sweep_every`,
+`push_grace`, `read_only`, `allow_other`, `demo`); flags on the command line win.
+Readiness is reported to systemd (`READY=1` on $NOTIFY_SOCKET) once the mount answers.
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ CONFIG_KEYS = {
     "window",
     "kv_only",
     "sweep_every",
+    "push_grace",
     "read_only",
     "allow_other",
     "demo",
@@ -62,6 +66,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--window", help="sweep delete window, e.g. 0, 15m, 1h (default 1h)")
     p.add_argument("--kv-only", action="store_true", default=None, help="sqlite only")
     p.add_argument("--sweep-every", help="run a sweep periodically, e.g. 15m")
+    p.add_argument(
+        "--push-grace", help="pins of a push with no ref write go after this (max(10m, window))"
+    )
     p.add_argument("--read-only", action="store_true", default=None, help="refuse every change")
     p.add_argument("--allow-other", action="store_true", default=None, help="let other users in")
     p.add_argument("--config", help="TOML file with the same keys")
@@ -92,7 +99,7 @@ def settings(argv: list[str] | None) -> dict[str, Any]:
     if not out.get("store") or not out.get("mountpoint"):
         raise Usage("STORE and MOUNTPOINT are required (on the command line or in --config)")
     try:
-        for key in ("window", "sweep_every"):
+        for key in ("window", "sweep_every", "push_grace"):
             if out.get(key) is not None:
                 out[key] = parse_duration(str(out[key]))
     except ValueError as exc:
@@ -263,7 +270,9 @@ def main(argv: list[str] | None = None) -> int:
         if conf.get("demo"):
             demo(app, store)
         options = Options(
-            read_only=bool(conf.get("read_only")), allow_other=bool(conf.get("allow_other"))
+            read_only=bool(conf.get("read_only")),
+            allow_other=bool(conf.get("allow_other")),
+            push_grace_s=conf.get("push_grace"),
         )
         ctx = Context(store, app=app, options=options, live=True)
         ctx.mountpoint = mnt

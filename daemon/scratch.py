@@ -25,9 +25,10 @@ Here lives everything that is not yet a stored object:
   write of that process in that repository commits (git's receive-pack migrates the
   quarantine and writes the refs itself), or until any ref write in that repository
   commits once the writing process has exited, or until the grace period
-  (max(10 min, the sweep window)) passes. Objects written through /git/<format>/ (by
-  alternates users, whose refs live outside the mount) are not pinned: the window
-  protects them, as it protects every object written before the ref that names it.
+  (max(10 min, the sweep window), or alkfsd's `--push-grace`) passes. Objects written
+  through /git/<format>/ (by alternates users, whose refs live outside the mount) are not
+  pinned: the window protects them, as it protects every object written before the ref
+  that names it.
 - Freshens (`touch`/`utime` of a loose file) made by a process that belongs to a push
   (the quarantine's creator or one of its children, e.g. unpack-objects finding an
   object already stored) pin that object in the push's session, so an object a push
@@ -73,6 +74,7 @@ log = logging.getLogger("alkfsd")
 SCRATCH_DIR = "scratch"
 GRACE_MIN_S = 600.0  # pins of a push that never writes a ref go after this (or the window)
 EXPIRE_EVERY_S = 30.0
+EXPIRE_MIN_S = 0.5  # the expiry loop's shortest period (a grace of a few seconds)
 SCRATCH_TIMEOUT = 60.0  # entry/attribute timeout of scratch files and directories
 RepoKey = tuple[str, int]  # (repository id, creation time): a re-created id is another repo
 
@@ -160,7 +162,12 @@ class Writes:
         self.quarantines: dict[int, ScratchDir] = {}  # serial -> a scratch dir made in objects/
         self.locks: dict[tuple[RepoKey, str], Node] = {}  # git's .lock files, by ref
         self.ref_dirs: dict[RepoKey, set[str]] = {}  # mkdir'ed ref directories holding no ref
-        self.grace_s = max(GRACE_MIN_S, ctx.store.window_ns / 1e9)
+        configured = ctx.options.push_grace_s  # alkfsd --push-grace
+        self.grace_s = (
+            max(GRACE_MIN_S, ctx.store.window_ns / 1e9) if configured is None else configured
+        )
+        # looked at often enough for a short grace to mean what it says
+        self.expire_every_s = min(EXPIRE_EVERY_S, max(EXPIRE_MIN_S, self.grace_s / 2))
         self._expiring = False
 
     # -- scratch names inside store-backed directories ------------------------------------
@@ -252,7 +259,7 @@ class Writes:
 
     async def _expiry_loop(self) -> None:
         while True:
-            await trio.sleep(EXPIRE_EVERY_S)
+            await trio.sleep(self.expire_every_s)
             try:
                 self.expire()
             except Exception:
