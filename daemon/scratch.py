@@ -302,10 +302,8 @@ async def ingest(
     for `repo`'s session when it came through a repository, released at once otherwise."""
     key = Key.from_hex(algo, hexname)
     data = node.read_all()
-    if len(data) <= 65536:
-        result = ingest_blocking(ctx, data, algo, key)
-    else:
-        result = await ctx.run_sync(ingest_blocking, ctx, data, algo, key)
+    # Always off the trio thread: the put writes sqlite and may wait out a sweep's delete.
+    result = await ctx.run_sync(ingest_blocking, ctx, data, algo, key)
     if repo is not None:
         writes(ctx).hold(repo, pid, result.pin)
     else:
@@ -391,14 +389,15 @@ async def ingest_pack(
     return len(results)
 
 
-def freshened(ctx: Context, key: Key, pid: int) -> None:
-    """A loose file was touched: if the toucher works for a push, pin the object for it."""
+async def freshened(ctx: Context, key: Key, pid: int) -> None:
+    """A loose file was touched: if the toucher works for a push, pin the object for it
+    (in a worker thread: the pin waits out an in-flight delete of the key)."""
     w = _WRITES.get(ctx)
     if w is None:
         return
     owner = w.push_of(pid)
     if owner is not None:
-        w.hold(owner[0], owner[1], ctx.store.pin(key))
+        w.hold(owner[0], owner[1], await ctx.run_sync(ctx.store.pin, key))
 
 
 # -- nodes --------------------------------------------------------------------------------------

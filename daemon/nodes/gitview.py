@@ -394,7 +394,7 @@ class LooseFile(ObjectFile):
     async def setattr(self, attr: Any, fields: Any, handle: Handle | None, ctx: Any) -> Any:
         """touch/utime freshens (ObjectFile); a toucher working for a push pins it first."""
         if changes_anything(fields):
-            scratch.freshened(self.ctx, self.key, scratch.pid_of(ctx))
+            await scratch.freshened(self.ctx, self.key, scratch.pid_of(ctx))
         return await super().setattr(attr, fields, handle, ctx)
 
     async def open(self, flags: int, ctx: Any) -> Handle:
