@@ -744,6 +744,34 @@ async def link_in(host: Node, name: bytes, node: Node) -> Node:
     return node
 
 
+class ScratchOverlay:
+    """For a directory where git also makes its temporary files: its scratch names sit
+    beside its own entries. create, link and scratch_names go to the scratch area;
+    unlink and rename do too when the name is a scratch one, else to the next class
+    (so mix it in first: `class X(ScratchOverlay, Dir)`)."""
+
+    __slots__ = ()
+
+    async def create(self, name: bytes, mode: int, flags: int, ctx: Any) -> tuple[Node, Handle]:
+        return await create_in(self, name, mode, flags, ctx)  # type: ignore[arg-type]
+
+    def scratch_names(self) -> dict[bytes, Node]:
+        return writes(self.ctx).overlay(self)  # type: ignore[attr-defined, arg-type]
+
+    async def link(self, name: bytes, node: Node, ctx: Any) -> Node:
+        return await link_in(self, name, node)  # type: ignore[arg-type]
+
+    async def unlink(self, name: bytes, ctx: Any) -> None:
+        if not unlink_in(self, name):  # type: ignore[arg-type]
+            await super().unlink(name, ctx)  # type: ignore[misc]
+
+    async def rename(
+        self, name: bytes, new_parent: Node, new_name: bytes, flags: int, ctx: Any
+    ) -> None:
+        if not await rename_from(self, name, new_parent, new_name, flags, ctx):  # type: ignore[arg-type]
+            await super().rename(name, new_parent, new_name, flags, ctx)  # type: ignore[misc]
+
+
 def close(ctx: Context) -> None:
     """At daemon end: pins released, scratch bytes removed."""
     w = _WRITES.pop(ctx, None)

@@ -163,7 +163,7 @@ class GitDir(StaticDir):
         return out
 
 
-class ObjectDir(StaticDir):
+class ObjectDir(scratch.ScratchOverlay, StaticDir):
     """/git/<format>: 256 fan-out directories, then empty `info/` and `pack/`."""
 
     __slots__ = ("algo", "typical")
@@ -206,25 +206,6 @@ class ObjectDir(StaticDir):
             fail(errno.EPERM, "only git's fan-out directories are made here")
         return node  # git makes <xx>/ before writing into it: it is always there
 
-    async def create(self, name: bytes, mode: int, flags: int, ctx: Any) -> tuple[Node, Handle]:
-        return await scratch.create_in(self, name, mode, flags, ctx)
-
-    def scratch_names(self) -> dict[bytes, Node]:
-        return scratch.writes(self.ctx).overlay(self)
-
-    async def unlink(self, name: bytes, ctx: Any) -> None:
-        if not scratch.unlink_in(self, name):
-            await super().unlink(name, ctx)
-
-    async def link(self, name: bytes, node: Node, ctx: Any) -> Node:
-        return await scratch.link_in(self, name, node)
-
-    async def rename(
-        self, name: bytes, new_parent: Node, new_name: bytes, flags: int, ctx: Any
-    ) -> None:
-        if not await scratch.rename_from(self, name, new_parent, new_name, flags, ctx):
-            await super().rename(name, new_parent, new_name, flags, ctx)
-
 
 class EmptyDir(Dir):
     """A directory that is always empty (`pack/`, `info/`)."""
@@ -232,7 +213,7 @@ class EmptyDir(Dir):
     __slots__ = ()
 
 
-class FanoutDir(Dir):
+class FanoutDir(scratch.ScratchOverlay, Dir):
     """/git/<format>/<xx>: the objects whose id starts with xx, listed a page at a time in
     key order (offsets are the objects' cookies, as in /objects)."""
 
@@ -336,25 +317,14 @@ class FanoutDir(Dir):
     async def create(self, name: bytes, mode: int, flags: int, ctx: Any) -> tuple[Node, Handle]:
         if self.key_of(name) is not None:
             fail(errno.EPERM, "objects are written as a temporary file, then linked")
-        return await scratch.create_in(self, name, mode, flags, ctx)
-
-    def scratch_names(self) -> dict[bytes, Node]:
-        return scratch.writes(self.ctx).overlay(self)
+        return await super().create(name, mode, flags, ctx)
 
     async def link(self, name: bytes, node: Node, ctx: Any) -> Node:
         if self.key_of(name) is not None:
             return await self.adopt(name, node, ctx)
-        return await scratch.link_in(self, name, node)
+        return await super().link(name, node, ctx)
 
-    async def unlink(self, name: bytes, ctx: Any) -> None:
-        if not scratch.unlink_in(self, name):
-            await super().unlink(name, ctx)  # an object: EPERM (deletion is the sweep's)
-
-    async def rename(
-        self, name: bytes, new_parent: Node, new_name: bytes, flags: int, ctx: Any
-    ) -> None:
-        if not await scratch.rename_from(self, name, new_parent, new_name, flags, ctx):
-            await super().rename(name, new_parent, new_name, flags, ctx)
+    # unlink of an object falls through the overlay to EPERM (deletion is the sweep's)
 
 
 class LooseFile(ObjectFile):

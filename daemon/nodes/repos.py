@@ -680,7 +680,7 @@ class RefDir(Dir):
         await readdir_snapshot(dh, start, emit, entries)
 
 
-class RepoObjectsDir(Dir):
+class RepoObjectsDir(scratch.ScratchOverlay, Dir):
     """/repos/<id>/objects: resolves <xx>/<rest>, lists only info/ and pack/."""
 
     __slots__ = ("repo",)
@@ -722,27 +722,11 @@ class RepoObjectsDir(Dir):
     async def create(self, name: bytes, mode: int, flags: int, ctx: Any) -> tuple[Node, Handle]:
         if self._child(name) is not None:
             fail(errno.EEXIST)
-        return await scratch.create_in(self, name, mode, flags, ctx)
-
-    def scratch_names(self) -> dict[bytes, Node]:
-        return scratch.writes(self.ctx).overlay(self)
-
-    async def unlink(self, name: bytes, ctx: Any) -> None:
-        if not scratch.unlink_in(self, name):
-            await super().unlink(name, ctx)
+        return await super().create(name, mode, flags, ctx)
 
     async def rmdir(self, name: bytes, ctx: Any) -> None:
         if not scratch.rmdir_in(self, name):
             await super().rmdir(name, ctx)
-
-    async def link(self, name: bytes, node: Node, ctx: Any) -> Node:
-        return await scratch.link_in(self, name, node)
-
-    async def rename(
-        self, name: bytes, new_parent: Node, new_name: bytes, flags: int, ctx: Any
-    ) -> None:
-        if not await scratch.rename_from(self, name, new_parent, new_name, flags, ctx):
-            await super().rename(name, new_parent, new_name, flags, ctx)
 
 
 _FANOUT = frozenset(FANOUT)
@@ -768,7 +752,7 @@ class RepoFanoutDir(FanoutDir):
         return repo_key(parent.repo)
 
 
-class RepoPackDir(Dir):
+class RepoPackDir(scratch.ScratchOverlay, Dir):
     """/repos/<id>/objects/pack: empty, except while a push moves its pack in. When the
     index arrives (git moves it after the pack) every object of the pack is verified and
     stored, pinned for the push (scratch.ingest_pack); the files stay listed until git
@@ -790,14 +774,8 @@ class RepoPackDir(Dir):
     async def readdir(self, dh: DirHandle, start: int, emit: Emit) -> None:
         await readdir_snapshot(dh, start, emit, lambda: scratch.entries_in(self))
 
-    async def create(self, name: bytes, mode: int, flags: int, ctx: Any) -> tuple[Node, Handle]:
-        return await scratch.create_in(self, name, mode, flags, ctx)
-
-    def scratch_names(self) -> dict[bytes, Node]:
-        return scratch.writes(self.ctx).overlay(self)
-
     async def link(self, name: bytes, node: Node, ctx: Any) -> Node:
-        out = await scratch.link_in(self, name, node)
+        out = await super().link(name, node, ctx)
         await self.arrived(name, ctx)
         return out
 
