@@ -74,9 +74,11 @@ class Pins:
             raise Invalid(f"invalid pin name {name!r}")
 
     # -- the names -----------------------------------------------------------------
-    def pin(self, name: str, key: Key) -> PinRecord:
+    def pin(self, name: str, key: Key, replace: bool | Key = False) -> PinRecord:
         """Pin `key` as `name`: Missing if the object is absent, Exists if the name is
-        taken by another object; pinning the same object again is a no-op."""
+        taken by another object; pinning the same object again is a no-op. `replace`
+        lets the name move to `key` in the same transaction: from any object (True) or
+        only from that one (a Key)."""
         self._check_name(name)
         held = self.store.pin(key)  # waits out an in-flight delete of this key
         wrote = False
@@ -88,9 +90,11 @@ class Pins:
                     "SELECT key, created_ns FROM pins WHERE name = ?", (name,)
                 ).fetchone()
                 if row is not None:
-                    if bytes(row[0]) != key.raw:
+                    if bytes(row[0]) == key.raw:
+                        return PinRecord(name, key, row[1])
+                    if replace is not True and (replace is False or replace.raw != bytes(row[0])):
                         raise Exists(f"the pin {name!r} names another object")
-                    return PinRecord(name, key, row[1])
+                    conn.execute("DELETE FROM pins WHERE name = ?", (name,))
                 record = PinRecord(name, key, now_ns())
                 conn.execute(
                     "INSERT INTO pins (name, key, created_ns) VALUES (?, ?, ?)",
@@ -108,7 +112,9 @@ class Pins:
                 raise Missing(f"no pin {name!r}")
         self._bump()
 
-    def rename(self, old: str, new: str) -> None:
+    def rename(self, old: str, new: str, replace: bool = False) -> None:
+        """Rename a pin (Missing: no `old`); a pin `new` is Exists, or with `replace`
+        is dropped in the same transaction (what `mv` expects)."""
         self._check_name(new)
         with self.tables.tx() as conn:
             if conn.execute("SELECT 1 FROM pins WHERE name = ?", (old,)).fetchone() is None:
@@ -116,7 +122,9 @@ class Pins:
             if old == new:
                 return
             if conn.execute("SELECT 1 FROM pins WHERE name = ?", (new,)).fetchone() is not None:
-                raise Exists(f"the pin {new!r} exists")
+                if not replace:
+                    raise Exists(f"the pin {new!r} exists")
+                conn.execute("DELETE FROM pins WHERE name = ?", (new,))
             conn.execute("UPDATE pins SET name = ? WHERE name = ?", (new, old))
         self._bump()
 

@@ -82,35 +82,19 @@ def _pin(pins: Any, name: str, key: Key, replace: Key | None = None) -> PinRecor
     """Pin `key` as `name` (Invalid: bad name; Missing: not stored). A pin `name` on
     `replace` (what this writer stored before) is replaced; on any other object, Exists."""
     with PIN_LOCK:
-        rec = pins.get(name)
-        if rec is not None and rec.key != key and replace is not None and rec.key == replace:
-            pins.unpin(name)
-        return pins.pin(name, key)
+        return pins.pin(name, key, replace=replace or False)
 
 
 def _pin_over(pins: Any, name: str, key: Key) -> PinRecord:
-    """Pin `key` as `name`, replacing whatever `name` named (a rename onto it)."""
-    if not valid_pin_name(name):
-        raise Invalid(f"invalid pin name {name!r}")
+    """Pin `key` as `name`, replacing whatever `name` named (a rename onto it): one transaction."""
     with PIN_LOCK:
-        rec = pins.get(name)
-        if rec is not None and rec.key != key:
-            pins.unpin(name)
-        return pins.pin(name, key)
+        return pins.pin(name, key, replace=True)
 
 
 def _rename_over(pins: Any, old: str, new: str) -> PinRecord:
-    """Rename the pin `old` to `new`, replacing a pin `new`."""
-    if not valid_pin_name(new):
-        raise Invalid(f"invalid pin name {new!r}")
+    """Rename the pin `old` to `new`, replacing a pin `new`: one transaction."""
     with PIN_LOCK:
-        src = pins.get(old)
-        if src is None:
-            raise Missing(f"no pin {old!r}")
-        dst = pins.get(new)
-        if dst is not None:
-            pins.unpin(new)
-        pins.rename(old, new)
+        pins.rename(old, new, replace=True)
         rec = pins.get(new)
         assert rec is not None
         return rec

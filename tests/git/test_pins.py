@@ -78,6 +78,29 @@ def test_unpin_and_rename(app):
     assert [p.name for p in app.pins.list()] == ["two"]
 
 
+def test_a_replacing_pin_moves_the_name_in_one_step_only_from_the_object_it_names(app):
+    a, b, c = app.store.add(b"a"), app.store.add(b"b"), app.store.add(b"c")
+    app.pins.pin("p", a)
+    with pytest.raises(Exists):
+        app.pins.pin("p", b, replace=c)  # the name is on a, not on c: refused, unchanged
+    assert app.pins.get("p").key == a
+    counter = app.pins.write_counter
+    assert app.pins.pin("p", b, replace=a).key == b
+    assert app.pins.pin("p", c, replace=True).key == c
+    assert [(r.name, r.key) for r in app.pins.list()] == [("p", c)]
+    assert app.pins.write_counter == counter + 2
+
+
+def test_a_replacing_rename_drops_the_target_in_the_same_step(app):
+    a, b = app.store.add(b"a"), app.store.add(b"b")
+    app.pins.pin("one", a)
+    app.pins.pin("two", b)
+    app.pins.rename("one", "two", replace=True)
+    assert [(r.name, r.key) for r in app.pins.list()] == [("two", a)]
+    app.pins.rename("two", "two", replace=True)  # onto itself: nothing changes
+    assert [(r.name, r.key) for r in app.pins.list()] == [("two", a)]
+
+
 def test_pins_survive_a_reopen(tmp_path, app):
     key = app.store.add(b"durable")
     record = app.pins.pin("keep", key)
