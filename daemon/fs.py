@@ -22,6 +22,18 @@ from .nodes.root import Root
 
 log = logging.getLogger("alkfsd")
 
+# FileInfo.noflush comes from third_party/pyfuse3-noflush.patch (the Makefile builds
+# pyfuse3 with it). With it, closing a file whose handle has nothing to flush (every
+# read-only open) costs no FLUSH round trip; a stock pyfuse3 still works, with the trip.
+NOFLUSH = hasattr(pyfuse3.FileInfo(), "noflush")
+
+
+def _file_info(fh: int, handle: Handle) -> pyfuse3.FileInfo:
+    fi = pyfuse3.FileInfo(fh=fh, keep_cache=handle.keep_cache, direct_io=handle.direct_io)
+    if NOFLUSH and type(handle).flush is Handle.flush:
+        fi.noflush = True
+    return fi
+
 
 def _ino(self: Operations, ino: int, *rest: Any) -> str:
     node = self.inodes.get(ino)
@@ -184,7 +196,7 @@ class Operations(pyfuse3.Operations):
         handle = await node.open(flags, ctx)
         fh = self._fh_for()
         self.handles[fh] = handle
-        return pyfuse3.FileInfo(fh=fh, keep_cache=handle.keep_cache, direct_io=handle.direct_io)
+        return _file_info(fh, handle)
 
     @fuse_op(_child)
     async def create(
@@ -195,8 +207,7 @@ class Operations(pyfuse3.Operations):
         attr = self._entry(child)
         fh = self._fh_for()
         self.handles[fh] = handle
-        fi = pyfuse3.FileInfo(fh=fh, keep_cache=handle.keep_cache, direct_io=handle.direct_io)
-        return fi, attr
+        return _file_info(fh, handle), attr
 
     def _handle(self, fh: int) -> Handle:
         h = self.handles.get(fh)
