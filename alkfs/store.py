@@ -35,6 +35,7 @@ from .tiers import Entry
 from .tiers.local import LocalTier
 from .tiers.memory import MemoryTier
 from .tiers.sqlite import SqliteTier
+from .tiers.staging import StagingWriter
 
 DEFAULT_THRESHOLD = 131072
 DEFAULT_WINDOW_S = 3600
@@ -243,7 +244,7 @@ class Store:
         head = b""
         total = 0
         staging: Path | None = None
-        fd = -1
+        writer: StagingWriter | None = None
         try:
             for chunk in _chunks(source):
                 if not chunk:
@@ -253,19 +254,20 @@ class Store:
                     raise Verification(f"more bytes than the declared length {length}")
                 if len(head) < MAX_HEADER:
                     head += chunk[: MAX_HEADER - len(head)]
+                if writer is not None:
+                    writer.write(chunk)  # written by its thread while this one hashes
                 hasher.update(chunk)
-                if staging is None:
+                if writer is None:
                     buf += chunk
                     if len(buf) > self.threshold:
                         if self.mode == "kv-only":
                             raise TooLarge(f"over the kv-only threshold {self.threshold}")
                         if spill:
                             assert self.large is not None
-                            staging, fd = self.large.new_staging()
-                            _write_all(fd, buf)
+                            writer = self.large.new_writer()
+                            staging = writer.path
+                            writer.write(buf)
                             buf = bytearray()
-                else:
-                    _write_all(fd, chunk)
             if length is not None and total != length:
                 raise Verification(f"{total} bytes where {length} were declared")
             if algo.is_git:
@@ -273,10 +275,9 @@ class Store:
             key = Key.of(algo, hasher.digest())
             if expect is not None and key != expect:
                 raise Verification(f"the content hashes to {key}, not {expect}")
-            if staging is not None:
-                os.fsync(fd)
-                os.close(fd)
-                fd = -1
+            if writer is not None:
+                writer.finish()  # every byte written and fsynced
+                writer.close()
             pin = self.arbiter.acquire(key)  # pin before publish
             try:
                 if key.raw in self.corrupt:
@@ -299,8 +300,8 @@ class Store:
         except OSError as exc:
             raise StoreIO(f"the large tier failed: {exc}") from exc
         finally:
-            if fd >= 0:
-                os.close(fd)
+            if writer is not None:
+                writer.close()
             if staging is not None and self.large is not None:
                 self.large.discard(staging)
 
@@ -821,10 +822,3 @@ class Store:
             self._unpin_raws(list(raws))
             raise
         return created
-
-
-def _write_all(fd: int, data: bytes | bytearray) -> None:
-    view = memoryview(data)
-    while view:
-        n = os.write(fd, view)
-        view = view[n:]

@@ -15,6 +15,7 @@ from pathlib import Path
 from ..errors import Invalid
 from ..keys import Algorithm, Key
 from . import Entry
+from .staging import StagingWriter
 
 STAGING = ".staging"
 
@@ -60,11 +61,11 @@ class LocalTier:
         except FileNotFoundError:
             return None
 
-    def new_staging(self) -> tuple[Path, int]:
-        """A fresh staging file, open for writing: (path, fd)."""
+    def new_writer(self) -> StagingWriter:
+        """A fresh staging file, written by a StagingWriter (close it on every path)."""
         path = self.staging / uuid.uuid4().hex
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o444)
-        return path, fd
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o444)
+        return StagingWriter(path, fd)
 
     def discard(self, staging: Path) -> None:
         with contextlib.suppress(FileNotFoundError):

@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pysqlite3.dbapi2 as sqlite3
@@ -70,6 +71,19 @@ while True:
 )
 
 
+def wait_for_staging(root: Path, size: int, timeout: float = 30.0) -> None:
+    """Until the put in flight has written `size` bytes into its staging file (its
+    writer thread writes what the put has hashed a moment later)."""
+    staging = root / LARGE_DIR / ".staging"
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        sizes = [os.path.getsize(staging / n) for n in os.listdir(staging)]
+        if sizes == [size]:
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"no staging file of {size} bytes within {timeout}s")
+
+
 def run_writer(root: Path, kind: str, stop_at: int) -> dict[int, str]:
     """Run the writer; SIGKILL it once it has reported `stop_at` keys (and, for the slow
     kinds, once put number `stop_at` is mid-stream). Returns every key it reported."""
@@ -89,6 +103,8 @@ def run_writer(root: Path, kind: str, stop_at: int) -> dict[int, str]:
                 if kind == "tight" and len(reported) == stop_at:
                     break
             elif tag == "mid" and int(index) == stop_at:
+                if kind == "large":
+                    wait_for_staging(root, 2048)
                 break
         proc.send_signal(signal.SIGKILL)
         proc.wait()
