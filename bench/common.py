@@ -76,6 +76,11 @@ def alkfsd(store: Path, mnt: Path, log: Path) -> Mount:
     return Mount("alkfsd", [str(BIN / "alkfsd"), str(store), str(mnt)], mnt, log)
 
 
+def nullfs(mnt: Path, log: Path) -> Mount:
+    """bench/nullfs.py (not started yet): a pyfuse3 file system that stores nothing."""
+    return Mount("nullfs", [sys.executable, str(HERE / "nullfs.py"), str(mnt)], mnt, log)
+
+
 def bindfs(src: Path, mnt: Path, log: Path) -> Mount:
     """A `bindfs -f` (not started yet) serving the directory `src` at `mnt`."""
     return Mount(f"bindfs {src.name}", ["bindfs", "-f", str(src), str(mnt)], mnt, log)

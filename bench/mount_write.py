@@ -18,8 +18,17 @@ Scenarios (full / --quick sizes):
 2. 10,000 (1,000) small files of 1-4 KiB: `cp -r SRC/. MNT/pins/` and
    `cp -r SRC/. MNT/objects/sha256/` against `cp -r SRC/. PLAIN/run-N/`.
 
-Each time is the median of several runs (every run writes fresh names; what a run
-pinned is removed, untimed, before the next). Ratios are throughput ratios (plain time /
+Each time is the median of several runs. Every run writes fresh names and starts from
+the same state on both sides: what the previous run wrote is removed, untimed (the plain
+copy deleted; the pins removed and the objects deleted by two sweeps, the daemon running
+with --window 0), so neither side stores into memory the other side reuses. (On a VM
+whose balloon takes freed memory back, the first touch of a page costs ~3 us: 0.1 s per
+128 MiB, more than the plain copy itself.)
+
+The floor: the same writes into bench/nullfs.py, a pyfuse3 file system that keeps names
+and throws the bytes away, are printed for each scenario. It answers the same FUSE
+requests as alkfs and does nothing else, so its ratio bounds what any pyfuse3 file
+system can reach on this machine. Ratios are throughput ratios (plain time /
 alkfs time). Targets: the large file >= 0.5x, small files >= 0.2x. The CPU seconds of
 the median run (the tool's, the daemon's) are printed too: on a busy machine the wall
 ratio mostly measures how long each FUSE round trip waits for a CPU.
@@ -148,13 +157,30 @@ def clear_pins(mnt: Path) -> None:
         os.unlink(mnt / "pins" / name)
 
 
+def free_objects(mnt: Path) -> None:
+    """Delete every unreferenced object now (window 0: stage, then delete), then sync."""
+    for _ in range(2):
+        (mnt / ".alkfs" / "control").write_text("sweep\n")
+    os.sync()
+
+
+def floor_line(times: dict[str, float], floor: float, report: Report) -> None:
+    print(
+        f"  {'':<36} floor: a pyfuse3 fs that stores nothing (bench/nullfs.py) "
+        f"{floor:.3f}s, {times['plain'] / floor:.2f}x plain",
+        flush=True,
+    )
+    report.rows[-1]["floor_s"] = round(floor, 4)
+    report.rows[-1]["floor_ratio"] = round(times["plain"] / floor, 3)
+
+
 def drop_dir(path: Path) -> None:
     shutil.rmtree(path, ignore_errors=True)
     os.sync()
 
 
-def run(sizes: Sizes, work: Path, daemon: Mount, report: Report) -> None:
-    mnt, plain = daemon.mnt, work / "plain"
+def run(sizes: Sizes, work: Path, daemon: Mount, null: Mount, report: Report) -> None:
+    mnt, plain, nmnt = daemon.mnt, work / "plain", null.mnt
     plain.mkdir()
     load = os.getloadavg()
     print(f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} on {os.cpu_count()} cpus")
@@ -168,9 +194,12 @@ def run(sizes: Sizes, work: Path, daemon: Mount, report: Report) -> None:
     t_alk = median_run(
         lambda i: ["cp", str(big), str(mnt / "pins" / f"big-{i}")],
         sizes.runs,
-        lambda i: (os.unlink(mnt / "pins" / f"big-{i}"), os.sync()),
+        lambda i: (os.unlink(mnt / "pins" / f"big-{i}"), free_objects(mnt)),
     )
     cpu = {"alkfs cp": CPU["tool"], "alkfsd": CPU["daemon"]}
+    t_null = median_run(
+        lambda i: ["cp", str(big), str(nmnt / f"big-{i}")], sizes.runs, lambda i: None
+    )
     t_plain = median_run(
         lambda i: ["cp", str(big), str(plain / f"big-{i}")],
         sizes.runs,
@@ -182,7 +211,9 @@ def run(sizes: Sizes, work: Path, daemon: Mount, report: Report) -> None:
         sizes.runs,
         lambda i: (os.unlink(plain / f"big-s{i}"), os.sync()),
     )
-    report.line("cp 1 file -> /pins", {"alkfs": t_alk, "plain": t_plain}, 0.5, nbytes, cpu)
+    times = {"alkfs": t_alk, "plain": t_plain}
+    report.line("cp 1 file -> /pins", times, 0.5, nbytes, cpu)
+    floor_line(times, t_null, report)
     print(f"  {'':<36} (for reference: plain cp + sync {t_sync:.3f}s)")
     big.unlink()
 
@@ -193,13 +224,13 @@ def run(sizes: Sizes, work: Path, daemon: Mount, report: Report) -> None:
     t_pins = median_run(
         lambda i: ["cp", "-r", f"{src}/.", str(mnt / "pins")],
         sizes.runs,
-        lambda i: clear_pins(mnt),
+        lambda i: (clear_pins(mnt), free_objects(mnt)),
     )
     cpu_pins = {"alkfs cp": CPU["tool"], "alkfsd": CPU["daemon"]}
     t_objs = median_run(
         lambda i: ["cp", "-r", f"{src}/.", str(mnt / "objects" / "sha256")],
         sizes.runs,
-        lambda i: os.sync(),
+        lambda i: free_objects(mnt),
     )
     cpu_objs = {"alkfs cp": CPU["tool"], "alkfsd": CPU["daemon"]}
     t_plain = median_run(
@@ -208,11 +239,16 @@ def run(sizes: Sizes, work: Path, daemon: Mount, report: Report) -> None:
         lambda i: drop_dir(plain / f"run-{i}"),
     )
     cpu_pins["plain cp"] = cpu_objs["plain cp"] = CPU["tool"]
-    label = f"cp -r {sizes.small_count} files"
-    report.line(f"{label} -> /pins", {"alkfs": t_pins, "plain": t_plain}, 0.2, cpu=cpu_pins)
-    report.line(
-        f"{label} -> /objects/sha256", {"alkfs": t_objs, "plain": t_plain}, 0.2, cpu=cpu_objs
+    t_null = median_run(
+        lambda i: ["cp", "-r", f"{src}/.", str(nmnt / f"run-{i}")], sizes.runs, lambda i: None
     )
+    label = f"cp -r {sizes.small_count} files"
+    times = {"alkfs": t_pins, "plain": t_plain}
+    report.line(f"{label} -> /pins", times, 0.2, cpu=cpu_pins)
+    floor_line(times, t_null, report)
+    times = {"alkfs": t_objs, "plain": t_plain}
+    report.line(f"{label} -> /objects/sha256", times, 0.2, cpu=cpu_objs)
+    floor_line(times, t_null, report)
 
 
 def main() -> int:
@@ -228,15 +264,19 @@ def main() -> int:
     OUT.mkdir(exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="alkfs-bench-write-", dir=OUT))
     daemon = common.alkfsd(work / "store", work / "mnt", work / "alkfsd.log")
+    daemon.argv += ["--window", "0"]  # free_objects: two sweeps delete what a run left
+    null = common.nullfs(work / "null", work / "nullfs.log")
     report = Report()
     try:
         daemon.start()
+        null.start()
         assert daemon.proc is not None
         DAEMON_PID[0] = daemon.proc.pid
-        run(sizes, work, daemon, report)
+        run(sizes, work, daemon, null, report)
     finally:
-        with contextlib.suppress(Exception):
-            daemon.stop()
+        for m in (null, daemon):
+            with contextlib.suppress(Exception):
+                m.stop()
         if not a.keep:
             shutil.rmtree(work, ignore_errors=True)
     name = "mount-write-quick.json" if a.quick else "mount-write.json"
