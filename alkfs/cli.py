@@ -397,17 +397,23 @@ class MountTarget:
 
     def repo_create(self, repo_id: str, object_format: str) -> None:
         repo = self.root / "repos" / repo_id
-        if object_format != "sha1":
-            raise Refused(
-                f"repo {repo_id}: a {object_format} repository can only be created with --store"
-                " (mkdir through the mount makes sha1 repositories)"
-            )
         with through(
             f"repo {repo_id}",
             EEXIST=f"repository {repo_id!r} exists",
             EINVAL=f"invalid repository id {repo_id!r}",
         ):
             os.mkdir(repo)
+        if object_format == "sha1":
+            return
+        # mkdir makes sha1 repositories; the format is set before anything can use it,
+        # and a failure takes the new repository away again
+        try:
+            with through(f"repo {repo_id}"):
+                os.setxattr(repo, "user.alkfs.object-format", object_format.encode())
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.rmdir(repo)
+            raise
 
     def repo_rm(self, repo_id: str) -> None:
         repo = self.root / "repos" / repo_id

@@ -110,6 +110,10 @@ class InodeTable:
         entry = self._by_ino.get(ino)
         return None if entry is None else entry.node
 
+    def nodes(self) -> list[Node]:
+        """Every node the kernel holds now (a copy: safe across awaits)."""
+        return [entry.node for entry in self._by_ino.values()]
+
     def known(self, ident: tuple) -> Node | None:
         ino = self._by_ident.get(ident)
         return None if ino is None else self._by_ino[ino].node

@@ -155,6 +155,23 @@ class Refs:
                 raise Exists(f"repository {repo_id!r} exists")
         return repo
 
+    def set_object_format(self, repo_id: str, object_format: str) -> Repo:
+        """Change the object format of a repository that holds no ref yet, in one
+        transaction (NotEmpty once it has refs): how a sha256 repository is made through
+        a mount (`mkdir`, then the `user.alkfs.object-format` attribute)."""
+        if object_format not in FORMATS:
+            raise Invalid(f"unknown object format {object_format!r}")
+        with self.tables.tx() as conn:
+            if conn.execute("SELECT 1 FROM git_refs WHERE repo = ? LIMIT 1", (repo_id,)).fetchone():
+                raise NotEmpty(f"repository {repo_id!r} has refs: its object format is fixed")
+            cur = conn.execute(
+                "UPDATE git_repos SET object_format = ? WHERE id = ?", (object_format, repo_id)
+            )
+            if cur.rowcount != 1:
+                raise Missing(f"no repository {repo_id!r}")
+        self._bump()
+        return self.repo(repo_id)
+
     def delete_repo(self, repo_id: str) -> None:
         """Delete the repository and its refs (what they kept becomes sweep candidates)."""
         with self.tables.tx() as conn:

@@ -32,7 +32,9 @@ Writes (daemon/scratch.py keeps what is not yet stored):
 
 HEAD, refs and the repository directory change, so their entries and attributes
 expire after a second and ref contents are read with direct I/O; objects never
-change, so everything under objects/ keeps long timeouts. A repository's
+change, so everything under objects/ keeps long timeouts. `user.alkfs.object-format`
+on a repository directory reads `sha1` or `sha256`, and can be set while the
+repository holds no ref (ENOTEMPTY after). A repository's
 directories carry its creation time in their identity: a repository deleted and
 created again under the same id is a new directory.
 """
@@ -46,6 +48,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from alkfs.git.objects import FORMATS
 from alkfs.git.refs import ANY, RefUpdate, Repo, valid_ref_name, valid_repo_id
 from alkfs.keys import is_hex
 
@@ -69,6 +72,10 @@ if TYPE_CHECKING:
     from ..context import Context
 
 Entries = list[tuple[bytes, Node]]
+
+# On /repos/<id>: the repository's object format. `mkdir` makes sha1 repositories; setting
+# it to sha256 before any ref exists is how a sha256 repository is made through the mount.
+FORMAT_XATTR = b"user.alkfs.object-format"
 
 CONFIG = """\
 [core]
@@ -223,6 +230,45 @@ class RepoDir(Dir):
             await super().rename(name, new_parent, new_name, flags, ctx)
             return
         await lock.commit(ctx)
+
+    # -- extended attributes: the object format (settable while no ref exists) ----------
+    async def getxattr(self, name: bytes, ctx: Any) -> bytes:
+        if name != FORMAT_XATTR:
+            fail(errno.ENODATA)
+        return self.repo.object_format.encode()
+
+    async def listxattr(self, ctx: Any) -> list[bytes]:
+        return [FORMAT_XATTR]
+
+    async def setxattr(self, name: bytes, value: bytes, ctx: Any) -> None:
+        if name != FORMAT_XATTR:
+            fail(errno.ENOTSUP, f"no settable attribute {name!r}")
+        fmt = _text(value)
+        if fmt not in FORMATS:
+            fail(errno.EINVAL, f"{value!r} is not an object format (sha1, sha256)")
+        refs = self.ctx.refs
+        assert refs is not None
+        old = self.repo
+        # NotEmpty (ENOTEMPTY) once a ref exists; Missing (ENOENT) if removed meanwhile
+        new = await self.ctx.run_sync(refs.set_object_format, old.id, fmt)
+        # Every node of this repository the kernel holds (config, refs/, objects/ and its
+        # fan-outs) takes the new format now. Rare (an empty repository), so a scan.
+        for node in self.ctx.inodes.nodes():
+            if isinstance(node, RepoFanoutDir):
+                mine = getattr(node.parent, "repo", None)
+                if mine is not None and (mine.id, mine.created_ns) == (old.id, old.created_ns):
+                    node.algo = new.algo
+            mine = getattr(node, "repo", None)
+            if isinstance(mine, Repo) and (mine.id, mine.created_ns) == (old.id, old.created_ns):
+                node.repo = new
+        self.repo = new
+        if self.ino:  # fan-outs the kernel resolved under the old format go
+            self.ctx.invalidator.submit(self.ino, b"objects", 0)
+
+    async def removexattr(self, name: bytes, ctx: Any) -> None:
+        if name != FORMAT_XATTR:
+            fail(errno.ENODATA)
+        fail(errno.EPERM, "a repository always has an object format")
 
     async def readdir(self, dh: DirHandle, start: int, emit: Emit) -> None:
         def entries() -> Entries:

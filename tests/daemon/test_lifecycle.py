@@ -286,6 +286,23 @@ def test_cli_repo_create_and_rm_through_the_mount(live):
     )
 
 
+def test_cli_repo_create_sha256_through_the_mount(live):
+    world, m = live
+    assert ok("--mount", m.mnt, "repo", "create", "r256", "--object-format", "sha256") == ""
+    assert ok("--mount", m.mnt, "repo", "list") == "r256 sha256\nsrc sha1\n"
+    gitdir = m.mnt / "repos" / "r256"
+    assert os.getxattr(gitdir, "user.alkfs.object-format") == b"sha256"
+    fmt = subprocess.run(
+        ["git", f"--git-dir={gitdir}", "rev-parse", "--show-object-format"],
+        capture_output=True,
+        check=True,
+    )
+    assert fmt.stdout == b"sha256\n"
+    line = refused("--mount", m.mnt, "repo", "create", "r256", "--object-format", "sha256")
+    assert line == "alkfs repo create: repository 'r256' exists (EEXIST)"
+    assert ok("--mount", m.mnt, "repo", "list") == "r256 sha256\nsrc sha1\n"
+
+
 def test_cli_git_import_through_the_mount_pushes_every_ref(live, tmp_path):
     world, m = live
     other = make_repo(tmp_path / "other")

@@ -152,6 +152,44 @@ def test_a_push_into_a_sha256_repository_created_by_the_library(start_mount, tmp
     assert mount.tracebacks() == []
 
 
+def test_mkdir_then_the_format_attribute_makes_a_sha256_repository_git_pushes_into(mount, tmp_path):
+    gitdir = mount.path("repos", "m256")
+    os.mkdir(gitdir)
+    assert os.listxattr(gitdir) == ["user.alkfs.object-format"]
+    assert os.getxattr(gitdir, "user.alkfs.object-format") == b"sha1"
+    assert "objectformat" not in (gitdir / "config").read_text()
+    # the kernel now holds config, refs/, objects/ and a fan-out made for sha1
+    assert sorted(os.listdir(gitdir / "refs")) == ["heads", "tags"]
+    assert os.path.isdir(gitdir / "objects" / "ab")
+    os.setxattr(gitdir, "user.alkfs.object-format", b"sha256")
+    assert os.getxattr(gitdir, "user.alkfs.object-format") == b"sha256"
+    assert "\tobjectformat = sha256\n" in (gitdir / "config").read_text()
+    assert git(f"--git-dir={gitdir}", "rev-parse", "--show-object-format") == "sha256\n"
+
+    src = source_repo(tmp_path / "src.git", "sha256")
+    git(f"--git-dir={src}", "push", "-q", gitdir, "main", "--tags")
+    assert_clean(mount, "m256")
+    tip = git(f"--git-dir={src}", "rev-parse", "main").strip()
+    assert (gitdir / "refs" / "heads" / "main").read_text() == f"{tip}\n"
+    assert len(tip) == 64
+
+    # once a ref exists the format is fixed; bad values and other names are refused
+    for name, value, code in [
+        ("user.alkfs.object-format", b"sha1", errno.ENOTEMPTY),
+        ("user.alkfs.object-format", b"md5", errno.EINVAL),
+        ("user.alkfs.other", b"x", errno.ENOTSUP),
+    ]:
+        with pytest.raises(OSError) as caught:
+            os.setxattr(gitdir, name, value)
+        assert caught.value.errno == code, name
+    with pytest.raises(OSError) as caught:
+        os.removexattr(gitdir, "user.alkfs.object-format")
+    assert caught.value.errno == errno.EPERM
+    assert os.getxattr(gitdir, "user.alkfs.object-format") == b"sha256"
+    assert git(f"--git-dir={gitdir}", "rev-parse", "main") == f"{tip}\n"
+    assert mount.tracebacks() == []
+
+
 # -- pins -------------------------------------------------------------------------------------
 def test_objects_written_into_a_repository_stay_pinned_until_a_ref_there_commits(mount, tmp_path):
     os.mkdir(mount.path("repos", "p"))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from alkfs.app import Alkfs
-from alkfs.errors import Exists, Invalid, Missing
+from alkfs.errors import Exists, Invalid, Missing, NotEmpty
 from alkfs.git.objects import canonical
 from alkfs.git.refs import ANY, Outcome, RefUpdate, valid_ref_name
 from alkfs.keys import Algorithm
@@ -354,3 +354,18 @@ def test_refs_under_a_prefix_are_exactly_those_starting_with_it(app, blobs):
         expected = {n: a for n in sorted(names) if n.startswith(prefix) and n != "refs/heads/a"}
         assert app.refs.refs("r", prefix) == expected
         assert list(app.refs.refs("r", prefix)) == sorted(expected)
+
+
+def test_the_object_format_changes_only_while_no_ref_exists(app, blobs):
+    app.refs.create_repo("empty")
+    assert app.refs.set_object_format("empty", "sha256").object_format == "sha256"
+    assert app.refs.repo("empty").object_format == "sha256"
+    assert app.refs.set_object_format("empty", "sha1").object_format == "sha1"
+    with pytest.raises(Invalid):
+        app.refs.set_object_format("empty", "md5")
+    with pytest.raises(Missing):
+        app.refs.set_object_format("nope", "sha256")
+    app.refs.update("r", [RefUpdate("refs/heads/main", blobs[0], None)])
+    with pytest.raises(NotEmpty):
+        app.refs.set_object_format("r", "sha256")
+    assert [(r.id, r.object_format) for r in app.refs.repos()] == [("empty", "sha1"), ("r", "sha1")]
