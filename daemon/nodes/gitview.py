@@ -41,8 +41,6 @@ import zlib
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-import pyfuse3
-
 from alkfs.errors import Corrupt, Invalid
 from alkfs.git.objects import BLOCK, encode_loose, loose_size
 from alkfs.keys import Algorithm, Key
@@ -71,7 +69,6 @@ log = logging.getLogger("alkfsd")
 FORMATS = {b"sha1": Algorithm.GIT_SHA1, b"sha256": Algorithm.GIT_SHA256}
 FANOUT = tuple(b"%02x" % i for i in range(256))
 FIRST_PAGE = 64  # objects asked for by the first listing query of a fan-out directory
-PUSH_MAX = 1 << 20  # loose files up to this size are pushed into the page cache at open
 ADLER_CHUNK = 1 << 20
 LOOSE_INO = 1 << 61  # keeps loose-file inode numbers apart from /objects' ones
 
@@ -333,23 +330,11 @@ class LooseFile(ObjectFile):
     times (touch freshens: git freshens what it finds in an alternate) and extended
     attributes are the object's, as in /objects."""
 
-    __slots__ = ("pushed",)
+    __slots__ = ()
 
     def __init__(self, ctx: Context, parent: Node, st: ObjectStat) -> None:
         super().__init__(ctx, parent, st, st.key.raw[2:].hex().encode())
         self.ident = ("loose", st.key.raw)
-        self.pushed = False  # the kernel's inode was given this file's pages (see _push)
-
-    @classmethod
-    def fresh(cls, ctx: Context, parent: Node, st: ObjectStat) -> LooseFile:
-        """A node about to be handed to the kernel. It replaces the instance the inode
-        table holds, so it inherits `pushed`; when the table holds none, the kernel has no
-        inode of it (never had, or forgot it) and the next open may push pages again."""
-        node = cls(ctx, parent, st)
-        old = ctx.inodes.known(node.ident)
-        if isinstance(old, LooseFile):
-            node.pushed = old.pushed
-        return node
 
     def ino_seed(self) -> int:
         raw = self.st.key.raw
@@ -375,9 +360,8 @@ class LooseFile(ObjectFile):
             assert isinstance(inner, LargeHandle)
             return LooseLargeHandle(self, inner)
         handle = LooseKvHandle(self)
-        if not self.pushed and self.ctx.invalidator.live and self.size() <= PUSH_MAX:
-            self.pushed = True  # claimed before any await: later opens never push
-            self._push(await handle.load())
+        if self.may_push():
+            self.push(await handle.load())
         return handle
 
     async def load(self) -> bytes:
@@ -390,19 +374,6 @@ class LooseFile(ObjectFile):
         if canonical is None:
             fail(errno.ENOENT, f"{self.key} is gone")
         return encode_loose(canonical)
-
-    def _push(self, data: bytes) -> None:
-        """Give the kernel's inode the file's pages while answering its first open: the
-        read, and the attribute refresh a read causes, never come.
-
-        Free of deadlock: the kernel holds a page locked while a read of it waits for
-        us, and no read of an inode can be pending before the first open of it is
-        answered; a later open of the same kernel inode, on this instance or on one that
-        replaced it (`fresh`), never pushes."""
-        try:
-            pyfuse3.notify_store(self.ino, 0, data)
-        except OSError as exc:  # the kernel dropped the inode meanwhile: reads still work
-            log.debug("notify_store %s: %s", self.key, exc)
 
 
 class LooseKvHandle(Handle):

@@ -29,6 +29,7 @@ log = logging.getLogger("alkfsd")
 
 PAGE = 512  # objects fetched per listing query
 INLINE_VERIFY = 65536  # kv objects up to this size are loaded and hashed on the trio thread
+PUSH_MAX = 1 << 20  # files up to this size are pushed into the page cache at their first open
 VERIFY_CHUNK = 1 << 20
 VERIFY_AHEAD = 8 << 20  # how far the verifier may hash ahead of what was served
 
@@ -126,7 +127,7 @@ class AlgoDir(_Dir):
             if staged is None:
                 fail(errno.ENOENT)
             return staged
-        return ObjectFile(self.ctx, self, st)
+        return ObjectFile.fresh(self.ctx, self, st)
 
     async def setattr(self, attr: Any, fields: Any, handle: Handle | None, ctx: Any) -> Any:
         noop_setattr(self, attr, fields)  # times are accepted and ignored (cp -rp)
@@ -192,7 +193,7 @@ class AlgoDir(_Dir):
                     raw = st.key.raw
                     c = (int.from_bytes(raw[1:9], "big") >> 2) + FIRST_OFFSET  # cookie()
                     name = raw[1:].hex().encode()
-                    if not emit(name, ObjectFile(ctx, self, st, name), c):
+                    if not emit(name, ObjectFile.fresh(ctx, self, st, name), c):
                         return
                     i += 1
                     state["last"] = c
@@ -210,9 +211,13 @@ class AlgoDir(_Dir):
 
 
 class ObjectFile(File):
-    """One object. Attributes come from the listing or lookup that made the node."""
+    """One object. Attributes come from the listing or lookup that made the node.
 
-    __slots__ = ("st",)
+    `pushed`: the kernel's inode was given this file's pages at its first open (see
+    `push`). Nodes handed to the kernel are made with `fresh`, which carries the flag
+    over from the instance the inode table holds."""
+
+    __slots__ = ("st", "pushed")
 
     def __init__(
         self, ctx: Context, parent: Node, st: ObjectStat, name: bytes | None = None
@@ -224,6 +229,43 @@ class ObjectFile(File):
         self.name = raw[1:].hex().encode() if name is None else name
         self.ino = 0
         self.st = st
+        self.pushed = False
+
+    @classmethod
+    def fresh(cls, ctx: Context, parent: Node, st: ObjectStat, *args: Any) -> Any:
+        """A node about to be handed to the kernel. It replaces the instance the inode
+        table holds, so it inherits `pushed`; when the table holds none, the kernel has no
+        inode of it (never had, or forgot it) and the next open may push pages again."""
+        node = cls(ctx, parent, st, *args)
+        old = ctx.inodes.known(node.ident)
+        if isinstance(old, ObjectFile):
+            node.pushed = old.pushed
+        return node
+
+    def may_push(self) -> bool:
+        """Claim the one push of this kernel inode's pages (before any await), if the
+        file is small enough and this is the instance the kernel's inode maps to."""
+        if self.pushed or not self.ctx.invalidator.live or self.size() > PUSH_MAX:
+            return False
+        if not self.ino or self.ctx.inodes.get(self.ino) is not self:
+            return False
+        self.pushed = True
+        return True
+
+    def push(self, data: bytes) -> None:
+        """Give the kernel's inode the file's pages while answering its first open: the
+        read, and the attribute refresh a read causes, never come.
+
+        Free of deadlock: the kernel holds a page locked while a read of it waits for
+        us, and no read of an inode can be pending before the first open of it is
+        answered; a later open of the same kernel inode, on this instance or on one that
+        replaced it (`fresh`), never pushes (`may_push`)."""
+        if not data:
+            return
+        try:
+            pyfuse3.notify_store(self.ino, 0, data)
+        except OSError as exc:  # the kernel dropped the inode meanwhile: reads still work
+            log.debug("notify_store %s: %s", self.describe(), exc)
 
     @property
     def key(self) -> Key:
@@ -281,7 +323,10 @@ class ObjectFile(File):
                 os.close(fd)
                 raise
             return LargeHandle(self, fd, fst, store.is_verified(key, fst))
-        return KvHandle(self)
+        handle = KvHandle(self)
+        if self.may_push():
+            self.push(await handle.load())  # verified: a corrupt object fails its open
+        return handle
 
     # -- touch: freshen -----------------------------------------------------------------
     async def setattr(self, attr: Any, fields: Any, handle: Handle | None, ctx: Any) -> Any:
@@ -379,7 +424,7 @@ class KvHandle(Handle):
         self.obj = node
         self.data: bytes | None = None
 
-    async def read(self, off: int, size: int) -> bytes:
+    async def load(self) -> bytes:
         data = self.data
         if data is None:
             obj = self.obj
@@ -391,7 +436,10 @@ class KvHandle(Handle):
             if data is None:
                 fail(errno.ENOENT, f"{obj.key} is gone")
             self.data = data
-        return data[off : off + size]
+        return data
+
+    async def read(self, off: int, size: int) -> bytes:
+        return (await self.load())[off : off + size]
 
 
 class LargeHandle(Handle):

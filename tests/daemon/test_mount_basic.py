@@ -13,6 +13,7 @@ import sys
 import time
 from pathlib import Path
 
+import pysqlite3.dbapi2 as sqlite3
 import pytest
 
 from alkfs.keys import Algorithm, Key
@@ -298,6 +299,24 @@ def test_a_corrupt_large_object_fails_with_eio_and_is_reported(served, tmp_path)
     status = json.loads(m.path(".alkfs", "status").read_text())
     assert status["corrupt"] == [str(key)]
     assert str(key) in m.log()
+
+
+def test_a_small_object_is_verified_at_its_first_open_and_a_corrupt_one_fails_eio(served, tmp_path):
+    m, keys = served
+    good, bad = keys[0], keys[2]
+    assert obj(m, good).read_bytes() == SAMPLES[0][0]
+    conn = sqlite3.connect(tmp_path / "store" / "store.db")
+    with conn:
+        conn.execute("UPDATE blobs SET value = ? WHERE key = ?", (b"tampered\n", bad.raw))
+    conn.close()
+    # the first open gives the kernel the object's pages, verified: a mismatch fails it
+    with pytest.raises(OSError) as caught:
+        open(obj(m, bad), "rb").close()
+    assert caught.value.errno == errno.EIO
+    status = json.loads(m.path(".alkfs", "status").read_text())
+    assert status["corrupt"] == [str(bad)]
+    assert obj(m, good).read_bytes() == SAMPLES[0][0]
+    assert m.tracebacks() == []
 
 
 def test_sigterm_unmounts_cleanly_and_exits_0(mount):
