@@ -21,8 +21,8 @@ Three pieces, shared by every directory that accepts new files (/objects/<algo>,
     below the end, a read or a shrinking truncate ends the stream: the part streamed so
     far is finished as an object, copied into a spool file under STORE/spool/
     (unlinked at once; `clear_spool` at start removes what a crash may leave) and
-    deleted again if it was new and nothing protects it (else the sweep takes it);
-    from then on the writes go to the spool file and `commit` puts from it. A file
+    left unreferenced for the sweep (deleting it here could delete an identical object
+    another writer has just stored and named); from then on the writes go to the spool file and `commit` puts from it. A file
     named by its digest (`expect`) is spooled, not streamed, so that nothing is stored
     unless the content matches the name.
 
@@ -134,8 +134,8 @@ class _Spooler:
     Streaming first: writes that only move forward go straight into `store.put` (no copy
     of our own on disk). `_EOF` ends that put: its result is the commit's. `_SPILL`
     (a write went back, a read, a shrinking truncate) ends it too, and the partial
-    object is copied into a spool file under STORE/spool, released and deleted again if
-    it was new. From then on the items are applied to the spool file, and a commit puts
+    object is copied into a spool file under STORE/spool and released (the sweep takes
+    it unless something names it). From then on the items are applied to the spool file, and a commit puts
     from it. After a commit, the next item first copies the committed object into the
     spool file (a descriptor still open may write on)."""
 
@@ -270,19 +270,15 @@ class _Spooler:
 
     def _take_back(self, partial: PutResult) -> None:
         """The writes went back: the streamed part becomes the spool file's start. The
-        partial object is deleted again if this put created it (a delete refused because
-        something else pins it now leaves it to them)."""
+        partial object is released, not deleted: the same bytes may have been stored and
+        named by another writer meanwhile (a put of existing bytes dedups into them), and
+        an unreferenced object is the sweep's to take, after its window."""
         try:
             self._open(partial.key)
         except Exception as exc:
             self._break(exc)
         finally:
             partial.pin.release()
-        if partial.created:
-            try:
-                self.store.delete(partial.key)
-            except AlkfsError as exc:
-                log.debug("the partial object %s stays: %s", partial.key, exc)
 
     def _open(self, source: Key | None) -> None:
         self.fd = _open_spool(self._directory)

@@ -179,6 +179,24 @@ def test_writes_that_go_back_are_stored_as_the_final_content(mount):
     assert m.path("objects", "sha256", sha(bytes(expected))).read_bytes() == expected
 
 
+def test_the_streamed_part_of_a_file_that_goes_back_is_left_to_the_sweep(mount):
+    """What was streamed before a write went back is stored as an object of its own and
+    left unreferenced, not deleted at once: the same bytes may have been stored and named
+    by another writer meanwhile (their put dedups into it)."""
+    m = mount
+    sweep(m)  # the ref closure is known: liveness says "dead" for unreferenced bytes
+    with open(m.path("objects", "sha256", "back"), "w+b") as f:
+        f.write(STREAMED)
+        f.flush()  # streamed to the store
+        f.seek(0)
+        f.write(b"X")  # goes back: the streamed part becomes an object, writes spool
+    final = b"X" + STREAMED[1:]
+    assert sha(STREAMED) in listing(m) and sha(final) in listing(m)
+    assert m.path("objects", "sha256", sha(STREAMED)).read_bytes() == STREAMED
+    assert m.path("objects", "sha256", sha(final)).read_bytes() == final
+    assert leftovers(m) == []
+
+
 def test_touch_freshens_an_object_so_a_staged_delete_of_it_is_cancelled(mount):
     m = mount
     write_close(m.path("objects", "sha256", "orphan"), SMALL)
