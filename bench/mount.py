@@ -35,6 +35,11 @@ Scenarios (full / --quick sizes):
    MNT/git/sha1, against the same repository packed natively, and against the same objects
    loose in a plain object directory served by bindfs (again through alternates). The
    outputs are checked identical before anything is timed.
+5. Writes: bench/mount_write.py (`cp` of a 1 GiB (128 MiB) file into /pins and `cp -r` of
+   10,000 (1,000) small files into /pins and /objects/sha256, against the same into a
+   plain directory, with a pyfuse3 floor), run as a child with --check.
+6. `git push` of a 50,000 (5,000)-object repository into MNT/repos/ID against a push
+   into a plain bare repository: bench/mount_push.py, run as a child with --check.
 
 Each time is the median of several runs. Ratios are throughput ratios (baseline time /
 alkfs time: above 1 means alkfs is faster). Targets: repeated large reads >= 0.9x plain;
@@ -338,7 +343,7 @@ def main() -> int:
     ap.add_argument("--check", action="store_true", help="exit 1 if a target fails")
     ap.add_argument("--keep", action="store_true", help="keep the temporary directory")
     ap.add_argument("--fresh", action="store_true", help="rebuild the cached store and files")
-    ap.add_argument("--only", default="1,2,3,4", help="scenarios to run, e.g. 2,3")
+    ap.add_argument("--only", default="1,2,3,4,5,6", help="scenarios to run, e.g. 2,3")
     a = ap.parse_args()
     if set(a.only.split(",")) - set(SCENARIOS):
         ap.error(f"--only takes a comma-separated subset of {','.join(SCENARIOS)}")
@@ -491,8 +496,33 @@ class Bench:
             warm = {n: median_time(cmd.format(r), self.runs) for n, r in repos.items()}
             self.report.line(f"{args} (warm)", warm, "bindfs", 1.0)
 
+    # -- writes: the two write benchmarks, run from here so one run covers the mount -----
+    def writes(self) -> None:
+        print("[5] writes into the mount (bench/mount_write.py)", flush=True)
+        quick = ["--quick"] if self.sizes is QUICK else []
+        self.child("writes (bench/mount_write.py)", [HERE / "mount_write.py", *quick])
 
-SCENARIOS = {"1": Bench.large, "2": Bench.small, "3": Bench.listing, "4": Bench.git}
+    def push(self) -> None:
+        print("[6] git push into the mount (bench/mount_push.py)", flush=True)
+        quick = ["--objects", "5000"] if self.sizes is QUICK else []
+        self.child("git push (bench/mount_push.py)", [HERE / "mount_push.py", *quick])
+
+    def child(self, label: str, argv: list) -> None:
+        """Run a benchmark script with --check; its targets pass if it exits 0."""
+        done = subprocess.run([sys.executable, *map(str, argv), "--check"])
+        self.report.rows.append(
+            {"scenario": label, "exit": done.returncode, "pass": not done.returncode}
+        )
+
+
+SCENARIOS = {
+    "1": Bench.large,
+    "2": Bench.small,
+    "3": Bench.listing,
+    "4": Bench.git,
+    "5": Bench.writes,
+    "6": Bench.push,
+}
 
 
 def run(a: argparse.Namespace, work: Path, mounts: Mounts, report: Report) -> None:
