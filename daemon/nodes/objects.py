@@ -29,7 +29,6 @@ log = logging.getLogger("alkfsd")
 
 PAGE = 512  # objects fetched per listing query
 INLINE_VERIFY = 65536  # kv objects up to this size are loaded and hashed on the trio thread
-PUSH_MAX = 1 << 20  # files up to this size are pushed into the page cache at their first open
 VERIFY_CHUNK = 1 << 20
 VERIFY_AHEAD = 8 << 20  # how far the verifier may hash ahead of what was served
 
@@ -243,9 +242,12 @@ class ObjectFile(File):
         return node
 
     def may_push(self) -> bool:
-        """Claim the one push of this kernel inode's pages (before any await), if the
-        file is small enough and this is the instance the kernel's inode maps to."""
-        if self.pushed or not self.ctx.invalidator.live or self.size() > PUSH_MAX:
+        """Claim the one push of this kernel inode's pages, if this is the instance the
+        kernel's inode maps to and the object loads without an await (INLINE_VERIFY):
+        the push must come before any other open of the inode is answered, and an await
+        between the claim and the push would let one be (its read would then hold the
+        page the push needs, and the trio thread would wait on it for ever)."""
+        if self.pushed or not self.ctx.invalidator.live or self.st.size > INLINE_VERIFY:
             return False
         if not self.ino or self.ctx.inodes.get(self.ino) is not self:
             return False
@@ -258,8 +260,9 @@ class ObjectFile(File):
 
         Free of deadlock: the kernel holds a page locked while a read of it waits for
         us, and no read of an inode can be pending before the first open of it is
-        answered; a later open of the same kernel inode, on this instance or on one that
-        replaced it (`fresh`), never pushes (`may_push`)."""
+        answered (the load before the push never awaits: `may_push`); a later open of the
+        same kernel inode, on this instance or on one that replaced it (`fresh`), never
+        pushes."""
         if not data:
             return
         try:
