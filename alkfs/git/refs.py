@@ -289,15 +289,18 @@ class Refs:
                 return _atomic_fail(updates, outcomes)
             try:
                 with self.tables.tx() as conn:
-                    if (
-                        conn.execute("SELECT 1 FROM git_repos WHERE id = ?", (repo_id,)).fetchone()
-                        is None
-                    ):
+                    row = conn.execute(
+                        "SELECT object_format, created_ns FROM git_repos WHERE id = ?", (repo_id,)
+                    ).fetchone()
+                    if row is None:
                         raise Missing(f"no repository {repo_id!r}")
+                    # The ids were checked against the format read above: a repository
+                    # made again, or whose format changed since, is a lost race.
+                    changed = tuple(row) != (repo.object_format, repo.created_ns)
                     for i, u in enumerate(updates):
                         if outcomes[i] is not None:
                             continue
-                        reason = _apply(conn, repo_id, u)
+                        reason = "stale" if changed else _apply(conn, repo_id, u)
                         outcomes[i] = Outcome(u.name, reason is None, reason)
                         if reason is not None and atomic:
                             raise _Rollback

@@ -369,3 +369,20 @@ def test_the_object_format_changes_only_while_no_ref_exists(app, blobs):
     with pytest.raises(NotEmpty):
         app.refs.set_object_format("r", "sha256")
     assert [(r.id, r.object_format) for r in app.refs.repos()] == [("empty", "sha1"), ("r", "sha1")]
+
+
+def test_a_format_change_between_the_check_and_the_commit_is_a_lost_race(app, blobs, monkeypatch):
+    app.refs.create_repo("x")
+    real = app.refs.repo
+
+    def read_then_change(repo_id):
+        repo = real(repo_id)  # what update checks the ids against: sha1
+        monkeypatch.undo()
+        app.refs.set_object_format(repo_id, "sha256")  # commits before update's transaction
+        return repo
+
+    monkeypatch.setattr(app.refs, "repo", read_then_change)
+    out = app.refs.update("x", [RefUpdate("refs/heads/main", blobs[0], None)])
+    assert out == [Outcome("refs/heads/main", False, "stale")]
+    assert app.refs.refs("x") == {}
+    assert app.refs.repo("x").object_format == "sha256"
