@@ -65,7 +65,12 @@ class LocalTier:
         """A fresh staging file, written by a StagingWriter (close it on every path)."""
         path = self.staging / uuid.uuid4().hex
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o444)
-        return StagingWriter(path, fd)
+        try:
+            return StagingWriter(path, fd)
+        except BaseException:  # (the thread could not start): leave nothing behind
+            os.close(fd)
+            self.discard(path)
+            raise
 
     def discard(self, staging: Path) -> None:
         with contextlib.suppress(FileNotFoundError):

@@ -78,8 +78,8 @@ class StagingWriter:
     def close(self) -> None:
         self._stop()
         if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
+            fd, self.fd = self.fd, -1  # never closed twice, even if close() raises
+            os.close(fd)
 
     def _stop(self) -> None:
         if self._thread.is_alive():

@@ -39,3 +39,23 @@ def test_a_write_error_surfaces_at_finish_and_close_does_not_hang(tmp_path: Path
     writer.close()
     assert writer.fd == -1
     assert path.read_bytes() == b""
+
+
+def test_a_writer_that_cannot_start_its_thread_leaves_no_staging_file(tmp_path, monkeypatch):
+    from alkfs.errors import StoreIO
+    from alkfs.store import Store
+
+    with Store.open(tmp_path / "store", threshold=1024) as store:
+        staging = tmp_path / "store" / "large" / ".staging"
+        fds = len(os.listdir("/proc/self/fd"))
+
+        def refuse(self):
+            raise RuntimeError("can't start new thread")
+
+        monkeypatch.setattr("threading.Thread.start", refuse)
+        with pytest.raises((RuntimeError, StoreIO)):
+            store.put(iter([b"a" * 4096, b"b" * 4096]))
+        monkeypatch.undo()
+        assert os.listdir(staging) == []
+        assert len(os.listdir("/proc/self/fd")) == fds
+        assert store.list() == []
