@@ -265,7 +265,7 @@ class Store:
                         if spill:
                             assert self.large is not None
                             writer = self.large.new_writer()
-                            staging = writer.path  # (nothing between: the finally sees both)
+                            staging = writer.path
                             writer.write(buf)
                             buf = bytearray()
             if length is not None and total != length:

@@ -22,9 +22,9 @@ Three pieces, shared by every directory that accepts new files (/objects/<algo>,
     far is finished as an object, copied into a spool file under STORE/spool/
     (unlinked at once; `clear_spool` at start removes what a crash may leave) and
     left unreferenced for the sweep (deleting it here could delete an identical object
-    another writer has just stored and named); from then on the writes go to the spool file and `commit` puts from it. A file
-    named by its digest (`expect`) is spooled, not streamed, so that nothing is stored
-    unless the content matches the name.
+    another writer has just stored and named); from then on the writes go to the spool
+    file and `commit` puts from it. A file named by its digest (`expect`) is spooled,
+    not streamed, so that nothing is stored unless the content matches the name.
 
 `StagedFile(ctx, parent, name, algo, expect=None, mode=0o644)` — the node of a file
     being written. `parent` implements `publish(node, result)` (name the stored object
@@ -135,9 +135,9 @@ class _Spooler:
     of our own on disk). `_EOF` ends that put: its result is the commit's. `_SPILL`
     (a write went back, a read, a shrinking truncate) ends it too, and the partial
     object is copied into a spool file under STORE/spool and released (the sweep takes
-    it unless something names it). From then on the items are applied to the spool file, and a commit puts
-    from it. After a commit, the next item first copies the committed object into the
-    spool file (a descriptor still open may write on)."""
+    it unless something names it). From then on the items are applied to the spool
+    file, and a commit puts from it. After a commit, the next item first copies the
+    committed object into the spool file (a descriptor still open may write on)."""
 
     def __init__(self, store: Any, algo: Algorithm, expect: Key | None, stream: bool) -> None:
         self.store = store
