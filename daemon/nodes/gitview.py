@@ -25,11 +25,12 @@ and `mkdir` of an existing fan-out directory succeed. Objects written here are n
 through /repos/<id>/objects are pinned until a ref of that repository commits.
 
 git through alternates pays FUSE requests per object: lookup (once: long entry and
-attribute timeouts), then open + flush + release per open. Lookups and opens of kv
-objects are answered inline (one indexed sqlite read, no thread hop, no writes); the
-first open of the kernel's inode pushes the whole loose file into its page cache
-(`notify_store`), so no read request comes, nor the attribute refresh a read causes;
-later opens load nothing unless the kernel evicted the pages and reads again.
+attribute timeouts), then open + release per open (no flush: FOPEN_NOFLUSH). Lookups
+and opens of kv objects are answered inline (one indexed sqlite read, no thread hop, no
+writes); the first open of the kernel's inode of an object up to INLINE_VERIFY pushes
+the whole loose file into its page cache (ObjectFile.push), so no read request comes,
+nor the attribute refresh a read causes; later opens load nothing unless the kernel
+evicted the pages and reads again.
 """
 
 from __future__ import annotations
