@@ -30,7 +30,7 @@ NOFLUSH = hasattr(pyfuse3.FileInfo(), "noflush")
 
 def _file_info(fh: int, handle: Handle) -> pyfuse3.FileInfo:
     fi = pyfuse3.FileInfo(fh=fh, keep_cache=handle.keep_cache, direct_io=handle.direct_io)
-    if NOFLUSH and type(handle).flush is Handle.flush:
+    if NOFLUSH and not handle.flushes:
         fi.noflush = True
     return fi
 
@@ -228,7 +228,7 @@ class Operations(pyfuse3.Operations):
     # closes one file per object).
     async def flush(self, fh: int) -> None:
         h = self.handles.get(fh)
-        if h is None or type(h).flush is not Handle.flush:
+        if h is None or h.flushes:
             await self._flush(fh)
 
     @fuse_op(_fh)

@@ -112,6 +112,11 @@ class Handle:
     async def flush(self) -> None:
         return None
 
+    @property
+    def flushes(self) -> bool:
+        """Its flush does something (so the kernel must send FLUSH at every close)."""
+        return type(self).flush is not Handle.flush
+
     async def fsync(self, datasync: bool) -> None:
         return None
 

@@ -248,19 +248,21 @@ class RepoDir(Dir):
             fail(errno.EINVAL, f"{value!r} is not an object format (sha1, sha256)")
         refs = self.ctx.refs
         assert refs is not None
-        old = self.repo
+        this = repo_key(self.repo)
         # NotEmpty (ENOTEMPTY) once a ref exists; Missing (ENOENT) if removed meanwhile
-        new = await self.ctx.run_sync(refs.set_object_format, old.id, fmt)
+        new = await self.ctx.run_sync(refs.set_object_format, self.repo.id, fmt)
+
+        def ours(node: Node) -> bool:
+            repo = getattr(node, "repo", None)
+            return isinstance(repo, Repo) and repo_key(repo) == this
+
         # Every node of this repository the kernel holds (config, refs/, objects/ and its
         # fan-outs) takes the new format now. Rare (an empty repository), so a scan.
         for node in self.ctx.inodes.nodes():
-            if isinstance(node, RepoFanoutDir):
-                mine = getattr(node.parent, "repo", None)
-                if mine is not None and (mine.id, mine.created_ns) == (old.id, old.created_ns):
-                    node.algo = new.algo
-            mine = getattr(node, "repo", None)
-            if isinstance(mine, Repo) and (mine.id, mine.created_ns) == (old.id, old.created_ns):
-                node.repo = new
+            if isinstance(node, RepoFanoutDir) and node.parent is not None and ours(node.parent):
+                node.algo = new.algo
+            if ours(node):
+                node.repo = new  # type: ignore[attr-defined]
         self.repo = new
         if self.ino:  # fan-outs the kernel resolved under the old format go
             self.ctx.invalidator.submit(self.ino, b"objects", 0)
