@@ -18,10 +18,12 @@ Scenarios (full / --quick sizes):
 2. 10,000 (1,000) small files of 1-4 KiB: `cp -r SRC/. MNT/pins/` and
    `cp -r SRC/. MNT/objects/sha256/` against `cp -r SRC/. PLAIN/run-N/`.
 
-Each time is the median of several runs. Every run writes fresh names and starts from
-the same state on both sides: what the previous run wrote is removed, untimed (the plain
-copy deleted; the pins removed and the objects deleted by two sweeps, the daemon running
-with --window 0), so neither side stores into memory the other side reuses. (On a VM
+Each time is the median of several runs. Every run writes fresh names. The large file
+starts from the same state on both sides: what the previous run wrote is removed,
+untimed (the plain copy deleted; the pin removed and the object deleted by two sweeps,
+the daemon running with --window 0), so neither side stores into memory the other side
+reuses. For small files alkfs frees each run's objects the same way, while the plain
+trees are removed after the last run (see drop_dir). (On a VM
 whose balloon takes freed memory back, the first touch of a page costs ~3 us: 0.1 s per
 128 MiB, more than the plain copy itself.)
 
