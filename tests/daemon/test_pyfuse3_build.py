@@ -8,7 +8,7 @@ from alkfsd.handles import StagedHandle
 from alkfsd.nodes.base import BytesHandle
 
 
-def test_pyfuse3_carries_noflush_into_the_open_reply() -> None:
+def test_the_venvs_pyfuse3_is_built_with_fileinfo_noflush() -> None:
     assert fs.NOFLUSH is True
     fi = pyfuse3.FileInfo(fh=7, noflush=True)
     assert (fi.fh, fi.noflush, fi.keep_cache) == (7, True, True)
