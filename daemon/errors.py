@@ -4,6 +4,12 @@ A pyfuse3 handler may raise only `pyfuse3.FUSEError`; anything else would escape
 `pyfuse3.main()` and take the whole mount down. `fuse_op` turns library errors
 into their errno, logs every refusal as one line (op, what, errno, why), logs
 anything unexpected with its traceback, and answers EIO for it.
+
+Logs stay bounded whatever a request carried: a line quotes at most LOG_VALUE_MAX
+characters of any value (`clip`), and refusals are rate-limited per (op, errno): at
+most LOG_BURST lines a second each, the rest counted and reported as one
+"... and K more" line (the handlers' owner keeps a `RateLimit` as `log_limit`; the
+daemon flushes it every second and at exit). `ClipFormatter` bounds every physical log line as a backstop.
 """
 
 from __future__ import annotations
@@ -11,6 +17,7 @@ from __future__ import annotations
 import errno
 import functools
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any, NoReturn, TypeVar
 
@@ -39,6 +46,82 @@ ERRNO: tuple[tuple[type[BaseException], int], ...] = (
 # Answers that are part of normal traffic (a shell probing names, ls asking for
 # ACLs): logged at debug level only, so the log stays one line per real event.
 QUIET = {errno.ENOENT, errno.ENODATA, errno.ENOTSUP}
+
+LOG_VALUE_MAX = 256  # characters of any one value (a path, a reason) quoted in a log line
+LOG_LINE_MAX = 2048  # characters of any physical line the daemon's log handler writes
+LOG_BURST = 10  # refusal lines per (op, errno) and LOG_WINDOW_S; the rest are counted
+LOG_WINDOW_S = 1.0
+
+
+def clip(text: str, limit: int = LOG_VALUE_MAX) -> str:
+    """`text`, cut to `limit` characters and saying how much was left out."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}...[{len(text) - limit} more chars]"
+
+
+class ClipFormatter(logging.Formatter):
+    """Formats as usual, then cuts every physical line (tracebacks too) to LOG_LINE_MAX."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        text = super().format(record)
+        if len(text) <= LOG_LINE_MAX:
+            return text
+        return "\n".join(clip(line, LOG_LINE_MAX) for line in text.split("\n"))
+
+
+class RateLimit:
+    """At most `burst` log lines per key and window; the rest are counted, and the count is
+    logged as one line when the key's window is over (at its next event or `flush`)."""
+
+    def __init__(
+        self, burst: int = LOG_BURST, window_s: float = LOG_WINDOW_S, clock=time.monotonic
+    ) -> None:
+        self.burst = burst
+        self.window_s = window_s
+        self.clock = clock
+        # key -> [window start, lines logged in it, lines suppressed in it]
+        self.slots: dict[tuple[str, str], list[Any]] = {}
+
+    def allow(self, key: tuple[str, str]) -> bool:
+        now = self.clock()
+        slot = self.slots.get(key)
+        if slot is None or now - slot[0] >= self.window_s:
+            if slot is not None:
+                self._report(key, slot)
+            self.slots[key] = [now, 1, 0]
+            return True
+        if slot[1] < self.burst:
+            slot[1] += 1
+            return True
+        slot[2] += 1
+        return False
+
+    def flush(self, *, force: bool = False) -> None:
+        """Log the counts of the windows that are over (all of them with `force`)."""
+        now = self.clock()
+        for key, slot in list(self.slots.items()):
+            if force or now - slot[0] >= self.window_s:
+                self._report(key, slot)
+                del self.slots[key]
+
+    def _report(self, key: tuple[str, str], slot: list[Any]) -> None:
+        if slot[2]:
+            op, code = key
+            log.warning(
+                "%s: ... and %d more %s (not logged one by one; at most %d lines in %gs)",
+                op,
+                slot[2],
+                code,
+                self.burst,
+                self.window_s,
+            )
+            slot[2] = 0
+
+
+def _allow(owner: Any, key: tuple[str, str]) -> bool:
+    limit = getattr(owner, "log_limit", None)
+    return limit is None or limit.allow(key)
 
 
 class Fail(Exception):
@@ -91,17 +174,26 @@ def fuse_op(describe: Callable[..., str] | None = None) -> Callable[[F], F]:
             except Exception as exc:
                 code = errno_of(exc)
                 if code is None:
-                    what = _safe_describe(describe, self, args)
-                    log.exception("%s %s: unexpected error; answering EIO", op, what)
                     self.count_error(op, errno.EIO)
+                    if _allow(self, (op, "unexpected errors (EIO)")):
+                        what = clip(_safe_describe(describe, self, args))
+                        log.error(
+                            "%s %s: unexpected error; answering EIO: %s",
+                            op,
+                            what,
+                            clip(f"{type(exc).__name__}: {exc}"),
+                            exc_info=exc,
+                        )
                     raise pyfuse3.FUSEError(errno.EIO) from None
                 self.count_error(op, code)
                 level = logging.DEBUG if code in QUIET else logging.WARNING
                 # Named only when logged: a quiet ENOENT (a shell or git probing names,
                 # cp checking its target) is normal traffic and would pay for the path.
-                if log.isEnabledFor(level):
-                    what = _safe_describe(describe, self, args)
-                    why = "" if isinstance(exc, pyfuse3.FUSEError) else str(exc)
+                if log.isEnabledFor(level) and (
+                    level == logging.DEBUG or _allow(self, (op, f"errno={name_of(code)}"))
+                ):
+                    what = clip(_safe_describe(describe, self, args))
+                    why = "" if isinstance(exc, pyfuse3.FUSEError) else clip(str(exc))
                     log.log(
                         level,
                         "%s %s: errno=%s%s",

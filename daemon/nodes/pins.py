@@ -9,12 +9,18 @@ Writing (SPEC 3.5):
   path, an object not stored, a bad name; EEXIST: the name is taken).
 - `rm NAME` unpins; `mv A B` renames, replacing a pin B (as rename does).
 - A new regular file NAME is a StagedFile: on close its content is stored (sha256)
-  and pinned as NAME, and the entry becomes the symlink. A file whose name is not a
-  valid pin name (rsync's `.NAME.XXXXXX`) is a temporary: on close its content is
-  stored and held by an in-process pin while the file stays listed; renaming it to a
-  valid NAME pins it as NAME (replacing a pin NAME), unlinking it releases it (nothing
-  durable was made). The in-process pin is released only after the durable pin row
-  has committed, so a sweep never finds the object unprotected.
+  and pinned as NAME, and the entry becomes the symlink. A file named as rsync names
+  its temporary for NAME (`.NAME.XXXXXX`: a dot, a valid pin name, a dot, 1-16 letters
+  or digits) is a temporary: on close its content is stored and held by an in-process
+  pin while the file stays listed; renaming it to a valid NAME pins it as NAME
+  (replacing a pin NAME), unlinking it releases it (nothing durable was made). The
+  in-process pin is released only after the durable pin row has committed, so a sweep
+  never finds the object unprotected.
+- Any other name is EINVAL at create (and as a rename target), so no tool reports
+  success for a file that would never be pinned (SPEC 3.5).
+- One writer per name: a create of a name being written (or stored under a temporary
+  name, or pinned) is EEXIST, and so is a second write open of a file being written
+  (it would truncate or interleave with the first writer's bytes).
 """
 
 from __future__ import annotations
@@ -32,9 +38,9 @@ from alkfs.pins import PinRecord, valid_pin_name
 from alkfs.store import PutResult
 
 from ..context import DYNAMIC_TIMEOUT
-from ..errors import fail
+from ..errors import clip, fail
 from ..handles import StagedFile, noop_setattr
-from .base import Dir, DirHandle, Emit, Handle, Node, Symlink
+from .base import Dir, DirHandle, Emit, Handle, Node, Symlink, wants_write
 from .repos import readdir_snapshot
 
 if TYPE_CHECKING:
@@ -45,6 +51,8 @@ if TYPE_CHECKING:
 # pin change through the mount.
 PIN_LOCK = threading.Lock()
 LINK_TARGET = re.compile(rb"\.\./objects/([a-z0-9-]+)/([0-9a-f]+)\Z")
+# rsync's temporary for NAME is `.NAME.XXXXXX`; any short suffix of letters and digits
+TEMPORARY = re.compile(r"\.([A-Za-z0-9][A-Za-z0-9._-]{0,127})\.[A-Za-z0-9]{1,16}\Z")
 
 
 def target(rec: PinRecord) -> bytes:
@@ -56,6 +64,24 @@ def _text(name: bytes) -> str | None:
         return name.decode("utf-8")
     except UnicodeDecodeError:
         return None
+
+
+def is_temporary(text: str | None) -> bool:
+    """`.NAME.XXXXXX` for a valid pin NAME (what rsync writes before renaming to NAME)."""
+    if text is None:
+        return False
+    m = TEMPORARY.match(text)
+    return m is not None and valid_pin_name(m.group(1))
+
+
+def _writable_name(name: bytes) -> bool:
+    """A name a new file in /pins may have: a pin name or a temporary of one."""
+    text = _text(name)
+    return text is not None and (valid_pin_name(text) or is_temporary(text))
+
+
+def _shown(name: bytes) -> str:
+    return clip(repr(name), 160)
 
 
 def _pins(ctx: Context) -> Any:
@@ -177,9 +203,15 @@ class PinsDir(Dir):
 
     async def create(self, name: bytes, mode: int, flags: int, ctx: Any) -> tuple[Node, Handle]:
         _pins(self.ctx)
+        if not _writable_name(name):
+            fail(
+                errno.EINVAL,
+                f"{_shown(name)} is not a pin name ([A-Za-z0-9][A-Za-z0-9._-]{{0,127}}) "
+                "nor a temporary .NAME.XXXXXX of one: it would never be pinned",
+            )
         if self._taken(name):
-            fail(errno.EEXIST, f"/pins/{name.decode(errors='replace')} exists")
-        node = StagedFile(self.ctx, self, name, Algorithm.SHA256, mode=mode)
+            fail(errno.EEXIST, f"/pins/{clip(name.decode(errors='replace'))} exists")
+        node = PinFile(self.ctx, self, name, Algorithm.SHA256, mode=mode)
         self.staged[name] = node
         return node, node.new_handle()
 
@@ -187,7 +219,7 @@ class PinsDir(Dir):
         pins = _pins(self.ctx)
         text = _text(name)
         if text is None or not valid_pin_name(text):
-            fail(errno.EINVAL, f"invalid pin name {name!r}")
+            fail(errno.EINVAL, f"invalid pin name {_shown(name)}")
         if self._taken(name):
             fail(errno.EEXIST, f"/pins/{text} exists")
         key = self._target_key(link)
@@ -205,12 +237,12 @@ class PinsDir(Dir):
             link = b"../" + link[len(mnt) + 1 :]
         m = LINK_TARGET.match(link)
         if m is None:
-            fail(errno.EINVAL, f"{link!r} is not ../objects/<algo>/<hex>")
+            fail(errno.EINVAL, f"{_shown(link)} is not ../objects/<algo>/<hex>")
         try:
             algo = Algorithm.from_label(m.group(1).decode())
             return Key.from_hex(algo, m.group(2).decode())
         except Invalid:
-            fail(errno.EINVAL, f"{link!r} does not name an object")
+            fail(errno.EINVAL, f"{_shown(link)} does not name an object")
 
     # -- files written here ---------------------------------------------------------------
     def publish_in_thread(self, node: StagedFile, result: PutResult) -> None:
@@ -285,14 +317,15 @@ class PinsDir(Dir):
             fail(errno.ENOENT)
         if name == new_name:
             return
-        if flags & pyfuse3.RENAME_NOREPLACE and self._taken(new_name):
-            fail(errno.EEXIST, f"/pins/{new_name.decode(errors='replace')} exists")
         new_text = _text(new_name)
         new_valid = new_text is not None and valid_pin_name(new_text)
+        if not new_valid and (is_pin or not is_temporary(new_text)):
+            # a pin renames to a pin name; a file being written also to a temporary name
+            fail(errno.EINVAL, f"invalid pin name {_shown(new_name)}")
+        if flags & pyfuse3.RENAME_NOREPLACE and self._taken(new_name):
+            fail(errno.EEXIST, f"/pins/{new_name.decode(errors='replace')} exists")
         if is_pin:
             assert text is not None
-            if not new_valid:
-                fail(errno.EINVAL, f"invalid pin name {new_name!r}")
             self._drop(new_name)
             rec = await self.ctx.run_sync(_rename_over, pins, text, new_text)
             self._renamed_link(text, rec)
@@ -339,6 +372,18 @@ class PinsDir(Dir):
         if isinstance(node, PinLink):
             node.record = rec
             node.name = rec.name.encode()
+
+
+class PinFile(StagedFile):
+    """A new file in /pins: one writer only (a second write open would truncate or
+    interleave with the first writer's bytes, and the last close would win)."""
+
+    __slots__ = ()
+
+    async def open(self, flags: int, ctx: Any) -> Handle:
+        if wants_write(flags) and self.opens > 0 and not self.writer.closed:
+            fail(errno.EEXIST, f"{self.path} is being written by another open file")
+        return await super().open(flags, ctx)
 
 
 class PinLink(Symlink):
