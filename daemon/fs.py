@@ -3,6 +3,11 @@
 Dispatch only. Every handler wears `fuse_op` (errors.py): library errors become
 their errno in one place, anything unexpected is logged with its traceback and
 answered with EIO, so no request can take the mount down.
+
+Bad input refused here, before any node sees it: a name longer than NAME_MAX bytes
+(ENAMETOOLONG, for every operation that takes a name; the kernel lets FUSE names of up
+to 1024 bytes through) and an extended attribute value over XATTR_VALUE_MAX bytes
+(E2BIG, nothing changed).
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ from typing import Any
 import pyfuse3
 
 from .context import Context
-from .errors import fail, fuse_op
+from .errors import RateLimit, fail, fuse_op
 from .nodes.base import DirHandle, Handle, Node, wants_write
 from .nodes.root import Root
 
@@ -26,6 +31,15 @@ log = logging.getLogger("alkfsd")
 # pyfuse3 with it). With it, closing a file whose handle has nothing to flush (every
 # read-only open) costs no FLUSH round trip; a stock pyfuse3 still works, with the trip.
 NOFLUSH = hasattr(pyfuse3.FileInfo(), "noflush")
+
+NAME_MAX = 255  # bytes of one name (statfs says so too), as on every Linux file system
+XATTR_VALUE_MAX = 4096  # bytes of an extended attribute's value (user.alkfs.* take a word)
+
+
+def check_name(name: bytes) -> None:
+    """ENAMETOOLONG for a name no Linux file system would take."""
+    if len(name) > NAME_MAX:
+        fail(errno.ENAMETOOLONG, f"a name of {len(name)} bytes (at most {NAME_MAX})")
 
 
 def _file_info(fh: int, handle: Handle) -> pyfuse3.FileInfo:
@@ -70,6 +84,7 @@ class Operations(pyfuse3.Operations):
         self.handles: dict[int, Handle] = {}
         self.dirs: dict[int, DirHandle] = {}
         self._next_fh = 1
+        self.log_limit = RateLimit()  # refusal lines per (op, errno) and second (errors.py)
         self.readdir_reply = pyfuse3.readdir_reply  # replaced by the direct-call tests
 
     # -- helpers ------------------------------------------------------------------
@@ -100,6 +115,7 @@ class Operations(pyfuse3.Operations):
     # -- names ----------------------------------------------------------------------
     @fuse_op(_child)
     async def lookup(self, parent_inode: int, name: bytes, ctx: Any) -> pyfuse3.EntryAttributes:
+        check_name(name)
         parent = self.node(parent_inode)
         if name == b".":
             child = parent
@@ -137,6 +153,7 @@ class Operations(pyfuse3.Operations):
     async def mknod(
         self, parent_inode: int, name: bytes, mode: int, rdev: int, ctx: Any
     ) -> pyfuse3.EntryAttributes:
+        check_name(name)
         self._mutating()
         return self._entry(await self.node(parent_inode).mknod(name, mode, rdev, ctx))
 
@@ -144,6 +161,7 @@ class Operations(pyfuse3.Operations):
     async def mkdir(
         self, parent_inode: int, name: bytes, mode: int, ctx: Any
     ) -> pyfuse3.EntryAttributes:
+        check_name(name)
         self._mutating()
         return self._entry(await self.node(parent_inode).mkdir(name, mode, ctx))
 
@@ -161,6 +179,7 @@ class Operations(pyfuse3.Operations):
     async def symlink(
         self, parent_inode: int, name: bytes, target: bytes, ctx: Any
     ) -> pyfuse3.EntryAttributes:
+        check_name(name)
         self._mutating()
         return self._entry(await self.node(parent_inode).symlink(name, target, ctx))
 
@@ -174,6 +193,8 @@ class Operations(pyfuse3.Operations):
         flags: int,
         ctx: Any,
     ) -> None:
+        check_name(name_old)
+        check_name(name_new)
         self._mutating()
         old = self.node(parent_inode_old)
         new = self.node(parent_inode_new)
@@ -183,6 +204,7 @@ class Operations(pyfuse3.Operations):
     async def link(
         self, inode: int, new_parent_inode: int, new_name: bytes, ctx: Any
     ) -> pyfuse3.EntryAttributes:
+        check_name(new_name)
         self._mutating()
         target = self.node(inode)
         return self._entry(await self.node(new_parent_inode).link(new_name, target, ctx))
@@ -202,6 +224,7 @@ class Operations(pyfuse3.Operations):
     async def create(
         self, parent_inode: int, name: bytes, mode: int, flags: int, ctx: Any
     ) -> tuple[pyfuse3.FileInfo, pyfuse3.EntryAttributes]:
+        check_name(name)
         self._mutating()
         child, handle = await self.node(parent_inode).create(name, mode, flags, ctx)
         attr = self._entry(child)
@@ -312,6 +335,8 @@ class Operations(pyfuse3.Operations):
     async def setxattr(self, inode: int, name: bytes, value: bytes, ctx: Any) -> None:
         if not name.startswith(b"user."):
             fail(errno.EOPNOTSUPP, "only user.* extended attributes exist here")
+        if len(value) > XATTR_VALUE_MAX:
+            fail(errno.E2BIG, f"a value of {len(value)} bytes (at most {XATTR_VALUE_MAX})")
         node = self.node(inode)
         self._mutating(node)
         await node.setxattr(name, value, ctx)

@@ -1,23 +1,41 @@
-"""/.alkfs: `control` (write commands), `status` (JSON) and `metrics` (Prometheus)."""
+"""/.alkfs: `control` (write commands), `status` (JSON) and `metrics` (Prometheus).
+
+The control file takes lines. Each open has its own buffer: a command runs once its
+line is complete (the write that brings the newline returns when it has run), and an
+unterminated last line runs at close (its refusal is close()'s, so `echo -n sweep`
+works and reports errors). Input is bounded: one write may complete at most
+MAX_LINES lines and one open takes at most MAX_BYTES bytes in all; a write beyond
+either is E2BIG and runs nothing. A write's lines are all checked before any runs
+(EINVAL for a bad one: nothing runs); they then run in order, and the first that fails
+ends the write with its errno.
+
+`status` and `metrics` are rendered at open; `stat` reports the size of what a read
+gives: while the file is open, the size of the newest open's snapshot, else of a
+fresh rendering (so rsync and cp, which size their copy from fstat, copy it whole).
+"""
 
 from __future__ import annotations
 
 import errno
+import logging
 import stat
 from typing import TYPE_CHECKING, Any
 
 from alkfs.durations import parse_duration
 
 from ..context import DYNAMIC_TIMEOUT
-from ..errors import fail
+from ..errors import clip, fail
 from ..status import metrics_text, status_json
 from .base import BytesHandle, File, Handle, Node, StaticDir, wants_write
 
 if TYPE_CHECKING:
     from ..context import Context
 
+log = logging.getLogger("alkfsd")
 
 USAGE = b"commands: sweep [WINDOW]   (e.g. sweep, sweep 0, sweep 1h)\n          verify\n"
+MAX_LINES = 4  # complete lines (commands) one write may bring
+MAX_BYTES = 4096  # bytes one open of the control file takes in all
 
 
 class AlkfsDir(StaticDir):
@@ -63,60 +81,147 @@ class ControlFile(File):
 class ControlHandle(Handle):
     direct_io = True
 
+    def __init__(self, node: Node) -> None:
+        super().__init__(node)
+        self.pending = bytearray()  # the unterminated line so far
+        self.taken = 0  # bytes this open has accepted
+
     async def read(self, off: int, size: int) -> bytes:
         return USAGE[off : off + size]
 
     async def write(self, off: int, buf: bytes) -> int:
-        try:
-            text = bytes(buf).decode("utf-8")
-        except UnicodeDecodeError:
-            fail(errno.EINVAL, "a control command is text")
-        lines = [line.split() for line in text.splitlines() if line.strip()]
+        data = bytes(buf)
+        if self.taken + len(data) > MAX_BYTES:
+            fail(
+                errno.E2BIG,
+                f"the control file takes at most {MAX_BYTES} bytes per open "
+                f"({self.taken} taken, a write of {len(data)}): nothing run",
+            )
+        lines = (bytes(self.pending) + data).split(b"\n")
+        rest = lines.pop()  # after the last newline: not a line yet
+        if len(lines) > MAX_LINES:
+            fail(
+                errno.E2BIG,
+                f"a write to the control file completes at most {MAX_LINES} lines, "
+                f"not {len(lines)}: nothing run",
+            )
+        self.taken += len(data)
         if not lines:
+            self.pending[:] = rest
+            return len(data)
+        self.pending.clear()
+        commands = [parse(line) for line in lines]  # EINVAL before anything runs
+        commands = [c for c in commands if c]
+        if not commands:
             fail(errno.EINVAL, "empty control command")
-        for words in lines:
+        self.pending[:] = rest
+        for words in commands:
             await self.run(words)
-        return len(buf)
+        return len(data)
+
+    async def _last_line(self) -> None:
+        """An unterminated last line runs when the file is closed."""
+        if not self.pending:
+            return
+        line = bytes(self.pending)
+        self.pending.clear()
+        words = parse(line)
+        if not words:
+            fail(errno.EINVAL, "empty control command")
+        await self.run(words)
+
+    async def flush(self) -> None:
+        await self._last_line()
+
+    async def release(self) -> None:
+        try:
+            await self._last_line()  # (no FLUSH came: nobody to tell but the log)
+        except Exception as exc:
+            log.warning("release /.alkfs/control: the last line did not run (%s)", exc)
 
     async def run(self, words: list[str]) -> None:
         ctx = self.node.ctx
         cmd, args = words[0], words[1:]
-        if cmd == "sweep" and len(args) <= 1:
-            window = None
-            if args:
-                try:
-                    window = parse_duration(args[0])
-                except ValueError:
-                    fail(errno.EINVAL, f"not a duration: {args[0]!r}")
+        if cmd == "sweep":
             if ctx.read_only:
                 fail(errno.EROFS, "the mount is read-only: no sweeps")
-            await ctx.sweep(window)
-        elif cmd == "verify" and not args:
+            await ctx.sweep(parse_duration(args[0]) if args else None)
+        elif cmd == "verify":
             await ctx.verify()
-        else:
-            fail(errno.EINVAL, f"unknown control command {' '.join(words)!r}")
+
+
+def parse(line: bytes) -> list[str]:
+    """The words of one command line ([] for a blank one); EINVAL for anything but
+    `sweep [WINDOW]` and `verify`."""
+    try:
+        words = line.decode("utf-8").split()
+    except UnicodeDecodeError:
+        fail(errno.EINVAL, "a control command is text")
+    if not words:
+        return words
+    cmd, args = words[0], words[1:]
+    if cmd == "sweep" and len(args) <= 1:
+        if args:
+            try:
+                parse_duration(args[0])
+            except ValueError:
+                fail(errno.EINVAL, f"not a duration: {clip(repr(args[0]), 64)}")
+        return words
+    if cmd == "verify" and not args:
+        return words
+    fail(errno.EINVAL, f"unknown control command {clip(repr(' '.join(words)), 100)}")
 
 
 class _Generated(File):
-    """A file whose content is computed (in a worker thread) at each open."""
+    """A file whose content is computed (in a worker thread) at each open. Its size is
+    that of what a read gives: the newest open's snapshot while it is open, else a
+    fresh rendering; attributes are never cached by the kernel, so an fstat after open
+    asks again (rsync and cp size their copy from it)."""
 
     entry_timeout = DYNAMIC_TIMEOUT
-    attr_timeout = DYNAMIC_TIMEOUT
-    __slots__ = ()
+    attr_timeout = 0.0
+    __slots__ = ("snapshot", "open_count")
+
+    def __init__(self, ctx: Context, ident: tuple, parent: Node, name: bytes) -> None:
+        super().__init__(ctx, ident, parent, name)
+        self.snapshot = b""  # the newest rendering (its length is size())
+        self.open_count = 0
 
     def mode(self) -> int:
         return stat.S_IFREG | 0o444
 
-    def render(self) -> bytes:
-        raise NotImplementedError
+    def size(self) -> int:
+        return len(self.snapshot)
+
+    async def getattr(self, ctx: Any) -> Any:
+        if self.open_count == 0:
+            self.snapshot = await self.content()
+        return self.attr()
 
     async def open(self, flags: int, ctx: Any) -> Handle:
         if wants_write(flags):
             fail(errno.EPERM, f"{self.path} is read-only")
-        return BytesHandle(self, await self.content(), direct_io=True)
+        data = await self.content()
+        self.snapshot = data
+        self.open_count += 1
+        return SnapshotHandle(self, data)
 
     async def content(self) -> bytes:
         raise NotImplementedError
+
+
+class SnapshotHandle(BytesHandle):
+    """Serves one rendering of a generated file; the node counts the open ones."""
+
+    def __init__(self, node: _Generated, data: bytes) -> None:
+        super().__init__(node, data, direct_io=True)
+        self.generated = node
+        self.released = False
+
+    async def release(self) -> None:
+        if not self.released:
+            self.released = True
+            self.generated.open_count -= 1
 
 
 class StatusFile(_Generated):
