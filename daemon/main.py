@@ -10,6 +10,10 @@ max(10 min, the window); see daemon/scratch.py). The config file (TOML) takes th
 keys (`store`, `mountpoint`, `threshold`, `window`, `kv_only`, `sweep_every`,
 `push_grace`, `read_only`, `allow_other`, `demo`); flags on the command line win.
 Readiness is reported to systemd (`READY=1` on $NOTIFY_SOCKET) once the mount answers.
+
+A mountpoint where a live FUSE mount already answers is refused (one line, exit 1):
+mounting over it would hide it without a word. A dead one (ENOTCONN, its daemon gone)
+is cleared at start.
 """
 
 from __future__ import annotations
@@ -31,8 +35,9 @@ import trio
 from alkfs.durations import parse_duration
 from alkfs.errors import AlkfsError, StoreLocked
 
-from . import scratch
+from . import packs, scratch
 from .context import Context, Options
+from .errors import ClipFormatter
 from .fs import Operations
 from .handles import clear_spool, spool_dir
 
@@ -124,6 +129,55 @@ def sd_notify(message: str) -> None:
         log.warning("sd_notify to %s failed: %s", addr, exc)
 
 
+def _unescape(field: str) -> str:
+    """/proc/self/mounts escapes space, tab, newline and backslash as octal."""
+    out, i = [], 0
+    while i < len(field):
+        code = field[i + 1 : i + 4]
+        if field[i] == "\\" and len(code) == 3 and all(c in "01234567" for c in code):
+            out.append(chr(int(code, 8)))
+            i += 4
+        else:
+            out.append(field[i])
+            i += 1
+    return "".join(out)
+
+
+def mounted_at(mnt: str) -> tuple[str, str] | None:
+    """(source, fstype) of the topmost mount at `mnt`, or None."""
+    found = None
+    try:
+        with open("/proc/self/mounts") as f:
+            for line in f:
+                parts = line.split()
+                if len(parts) >= 3 and _unescape(parts[1]) == mnt:
+                    found = (_unescape(parts[0]), parts[2])
+    except OSError:
+        return None
+    return found
+
+
+class MountpointBusy(Exception):
+    pass
+
+
+def refuse_live_mount(mnt: str) -> None:
+    """MountpointBusy when a FUSE mount that answers is at `mnt` (a dead one answers
+    ENOTCONN and is left to clear_stale_mount)."""
+    entry = mounted_at(mnt)
+    if entry is None or not entry[1].startswith("fuse"):
+        return
+    try:
+        os.statvfs(mnt)
+    except OSError:
+        return
+    source, fstype = entry
+    raise MountpointBusy(
+        f"{mnt} is already mounted ({fstype}, {source}) and answers; "
+        f"unmount it first (fusermount3 -u {mnt})"
+    )
+
+
 def clear_stale_mount(mnt: str) -> None:
     """A mount left by a dead daemon answers ENOTCONN; detach it so we can mount again.
     (statvfs, not stat: the kernel may answer stat from its attribute cache.)"""
@@ -187,10 +241,12 @@ def demo(app: Any, store: Any) -> None:
         log.info("demo: no git history imported (%s)", exc)
 
 
-async def serve(ctx: Context, mnt: str, sweep_every: float | None) -> None:
+async def serve(ctx: Context, mnt: str, sweep_every: float | None, ops: Operations) -> None:
     async with trio.open_nursery() as nursery:
         nursery.start_soon(_signals)
         nursery.start_soon(_ready, ctx, mnt)
+        nursery.start_soon(packs.run, ctx)  # derived packs: first set, then intake
+        nursery.start_soon(_log_counts, ops)
         if sweep_every:
             nursery.start_soon(_sweeper, ctx, sweep_every)
         await pyfuse3.main(min_tasks=1, max_tasks=MAX_TASKS)
@@ -235,12 +291,17 @@ async def _sweeper(ctx: Context, every: float) -> None:
             log.exception("periodic sweep failed")
 
 
+async def _log_counts(ops: Operations) -> None:
+    """Log the counts of rate-limited refusals once their second is over (errors.py)."""
+    while True:
+        await trio.sleep(1.0)
+        ops.log_limit.flush()
+
+
 def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(
-        stream=sys.stderr,
-        level=logging.INFO,
-        format="%(asctime)s alkfsd[%(process)d] %(levelname)s %(message)s",
-    )
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(ClipFormatter("%(asctime)s alkfsd[%(process)d] %(levelname)s %(message)s"))
+    logging.basicConfig(level=logging.INFO, handlers=[handler])
     logging.getLogger("pyfuse3").setLevel(logging.WARNING)
     try:
         conf = settings(argv)
@@ -250,7 +311,11 @@ def main(argv: list[str] | None = None) -> int:
     store_path = os.path.abspath(str(conf["store"]))
     mnt = os.path.abspath(str(conf["mountpoint"]))
     try:
+        refuse_live_mount(mnt)
         clear_stale_mount(mnt)
+    except MountpointBusy as exc:
+        print(f"alkfsd: cannot mount at {exc}", file=sys.stderr)
+        return 1
     except OSError as exc:
         print(f"alkfsd: cannot use the mountpoint {mnt}: {exc}", file=sys.stderr)
         return 1
@@ -263,6 +328,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"alkfsd: cannot open the store {store_path}: {exc}", file=sys.stderr)
         return 1
     ctx: Context | None = None
+    ops: Operations | None = None
     mounted = False
     try:
         if clear_spool(store):
@@ -297,8 +363,10 @@ def main(argv: list[str] | None = None) -> int:
             store.window_ns / 1e9,
             ", read-only" if options.read_only else "",
         )
-        trio.run(serve, ctx, mnt, conf.get("sweep_every"))
+        trio.run(serve, ctx, mnt, conf.get("sweep_every"), ops)
     finally:
+        if ops is not None:
+            ops.log_limit.flush(force=True)
         if mounted:
             pyfuse3.close(unmount=True)
             log.info("unmounted %s", mnt)
