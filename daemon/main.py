@@ -173,7 +173,7 @@ def refuse_live_mount(mnt: str) -> None:
         return
     source, fstype = entry
     raise MountpointBusy(
-        f"{mnt} is already mounted ({fstype}, {source}) and answers; "
+        f"cannot mount at {mnt}: a live mount is there ({fstype}, {source}); "
         f"unmount it first (fusermount3 -u {mnt})"
     )
 
@@ -314,7 +314,7 @@ def main(argv: list[str] | None = None) -> int:
         refuse_live_mount(mnt)
         clear_stale_mount(mnt)
     except MountpointBusy as exc:
-        print(f"alkfsd: cannot mount at {exc}", file=sys.stderr)
+        print(f"alkfsd: {exc}", file=sys.stderr)
         return 1
     except OSError as exc:
         print(f"alkfsd: cannot use the mountpoint {mnt}: {exc}", file=sys.stderr)
