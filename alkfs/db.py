@@ -19,6 +19,7 @@ import pysqlite3.dbapi2 as sqlite3
 from .errors import Invalid, StoreIO
 
 BUSY_TIMEOUT_MS = 5000
+FILE_MODE = 0o600  # the database and (as sqlite does) its -wal and -shm
 
 
 def now_ns() -> int:
@@ -33,11 +34,25 @@ class Database:
         if text == ":memory:" or text.startswith("file::memory:") or text == "":
             raise Invalid("an in-memory sqlite database cannot hold the WAL posture")
         self.path = Path(text)
+        self._create_private()
         self._local = threading.local()
         self._all: dict[int, sqlite3.Connection] = {}
         self._lock = threading.Lock()
         self._closed = False
         self.conn()  # open now so a bad posture is a construction error
+
+    def _create_private(self) -> None:
+        """A new database file is created here, 0600: sqlite would make it 0644 minus the
+        umask, and it creates `-wal` and `-shm` with the database file's permissions, so
+        all three are the owner's alone (a shared lock another user held on one byte of
+        `-shm` would fail every write)."""
+        flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
+        try:
+            os.close(os.open(self.path, flags, FILE_MODE))
+        except FileExistsError:
+            pass
+        except OSError as exc:
+            raise StoreIO(f"sqlite: cannot create {self.path}: {exc.strerror}") from exc
 
     def _open(self) -> sqlite3.Connection:
         try:
