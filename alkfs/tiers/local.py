@@ -36,7 +36,8 @@ class LocalTier:
         holder may: beside a holder, those files are its puts in flight."""
         self.root = Path(root)
         self.staging = self.root / STAGING
-        self.staging.mkdir(parents=True, exist_ok=True)
+        self.root.mkdir(mode=0o700, parents=True, exist_ok=True)  # 0700: the owner's alone
+        self.staging.mkdir(mode=0o700, exist_ok=True)
         if clear_staging:
             for stale in os.listdir(self.staging):
                 with contextlib.suppress(FileNotFoundError):
@@ -64,7 +65,7 @@ class LocalTier:
     def new_writer(self) -> StagingWriter:
         """A fresh staging file, written by a StagingWriter (close it on every path)."""
         path = self.staging / uuid.uuid4().hex
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o444)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o400)
         try:
             return StagingWriter(path, fd)
         except BaseException:  # (the thread could not start): leave nothing behind
@@ -81,7 +82,8 @@ class LocalTier:
         target = self.path(key)
         parent = target.parent
         if not parent.is_dir():
-            parent.mkdir(parents=True, exist_ok=True)
+            parent.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            parent.mkdir(mode=0o700, exist_ok=True)
             _fsync_dir(parent.parent)
         try:
             os.link(staging, target)
