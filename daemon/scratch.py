@@ -83,7 +83,7 @@ RepoKey = tuple[str, int]  # (repository id, creation time): a re-created id is 
 def clean(root: Path) -> None:
     """Empty (or create) a scratch directory: nothing in it survives a daemon."""
     shutil.rmtree(root, ignore_errors=True)
-    root.mkdir(parents=True, exist_ok=True)
+    root.mkdir(mode=0o700, parents=True, exist_ok=True)
 
 
 def scratch_root(store_path: Path | None) -> Path | None:
@@ -113,7 +113,7 @@ class ScratchArea:
     def close(self) -> None:
         shutil.rmtree(self.root, ignore_errors=True)
         if not self.temporary:
-            self.root.mkdir(parents=True, exist_ok=True)
+            self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
 
 
 # -- processes --------------------------------------------------------------------------------
@@ -334,6 +334,7 @@ def ingest_pack_blocking(
             env=env,
             check=True,
             capture_output=True,
+            umask=0o077,  # its files are the daemon's alone, whatever the daemon's umask
         )
         os.link(pack, gitdir / "objects" / "pack" / "pack-pushed.pack")
         os.link(idx, gitdir / "objects" / "pack" / "pack-pushed.idx")
