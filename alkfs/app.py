@@ -5,12 +5,12 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from . import __version__
+from . import __version__, privacy
 from .git.closure import RefClosure
 from .git.refs import Refs
 from .keys import Key
 from .pins import Pins
-from .store import DEFAULT_THRESHOLD, Store
+from .store import DEFAULT_THRESHOLD, LOCK_NAME, Store
 
 
 class Alkfs:
@@ -33,6 +33,8 @@ class Alkfs:
         window_s: float | None = None,
         lock: bool = True,
     ) -> Alkfs:
+        if mode != "mem":
+            privacy.prepare(path, LOCK_NAME)  # the store is its owner's alone
         store = Store.open(path, mode=mode, threshold=threshold, window_s=window_s, lock=lock)
         try:
             return cls(store)
