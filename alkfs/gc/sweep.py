@@ -93,6 +93,12 @@ def sweep(store: Store, window_ns: int | None = None) -> SweepReport:
     return report
 
 
+def _packs_guard(store: Store, raws: list[bytes]):
+    from ..git.packs import guard_deletes
+
+    return guard_deletes(store, raws)
+
+
 def _run(store: Store, report: SweepReport, window_ns: int) -> None:
     arbiter = store.arbiter
     sources = arbiter.sources()
@@ -114,29 +120,31 @@ def _run(store: Store, report: SweepReport, window_ns: int) -> None:
     window = store.window
     while batch := window.take(now_ns()):
         report.taken += len(batch)
-        try:
-            protected_now = _protected_set(store)
-        except Exception:
-            store.log.exception("sweep: protect failed at delete time; batch cancelled")
-            report.cancelled_by_arbitration += len(batch)
-            continue
-        for key, staged_ns in batch:
-            if not arbiter.arbitrate(key, protected_now):
-                report.cancelled_by_arbitration += 1
-                continue
+        # derived packs: none published after these deletes lists them (alkfs/git/packs.py)
+        with _packs_guard(store, [key for key, _ in batch]):
             try:
-                # Checked under the delete marker: a put that published before it is
-                # seen here, and one after it waits for the delete and stores afresh.
-                if store.written_since(key, staged_ns):
+                protected_now = _protected_set(store)
+            except Exception:
+                store.log.exception("sweep: protect failed at delete time; batch cancelled")
+                report.cancelled_by_arbitration += len(batch)
+                continue
+            for key, staged_ns in batch:
+                if not arbiter.arbitrate(key, protected_now):
                     report.cancelled_by_arbitration += 1
                     continue
-                freed = store.engine_delete(key)
-            finally:
-                arbiter.conclude(key)
-            report.deleted += 1
-            report.bytes_freed += freed or 0
-            if freed is not None:
-                store.on_deleted(key)
+                try:
+                    # Checked under the delete marker: a put that published before it is
+                    # seen here, and one after it waits for the delete and stores afresh.
+                    if store.written_since(key, staged_ns):
+                        report.cancelled_by_arbitration += 1
+                        continue
+                    freed = store.engine_delete(key)
+                finally:
+                    arbiter.conclude(key)
+                report.deleted += 1
+                report.bytes_freed += freed or 0
+                if freed is not None:
+                    store.on_deleted(key)
 
     # Mark and stage. It makes no reference cycles, so the cyclic collector is paused
     # meanwhile: the window's row tuples would otherwise trigger collections that walk

@@ -302,7 +302,22 @@ def import_repo(
             lister.join()
         for raws in pinned:
             store._unpin_raws(raws)
+    _pack(store, fmt)
     return result
+
+
+def _pack(store: Store, fmt: str) -> None:
+    """Leave the imported objects packed (derived packs: alkfs/git/packs.py). A failed
+    build is logged: the objects are in the store and served loose meanwhile."""
+    from .packs import derived_for
+
+    derived = derived_for(store, fmt)
+    if derived is None:
+        return
+    try:
+        derived.build(prune=True)
+    except (StoreIO, OSError) as exc:
+        store.log.error("import: the derived packs were not rebuilt: %s", exc)
 
 
 def _check_format(app: Alkfs, repo_id: str, fmt: str) -> bool:

@@ -1,0 +1,244 @@
+"""Derived packs (alkfs/git/packs.py): built by git from verified store objects, verified
+by git's own tools, published by generation, never listing what a sweep deleted."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from alkfs.app import Alkfs
+from alkfs.errors import StoreIO
+from alkfs.git import packs
+from alkfs.git.importer import import_repo
+from alkfs.git.objects import canonical
+from alkfs.git.refs import RefUpdate
+from alkfs.keys import Algorithm, Key
+
+from .conftest import GIT_ENV
+
+
+def git(cwd: Path, *args: str, input: bytes | None = None) -> str:
+    proc = subprocess.run(
+        ["git", *args],
+        cwd=cwd,
+        input=input,
+        capture_output=True,
+        env={**os.environ, **GIT_ENV},
+        check=False,
+    )
+    assert proc.returncode == 0, (args, proc.stderr.decode())
+    return proc.stdout.decode()
+
+
+def history(make_repo, fmt: str, commits: int = 6):
+    """A repository with nested directories, edited files, a tag and two branches."""
+    repo = make_repo(fmt)
+    for i in range(commits):
+        repo.write("README", "".join(f"line {j} of the readme, edit {i}\n" for j in range(60)))
+        repo.write(f"src/pkg/mod{i % 3}.py", f"def f():\n    return {i}\n" * (20 + i))
+        repo.write("docs/deep/er/notes.txt", f"notes {i}\n" * 30)
+        repo.commit(f"commit {i}")
+    repo.git("tag", "-a", "v1", "-m", "a tag")
+    repo.git("checkout", "-q", "-b", "side")
+    repo.write("side.txt", "side\n")
+    repo.commit("side")
+    repo.git("checkout", "-q", "main")
+    return repo
+
+
+def pack_ids(gen: packs.Generation) -> set[str]:
+    """The ids `git show-index` reads from every idx of the set."""
+    out: set[str] = set()
+    for rel in gen.files:
+        if rel.endswith(".idx"):
+            with open(gen.root / rel, "rb") as f:
+                text = subprocess.run(
+                    ["git", "show-index", f"--object-format={gen.fmt}"],
+                    stdin=f,
+                    capture_output=True,
+                    check=True,
+                ).stdout.decode()
+            out.update(line.split()[1] for line in text.splitlines())
+    return out
+
+
+def store_ids(app: Alkfs, algo: Algorithm) -> set[str]:
+    return {raw[1:].hex() for raw in app.store.iter_keys() if raw[0] == algo.value}
+
+
+def user_of(tmp_path: Path, fmt: str, objdir: Path, name: str = "user") -> Path:
+    """A repository whose only objects are the alternate `objdir`."""
+    path = tmp_path / name
+    git(tmp_path, "init", "-q", "--bare", f"--object-format={fmt}", str(path))
+    (path / "objects" / "info" / "alternates").write_text(f"{objdir}\n")
+    return path
+
+
+@pytest.mark.parametrize("fmt", ["sha1", "sha256"])
+def test_an_import_leaves_every_object_in_a_set_git_verifies(app, make_repo, tmp_path, fmt):
+    repo = history(make_repo, fmt)
+    import_repo(app, repo.gitdir, "r", progress=False)
+    d = packs.derived_for(app.store, fmt)
+    gen = d.current()
+    assert gen is not None and gen.number == 1
+    assert (d.root / "CURRENT").read_text() == "1\n"
+    names = gen.names_in("pack")
+    stem = names[-1].rsplit(".", 1)[0]
+    assert names == sorted([f"{stem}.idx", f"{stem}.keep", f"{stem}.pack", "multi-pack-index"])
+    assert gen.names_in("info") == ["commit-graphs"]
+    chain = (gen.root / "info/commit-graphs/commit-graph-chain").read_text().split()
+    assert len(chain) == 1 and (gen.root / f"info/commit-graphs/graph-{chain[0]}.graph").exists()
+    # exactly the store's objects of this format, as git reads the index
+    assert (
+        pack_ids(gen) == store_ids(app, repo.algo) == {Key(k).hex for k in repo.all_object_keys()}
+    )
+    idx = gen.root / "pack" / f"{stem}.idx"
+    user = user_of(tmp_path, fmt, gen.root)
+    verify = git(user, "verify-pack", "-v", str(idx))  # (in a repository of the format)
+    assert verify.rstrip().endswith(": ok")
+    git(user, "multi-pack-index", f"--object-dir={gen.root}", "verify")
+    git(user, "commit-graph", "verify", f"--object-dir={gen.root}")
+    for name, oid in repo.for_each_ref().items():
+        git(user, "update-ref", name, oid)
+    git(user, "fsck", "--full", "--strict", "--no-dangling")
+    assert git(user, "rev-list", "--objects", "--all") == repo.git("rev-list", "--objects", "--all")
+    assert git(user, "count-objects", "-v").splitlines()[0] == "count: 0"
+    meta = json.loads((gen.root / "alkfs.json").read_text())
+    assert (meta["generation"], meta["objects"], meta["mode"]) == (1, gen.objects, "full")
+
+
+def test_deltas_are_found_between_versions_of_one_file(app, make_repo, tmp_path):
+    repo = history(make_repo, "sha1", commits=8)
+    import_repo(app, repo.gitdir, "r", progress=False)
+    gen = packs.derived_for(app.store, "sha1").current()
+    idx = next(gen.root / r for r in gen.files if r.endswith(".idx"))
+    lines = git(tmp_path, "verify-pack", "-v", str(idx)).splitlines()
+    deltas = [x for x in lines if len(x.split()) == 7]  # sha type size packed offset depth base
+    assert len(deltas) >= 5
+
+
+def test_new_objects_land_in_a_new_generation_that_reuses_the_old_one(app, make_repo, tmp_path):
+    repo = history(make_repo, "sha1")
+    import_repo(app, repo.gitdir, "r", progress=False)
+    d = packs.derived_for(app.store, "sha1")
+    first = d.current()
+    repo.write("README", "a new readme\n" * 50)
+    repo.write("new/file.txt", "new\n")
+    repo.commit("more")
+    import_repo(app, repo.gitdir, "r", progress=False)
+    second = d.current()
+    assert second.number == 2
+    assert second.meta["mode"] == "incremental"
+    assert (
+        d.last_build is not None and d.last_build.new_objects == 5
+    )  # commit, 3 trees, 2 blobs - 1
+    assert pack_ids(second) == store_ids(app, Algorithm.GIT_SHA1)
+    assert not first.root.exists()  # retired and pruned: nothing held it
+    assert d.generations_on_disk() == [2]
+    user = user_of(tmp_path, "sha1", second.root)
+    git(user, "update-ref", "refs/heads/main", repo.rev("main"))
+    git(user, "fsck", "--full", "--strict", "--no-dangling")
+    git(user, "commit-graph", "verify", f"--object-dir={second.root}")
+
+
+def test_a_sweep_publishes_a_set_without_every_object_it_deletes(app, make_repo, tmp_path):
+    repo = history(make_repo, "sha1")
+    import_repo(app, repo.gitdir, "r", progress=False)
+    store = app.store
+    loose = store.add(canonical("blob", b"nobody refers to me\n"), algo=Algorithm.GIT_SHA1)
+    side = repo.rev("side")
+    d = packs.derived_for(store, "sha1")
+    d.build()
+    before = d.current()
+    assert loose.digest in before and bytes.fromhex(side) in before
+    # the side branch dies: its commit, root tree and blob become dead with the loose blob
+    [out] = app.refs.update("r", [RefUpdate("refs/heads/side", None, side)])
+    assert out.ok
+    first = store.sweep(0)
+    assert (first.deleted, first.candidates_staged) == (0, 4)
+    assert d.current().number == before.number  # staging alone publishes nothing
+    dead = {loose.hex, side, repo.rev("side^{tree}"), repo.rev("side:side.txt")}
+    # a build meanwhile leaves out what is staged
+    d.build()
+    assert dead.isdisjoint(pack_ids(d.current()))
+    d.build([])  # and a third set, packed again from the store: still without them
+    second = store.sweep(0)
+    assert second.deleted == 4
+    after = d.current()
+    ids = pack_ids(after)
+    assert dead.isdisjoint(ids)
+    assert ids == store_ids(app, Algorithm.GIT_SHA1)
+    user = user_of(tmp_path, "sha1", after.root)
+    git(user, "update-ref", "refs/heads/main", repo.rev("main"))
+    git(user, "fsck", "--full", "--strict", "--no-dangling")
+    git(user, "commit-graph", "verify", f"--object-dir={after.root}")
+
+
+def test_a_sweep_deleting_packed_objects_rebuilds_before_it_deletes(app, make_repo):
+    repo = history(make_repo, "sha1")
+    import_repo(app, repo.gitdir, "r", progress=False)
+    store = app.store
+    d = packs.derived_for(store, "sha1")
+    blob = store.add(canonical("blob", b"dead but packed\n"), algo=Algorithm.GIT_SHA1)
+    d.build()  # packed before any sweep saw it dead
+    number = d.current().number
+    assert blob.digest in d.current()
+    assert store.sweep(0).candidates_staged == 1
+    assert d.current().number == number
+    seen: list[bool] = []
+    d.on_publish.append(lambda old, new: seen.append(store.has(blob)))
+    report = store.sweep(0)
+    assert report.deleted == 1 and not store.has(blob)
+    assert d.current().number == number + 1 and blob.digest not in d.current()
+    assert seen == [True]  # published while the object was still there: before the delete
+    assert pack_ids(d.current()) == store_ids(app, Algorithm.GIT_SHA1)
+
+
+def test_a_failed_rebuild_withdraws_the_packs_before_deleting(app, make_repo, monkeypatch):
+    repo = history(make_repo, "sha1")
+    import_repo(app, repo.gitdir, "r", progress=False)
+    store = app.store
+    d = packs.derived_for(store, "sha1")
+    blob = store.add(canonical("blob", b"dead\n"), algo=Algorithm.GIT_SHA1)
+    d.build()
+    store.sweep(0)
+    monkeypatch.setenv("PATH", "/nonexistent")  # git cannot run: the rebuild fails
+    assert store.sweep(0).deleted == 1 and not store.has(blob)
+    gen = d.current()
+    assert gen is not None and gen.files == {} and gen.objects == 0
+    assert (d.root / "CURRENT").read_text() == f"{gen.number}\n"
+    assert d.last_error is not None
+
+
+def test_orphans_and_unfinished_builds_are_removed_at_open(tmp_path, make_repo):
+    repo = history(make_repo, "sha1", commits=2)
+    with Alkfs.open(tmp_path / "s", window_s=0) as app:
+        import_repo(app, repo.gitdir, "r", progress=False)
+    root = tmp_path / "s" / "derived" / "sha1"
+    (root / "tmp-9-1-abc" / "gen" / "pack").mkdir(parents=True)
+    (root / "gen-7").mkdir()
+    (root / "CURRENT.tmp").write_text("7\n")
+    with Alkfs.open(tmp_path / "s", window_s=0) as app:
+        d = packs.derived_for(app.store, "sha1")
+        assert d.current().number == 1
+        assert sorted(p.name for p in root.iterdir()) == ["CURRENT", "gen-1"]
+        assert pack_ids(d.current()) == store_ids(app, Algorithm.GIT_SHA1)
+
+
+def test_a_trailer_that_does_not_match_is_refused(app, make_repo, tmp_path):
+    repo = history(make_repo, "sha1", commits=2)
+    import_repo(app, repo.gitdir, "r", progress=False)
+    gen = packs.derived_for(app.store, "sha1").current()
+    for rel in gen.files:
+        if not rel.endswith((".keep", "-chain")):
+            packs.verify_trailer(gen.root / rel, "sha1")
+    bad = tmp_path / "bad.pack"
+    data = bytearray((gen.root / next(r for r in gen.files if r.endswith(".pack"))).read_bytes())
+    data[20] ^= 1
+    bad.write_bytes(bytes(data))
+    with pytest.raises(StoreIO, match="trailer"):
+        packs.verify_trailer(bad, "sha1")
