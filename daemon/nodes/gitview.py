@@ -3,9 +3,21 @@
 `/git/<format>/<xx>/<rest>` is the loose object of the key `<xx><rest>`: a zlib
 stream of stored deflate blocks (alkfs.git.objects.loose_size / encode_loose), so
 its size is known without compressing and any range is arithmetic over the
-canonical bytes. `pack/` and `info/` are empty. A repository whose
-`objects/info/alternates` names the directory reads every stored object of its
-format; /repos/<id>/objects resolves objects through the same nodes.
+canonical bytes. A repository whose `objects/info/alternates` names the directory
+reads every stored object of its format; /repos/<id>/objects resolves objects through
+the same nodes.
+
+`pack/` and `info/` serve the published derived set (alkfs/git/packs.py, daemon/packs.py):
+`pack/pack-<h>.pack`, `.idx`, `.keep`, `multi-pack-index` and `info/commit-graphs/`, each
+an immutable file read straight from its backing file (pread; in a thread beyond
+INLINE_READ), with keep_cache, long attribute timeouts, no FLUSH, and EPERM for any
+setattr (a pack is not an object: git then freshens the one object through its loose
+path). Every generation's files have their own inodes; a name that a new set reuses
+(`multi-pack-index`, `commit-graph-chain`) has a short entry timeout, and publishing a set
+drops the kernel's entries of the names that changed. A retired file stays readable for
+every open handle; its generation's directory goes after the last release. A fan-out
+directory lists only the objects no published pack holds (git reads a whole one to
+abbreviate an id) and still resolves every object by name.
 
 All 256 fan-out directories always exist and are listed, empty or not. git opens
 `<xx>/<rest>` by path, so a fan-out directory is one lookup whose entry the
@@ -47,7 +59,9 @@ from alkfs.git.objects import BLOCK, encode_loose, loose_size
 from alkfs.keys import Algorithm, Key
 from alkfs.store import ObjectStat
 
+from .. import packs as derived_packs
 from .. import scratch
+from ..context import DYNAMIC_TIMEOUT, OBJECT_TIMEOUT
 from ..errors import fail
 from .base import (
     FIRST_OFFSET,
@@ -72,6 +86,8 @@ FANOUT = tuple(b"%02x" % i for i in range(256))
 FIRST_PAGE = 64  # objects asked for by the first listing query of a fan-out directory
 ADLER_CHUNK = 1 << 20
 LOOSE_INO = 1 << 61  # keeps loose-file inode numbers apart from /objects' ones
+INLINE_READ = 128 << 10  # derived-file reads up to this are a pread on the trio thread
+REUSED_NAMES = (b"multi-pack-index", b"commit-graph-chain", b"commit-graph")
 
 _ZHEADER = b"\x78\x01"
 _STRIDE = BLOCK + 5  # a stored block: 5 header bytes, then up to BLOCK bytes of the object
@@ -177,11 +193,34 @@ class ObjectDir(scratch.ScratchOverlay, StaticDir):
         out: list[tuple[bytes, Node]] = [
             (xx, FanoutDir(self.ctx, self, self.algo, xx)) for xx in FANOUT
         ]
-        out.append((b"info", EmptyDir(self.ctx, ("dir", f"{self.path}/info"), self, b"info")))
-        out.append((b"pack", EmptyDir(self.ctx, ("dir", f"{self.path}/pack"), self, b"pack")))
+        fmt = self.name.decode()
+        for sub in (b"info", b"pack"):
+            out.append((sub, DerivedDir(self.ctx, self, fmt, sub.decode(), sub)))
         for _, node in out:
             self.ctx.inodes.remember(node, permanent=True)
+        derived_packs.served(self.ctx).views.append(self._published)
         return out
+
+    def _published(self, fmt: str, old: Any, new: Any) -> None:
+        """A new derived set of `fmt` (any thread): drop the kernel's entries of every
+        name of the old set (a name the new one has again gets its new inode at the next
+        lookup)."""
+        if fmt != self.name.decode() or old is None:
+            return
+        dirs: set[str] = set()
+        for rel in old.files:
+            parent, _, name = rel.rpartition("/")
+            dirs.add(parent)
+            self._drop(parent, name.encode())
+        for rel in dirs:  # subdirectories (info/commit-graphs) too
+            parent, _, name = rel.rpartition("/")
+            if parent:
+                self._drop(parent, name.encode())
+
+    def _drop(self, parent_rel: str, name: bytes) -> None:
+        parent = self.ctx.inodes.known(("dir", f"{self.path}/{parent_rel}"))
+        if parent is not None:
+            self.ctx.invalidator.submit(parent.ino, name, 0)
 
     def fanout(self, xx: bytes) -> FanoutDir:
         self._entries()
@@ -206,9 +245,121 @@ class ObjectDir(scratch.ScratchOverlay, StaticDir):
 
 
 class EmptyDir(Dir):
-    """A directory that is always empty (`pack/`, `info/`)."""
+    """A directory that is always empty."""
 
     __slots__ = ()
+
+
+class DerivedDir(Dir):
+    """`pack/`, `info/` or `info/commit-graphs/` of /git/<format>: the published set's
+    files under that path (nothing when no set is published)."""
+
+    __slots__ = ("fmt", "rel")
+
+    def __init__(self, ctx: Context, parent: Node, fmt: str, rel: str, name: bytes) -> None:
+        super().__init__(ctx, ("dir", f"{parent.path}/{name.decode()}"), parent, name)
+        self.fmt = fmt
+        self.rel = rel
+
+    def _child(self, gen: Any, name: bytes) -> Node | None:
+        try:
+            text = name.decode("ascii")
+        except UnicodeDecodeError:
+            return None
+        rel = f"{self.rel}/{text}"
+        if rel in gen.files:
+            return DerivedFile(self.ctx, self, gen, rel, name)
+        if text in gen.names_in(self.rel):
+            return DerivedDir(self.ctx, self, self.fmt, rel, name)
+        return None
+
+    async def lookup(self, name: bytes, ctx: Any) -> Node:
+        gen = derived_packs.served(self.ctx).current(self.fmt)
+        node = None if gen is None else self._child(gen, name)
+        if node is None:
+            fail(errno.ENOENT)
+        return node
+
+    async def readdir(self, dh: DirHandle, start: int, emit: Emit) -> None:
+        gen = dh.state.get("gen")
+        if gen is None or start < FIRST_OFFSET:  # one listing sees one set
+            gen = dh.state["gen"] = derived_packs.served(self.ctx).current(self.fmt)
+        if gen is None:
+            return
+        names = gen.names_in(self.rel)
+        first = 0 if start < FIRST_OFFSET else start - FIRST_OFFSET + 1
+        for i in range(first, len(names)):
+            name = names[i].encode()
+            node = self._child(gen, name)
+            if node is not None and not emit(name, node, i + FIRST_OFFSET):
+                return
+
+
+class DerivedFile(Node):
+    """One file of a published derived set: immutable, read from its backing file."""
+
+    __slots__ = ("fmt", "number", "rel", "backing", "_size", "_mtime")
+
+    def __init__(self, ctx: Context, parent: Node, gen: Any, rel: str, name: bytes) -> None:
+        super().__init__(ctx, ("derived", gen.fmt, gen.number, rel), parent, name)
+        self.fmt = gen.fmt
+        self.number = gen.number
+        self.rel = rel
+        self.backing = str(gen.root / rel)
+        self._size = gen.files[rel]
+        self._mtime = gen.mtimes.get(rel, ctx.started_ns)
+
+    @property
+    def entry_timeout(self) -> float:  # type: ignore[override]
+        """Short for a name the next set has again; its content's own inode never changes."""
+        return DYNAMIC_TIMEOUT if self.name in REUSED_NAMES else OBJECT_TIMEOUT
+
+    def describe(self) -> str:
+        return f"{self.path} (derived generation {self.number})"
+
+    def size(self) -> int:
+        return self._size
+
+    def mtime_ns(self) -> int:
+        return self._mtime
+
+    async def open(self, flags: int, ctx: Any) -> Handle:
+        if wants_write(flags):
+            fail(errno.EPERM, f"{self.path} is a derived file: it never changes")
+        served = derived_packs.served(self.ctx)
+        if not served.acquire(self.fmt, self.number):
+            fail(errno.ENOENT, f"{self.path}: its generation was retired")
+        try:
+            fd = os.open(self.backing, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError as exc:
+            await served.release(self.fmt, self.number)
+            fail(errno.ENOENT if exc.errno == errno.ENOENT else errno.EIO, str(exc))
+        return DerivedHandle(self, fd)
+
+
+class DerivedHandle(Handle):
+    """An open derived file: its generation is held until release."""
+
+    keep_cache = True
+
+    def __init__(self, node: DerivedFile, fd: int) -> None:
+        super().__init__(node)
+        self.fd = fd
+
+    async def read(self, off: int, size: int) -> bytes:
+        if size <= INLINE_READ:
+            return os.pread(self.fd, size, off)
+        node = self.node
+        assert isinstance(node, DerivedFile)
+        return await node.ctx.run_sync(os.pread, self.fd, size, off)
+
+    async def release(self) -> None:
+        node = self.node
+        assert isinstance(node, DerivedFile)
+        fd, self.fd = self.fd, -1
+        if fd >= 0:
+            os.close(fd)
+            await derived_packs.served(node.ctx).release(node.fmt, node.number)
 
 
 class FanoutDir(scratch.ScratchOverlay, Dir):
@@ -259,11 +410,16 @@ class FanoutDir(scratch.ScratchOverlay, Dir):
                 count = -1  # not listed from the start: says nothing about the prefix's size
         typical = getattr(self.parent, "typical", FIRST_PAGE)
         limit = max(FIRST_PAGE, typical + typical // 4 + 8)
+        fmt = "sha1" if algo is Algorithm.GIT_SHA1 else "sha256"
+        packed = derived_packs.served(self.ctx).packed(fmt)  # listed: only what it lacks
         i = 0
         try:
             while True:
                 while i < len(ahead):
                     st = ahead[i]
+                    if packed is not None and st.key.digest in packed:
+                        i += 1
+                        continue
                     c = cookie(st.key)
                     if not emit(st.key.hex[2:].encode(), LooseFile.fresh(self.ctx, self, st), c):
                         return

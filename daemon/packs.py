@@ -1,0 +1,194 @@
+"""The daemon's derived packs: what /git/<format>/pack and info/ serve, and when sets are built.
+
+`served(ctx)` is the mount's view of the library's derived sets (alkfs/git/packs.py):
+the published generation of each format, a count of open handles per generation, and
+the removal of a retired generation once its last handle is released (in a thread).
+Publishing (by the intake task, `repack_now`, or a sweep's guard in its own thread) calls
+`Served._published`, which tells the views (gitview registers one per object directory)
+so that they drop the kernel's entries of the names that changed.
+
+`run(ctx)` is the background task: it builds a first set at start when there is none,
+then every `ALKFS_PACK_POLL` seconds (default 5) counts the objects stored since the
+published set was built and builds a new set when `ALKFS_PACK_OBJECTS` (20,000) have
+arrived, or any have and `ALKFS_PACK_EVERY` (60 s) passed since the last build. A build
+is one thread running git (`nice -n 10`); reads and writes go on meanwhile.
+`ALKFS_PACKS=off` serves and builds no derived packs at all (the loose views only).
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from alkfs.git.packs import FORMATS, Derived, Generation, derived_for
+
+if TYPE_CHECKING:
+    from .context import Context
+
+log = logging.getLogger("alkfsd")
+
+View = Callable[[str, Generation | None, Generation | None], None]
+
+
+def _env_float(name: str, default: float) -> float:
+    try:
+        return float(os.environ.get(name, default))
+    except ValueError:
+        return default
+
+
+class Served:
+    """The derived sets one mount serves (thread-safe where noted)."""
+
+    def __init__(self, ctx: Context) -> None:
+        self.ctx = ctx
+        self.derived: dict[str, Derived] = {}
+        self.views: list[View] = []
+        self._holds: collections.Counter[tuple[str, int]] = collections.Counter()
+        self._removing: set[tuple[str, int]] = set()
+        self._lock = threading.Lock()
+        self.building = trio.Lock()
+        self.last_built: dict[str, float] = {}
+        off = os.environ.get("ALKFS_PACKS", "").lower() in ("0", "off", "no")
+        for fmt in () if off else FORMATS:
+            try:
+                d = derived_for(ctx.store, fmt)
+            except Exception:
+                log.exception("derived %s: cannot open the derived packs", fmt)
+                d = None
+            if d is not None:
+                self.derived[fmt] = d
+                d.on_publish.append(lambda old, new, fmt=fmt: self._published(fmt, old, new))
+
+    def current(self, fmt: str) -> Generation | None:
+        d = self.derived.get(fmt)
+        return None if d is None else d.current()
+
+    def packed(self, fmt: str) -> Generation | None:
+        """The published set, if it holds any object (for the fan-out listings)."""
+        gen = self.current(fmt)
+        return gen if gen is not None and gen.indexes else None
+
+    # -- handles (trio thread and the publishing thread) ----------------------------------
+    def acquire(self, fmt: str, number: int) -> bool:
+        with self._lock:
+            if (fmt, number) in self._removing:
+                return False
+            self._holds[(fmt, number)] += 1
+            return True
+
+    async def release(self, fmt: str, number: int) -> None:
+        with self._lock:
+            self._holds[(fmt, number)] -= 1
+            if self._holds[(fmt, number)] > 0:
+                return
+            del self._holds[(fmt, number)]
+        gen = self.current(fmt)
+        if gen is None or gen.number != number:
+            await trio.to_thread.run_sync(self.prune, fmt)
+
+    def prune(self, fmt: str) -> None:
+        """Remove the retired generations of `fmt` that no handle holds (any thread)."""
+        d = self.derived[fmt]
+        with self._lock:
+            held = {n for (f, n) in self._holds if f == fmt}
+            cur = d.current()
+            doomed = {
+                n
+                for n in d.generations_on_disk()
+                if n not in held and (cur is None or n != cur.number)
+            }
+            self._removing |= {(fmt, n) for n in doomed}
+        try:
+            on_disk = set(d.generations_on_disk())
+            gone = d.prune(on_disk - doomed)  # only these: one retired since is not counted
+            if gone:
+                log.info("derived %s: removed retired generation(s) %s", fmt, gone)
+        except OSError as exc:
+            log.warning("derived %s: could not remove retired generations: %s", fmt, exc)
+
+    def held(self) -> dict[str, int]:
+        with self._lock:
+            return {f"{f}/gen-{n}": c for (f, n), c in self._holds.items()}
+
+    # -- publishing (any thread) ------------------------------------------------------------
+    def _published(self, fmt: str, old: Generation | None, new: Generation | None) -> None:
+        for view in list(self.views):
+            try:
+                view(fmt, old, new)
+            except Exception:
+                log.exception("derived %s: a view failed to drop retired names", fmt)
+        self.prune(fmt)
+
+    async def build(self, fmt: str) -> dict[str, Any]:
+        d = self.derived[fmt]
+        async with self.building:
+            result = await self.ctx.run_sync(d.build)
+        self.last_built[fmt] = time.monotonic()
+        return result.to_dict()
+
+    def status(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for fmt, d in self.derived.items():
+            gen = d.current()
+            out[fmt] = {
+                "generation": None if gen is None else gen.number,
+                "objects": 0 if gen is None else gen.objects,
+                "packs": 0 if gen is None else len(gen.indexes),
+                "bytes": 0 if gen is None else sum(gen.files.values()),
+                "built_at": None if gen is None else gen.meta.get("built_at"),
+                "last_error": d.last_error,
+            }
+        return out
+
+
+def served(ctx: Context) -> Served:
+    """The mount's Served (made at first use, on the trio thread)."""
+    s = ctx.__dict__.get("_derived_packs")
+    if s is None:
+        s = ctx.__dict__["_derived_packs"] = Served(ctx)
+    return s
+
+
+async def repack_now(ctx: Context) -> dict:
+    """Build and publish a new set of every format that has objects (or a set) now."""
+    s = served(ctx)
+    out: dict[str, Any] = {}
+    if ctx.read_only:
+        return out
+    for fmt, d in s.derived.items():
+        if d.current() is None and not await ctx.run_sync(d.new_since, None):
+            continue
+        out[fmt] = await s.build(fmt)
+    return out
+
+
+async def run(ctx: Context) -> None:
+    """The background task (see the module docstring)."""
+    s = served(ctx)
+    if not s.derived or ctx.read_only:
+        return
+    every = _env_float("ALKFS_PACK_EVERY", 60.0)
+    batch = _env_float("ALKFS_PACK_OBJECTS", 20_000)
+    poll = _env_float("ALKFS_PACK_POLL", min(every, 5.0))
+    while True:
+        for fmt, d in s.derived.items():
+            try:
+                gen = d.current()
+                new = await ctx.run_sync(d.new_since, gen)
+                if not new:
+                    continue
+                since = time.monotonic() - s.last_built.get(fmt, 0.0)
+                if gen is None or new >= batch or since >= every:
+                    await s.build(fmt)
+            except Exception:
+                log.exception("derived %s: the intake build failed", fmt)
+                s.last_built[fmt] = time.monotonic()  # not again before `every`
+        await trio.sleep(poll)

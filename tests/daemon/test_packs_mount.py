@@ -1,0 +1,297 @@
+"""Derived packs through a real mount: /git/<format>/pack and info/ serve the published set
+(git's own verifiers pass on the served files), fan-out directories list only what no pack
+holds but resolve everything, intake packs new objects, a retired pack stays readable for
+an open handle, a sweep never leaves a deleted object in a listed pack, freshening goes
+through the loose path, and git's gc/repack/prune in /repos/<id> delete nothing."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from helpers import GIT_ENV
+
+from alkfs.app import Alkfs
+from alkfs.git.importer import import_repo
+
+FAST_INTAKE = {"ALKFS_PACK_EVERY": "0", "ALKFS_PACK_POLL": "0.2"}
+WAIT_S = 60.0  # bound of the polls below (never a timing assertion)
+
+
+def git(*args, cwd=None, env=None, check=True, input=None) -> str:
+    done = subprocess.run(
+        ["git", *map(str, args)],
+        cwd=cwd,
+        env={**os.environ, **GIT_ENV, **(env or {})},
+        capture_output=True,
+        input=input,
+        timeout=120,
+    )
+    if check:
+        assert done.returncode == 0, (args, done.stderr.decode(errors="replace"))
+    return done.stdout.decode()
+
+
+def source_repo(path: Path, fmt: str) -> Path:
+    """A bare repository: main with 12 commits editing nested files, a side branch, a tag."""
+    git("init", "-q", "--bare", f"--object-format={fmt}", "-b", "main", path)
+    out = []
+    for i in range(12):
+        out.append("commit refs/heads/main\n")
+        out.append(f"committer C O Mitter <c@example.com> {1700000000 + i} +0000\n")
+        out.append(f"data 10\ncommit {i:02d}\n")
+        for j in range(4):
+            data = "".join(f"line {k} of file {j}, version {i}\n" for k in range(40))
+            out.append(f"M 100644 inline src/d{j % 2}/f{j}.txt\ndata {len(data)}\n{data}\n")
+    out.append("commit refs/heads/side\n")
+    out.append("committer C O Mitter <c@example.com> 1700000100 +0000\n")
+    out.append("data 5\nside\nfrom refs/heads/main\nM 100644 inline side.txt\ndata 5\nside\n\n")
+    git(f"--git-dir={path}", "fast-import", "--quiet", input="".join(out).encode())
+    git(f"--git-dir={path}", "tag", "-a", "-m", "one", "v1", "main~2")
+    return path
+
+
+def imported_store(tmp_path: Path, fmt: str = "sha1") -> tuple[Path, Path]:
+    src = source_repo(tmp_path / f"src-{fmt}.git", fmt)
+    store = tmp_path / "store"
+    with Alkfs.open(store, window_s=0) as app:
+        import_repo(app, str(src), "r", progress=False)  # leaves the objects packed
+    return store, src
+
+
+def listing(mnt: Path, fmt: str, sub: str = "pack") -> list[str]:
+    return sorted(os.listdir(mnt / "git" / fmt / sub))
+
+
+def idx_ids(mnt: Path, fmt: str) -> set[str]:
+    """Every id in the indexes listed now, read through the mount by `git show-index`."""
+    out: set[str] = set()
+    for name in listing(mnt, fmt):
+        if name.endswith(".idx"):
+            with open(mnt / "git" / fmt / "pack" / name, "rb") as f:
+                text = subprocess.run(
+                    ["git", "show-index", f"--object-format={fmt}"],
+                    stdin=f,
+                    capture_output=True,
+                    check=True,
+                ).stdout.decode()
+            out.update(line.split()[1] for line in text.splitlines())
+    return out
+
+
+def fanout_listed(mnt: Path, fmt: str) -> set[str]:
+    top = mnt / "git" / fmt
+    return {xx + rest for xx in (f"{i:02x}" for i in range(256)) for rest in os.listdir(top / xx)}
+
+
+def wait_for(what, condition) -> None:
+    deadline = time.monotonic() + WAIT_S
+    while not condition():
+        assert time.monotonic() < deadline, f"gave up waiting for {what}"
+        time.sleep(0.05)
+
+
+def alternates_user(tmp_path: Path, mnt: Path, fmt: str, src: Path, name: str = "user") -> Path:
+    user = tmp_path / name
+    git("init", "-q", "--bare", f"--object-format={fmt}", user)
+    (user / "objects" / "info" / "alternates").write_text(f"{mnt}/git/{fmt}\n")
+    for line in git(f"--git-dir={src}", "for-each-ref", "--format=%(objectname) %(refname)").split(
+        "\n"
+    ):
+        if line:
+            oid, ref = line.split()
+            git(f"--git-dir={user}", "update-ref", ref, oid)
+    return user
+
+
+def put_loose(mnt: Path, fmt: str, content: bytes) -> str:
+    """git writes one object into /git/<fmt> itself (not pinned: the window protects it)."""
+    return git(
+        "hash-object",
+        "-w",
+        "--stdin",
+        env={"GIT_OBJECT_DIRECTORY": f"{mnt}/git/{fmt}", "GIT_DIR": str(mnt / "repos" / "r")},
+        input=content,
+    ).strip()
+
+
+def last_sweep(mnt: Path) -> dict:
+    return json.loads((mnt / ".alkfs" / "status").read_text())["last_sweep"]
+
+
+@pytest.mark.parametrize("fmt", ["sha1", "sha256"])
+def test_the_served_set_passes_gits_verifiers_and_fanouts_list_only_unpacked(
+    start_mount, tmp_path, fmt
+):
+    store, src = imported_store(tmp_path, fmt)
+    gen = (store / "derived" / fmt / "CURRENT").read_text().strip()
+    backing = store / "derived" / fmt / f"gen-{gen}"
+    m = start_mount(store, "--window", "0")
+    mnt = m.mnt
+    names = listing(mnt, fmt)
+    assert names == sorted(os.listdir(backing / "pack"))
+    assert [n.rsplit(".", 1)[1] for n in names if n.startswith("pack-")] == ["idx", "keep", "pack"]
+    assert "multi-pack-index" in names
+    assert listing(mnt, fmt, "info") == ["commit-graphs"]
+    assert listing(mnt, fmt, "info/commit-graphs") == sorted(
+        os.listdir(backing / "info" / "commit-graphs")
+    )
+    for name in names:
+        assert (mnt / "git" / fmt / "pack" / name).read_bytes() == (
+            backing / "pack" / name
+        ).read_bytes()
+    user = alternates_user(tmp_path, mnt, fmt, src)
+    idx = next(mnt / "git" / fmt / "pack" / n for n in names if n.endswith(".idx"))
+    assert git(f"--git-dir={user}", "verify-pack", "-v", idx).rstrip().endswith(": ok")
+    git(f"--git-dir={user}", "multi-pack-index", f"--object-dir={mnt}/git/{fmt}", "verify")
+    git(f"--git-dir={user}", "commit-graph", "verify", f"--object-dir={mnt}/git/{fmt}")
+    git(f"--git-dir={user}", "fsck", "--full", "--strict", "--no-dangling")
+    everything = set(
+        git(
+            f"--git-dir={src}", "cat-file", "--batch-all-objects", "--batch-check=%(objectname)"
+        ).split()
+    )
+    assert idx_ids(mnt, fmt) == everything
+    assert fanout_listed(mnt, fmt) == set()  # all packed: nothing listed loose
+    for oid in sorted(everything)[:20]:  # yet each resolves by name, in both views
+        for top in (mnt / "git" / fmt, mnt / "repos" / "r" / "objects"):
+            assert (top / oid[:2] / oid[2:]).stat().st_size > 0
+    assert git(f"--git-dir={mnt}/repos/r", "rev-list", "--objects", "--all") == git(
+        f"--git-dir={src}", "rev-list", "--objects", "--all"
+    )
+    for path in [mnt / "git" / fmt / "pack" / n for n in names] + [
+        mnt / "git" / fmt / "info" / "commit-graphs" / n
+        for n in listing(mnt, fmt, "info/commit-graphs")
+    ]:
+        with pytest.raises(PermissionError):
+            os.utime(path)
+        with pytest.raises(PermissionError):
+            open(path, "ab")
+    assert m.tracebacks() == []
+
+
+def test_a_new_object_is_loose_at_once_then_inside_a_pack_after_intake(start_mount, tmp_path):
+    store, src = imported_store(tmp_path)
+    m = start_mount(store, "--window", "1h", env=FAST_INTAKE)
+    mnt = m.mnt
+    before = listing(mnt, "sha1")
+    oid = put_loose(mnt, "sha1", b"written after the pack set\n")
+    assert git(f"--git-dir={mnt}/repos/r", "cat-file", "-p", oid) == "written after the pack set\n"
+    wait_for("the intake pack", lambda: oid in idx_ids(mnt, "sha1"))
+    after = listing(mnt, "sha1")
+    assert set(before).isdisjoint(set(after) - {"multi-pack-index"})
+    assert oid not in fanout_listed(mnt, "sha1")
+    assert (mnt / "git" / "sha1" / oid[:2] / oid[2:]).exists()
+    user = alternates_user(tmp_path, mnt, "sha1", src)
+    git(f"--git-dir={user}", "multi-pack-index", f"--object-dir={mnt}/git/sha1", "verify")
+    git(f"--git-dir={user}", "fsck", "--full", "--strict", "--no-dangling")
+    assert git(f"--git-dir={user}", "cat-file", "-p", oid) == "written after the pack set\n"
+    retired = store / "derived" / "sha1" / "gen-1"
+    wait_for("the retired generation to go", lambda: not retired.exists())
+
+
+def test_an_open_handle_on_a_retired_pack_keeps_reading_the_same_bytes(start_mount, tmp_path):
+    store, _src = imported_store(tmp_path)
+    m = start_mount(store, "--window", "1h", env=FAST_INTAKE)
+    mnt = m.mnt
+    [old] = [n for n in listing(mnt, "sha1") if n.endswith(".pack")]
+    backing = store / "derived" / "sha1" / "gen-1" / "pack" / old
+    expected = backing.read_bytes()
+    fd = os.open(mnt / "git" / "sha1" / "pack" / old, os.O_RDONLY)
+    try:
+        assert os.pread(fd, 4096, 0) == expected[:4096]
+        oid = put_loose(mnt, "sha1", b"makes a new generation\n")
+        wait_for("a new set", lambda: oid in idx_ids(mnt, "sha1"))
+        assert old not in listing(mnt, "sha1")
+        with pytest.raises(FileNotFoundError):
+            os.stat(mnt / "git" / "sha1" / "pack" / old)
+        assert backing.exists()  # held by the handle
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)  # the reads below reach the daemon
+        assert os.pread(fd, len(expected) + 10, 0) == expected
+    finally:
+        os.close(fd)
+    wait_for("the released generation to go", lambda: not backing.parent.parent.exists())
+    assert sorted(p.name for p in (store / "derived" / "sha1").iterdir()) == ["CURRENT", "gen-2"]
+
+
+def test_no_pack_listed_after_a_sweep_holds_an_object_it_deleted(start_mount, tmp_path):
+    store, src = imported_store(tmp_path)
+    m = start_mount(store, "--window", "0", env=FAST_INTAKE)
+    mnt = m.mnt
+    loose = put_loose(mnt, "sha1", b"dead once packed\n")
+    wait_for("the intake pack", lambda: loose in idx_ids(mnt, "sha1"))
+    side = git(f"--git-dir={src}", "rev-parse", "side").strip()
+    side_blob = git(f"--git-dir={src}", "rev-parse", "side:side.txt").strip()
+    assert {loose, side, side_blob} <= idx_ids(mnt, "sha1")
+    os.unlink(mnt / "repos" / "r" / "refs" / "heads" / "side")  # the side commit dies
+    control = mnt / ".alkfs" / "control"
+    control.write_text("sweep\n")
+    assert last_sweep(mnt)["candidates_staged"] == 4  # loose blob, side commit, tree, blob
+    control.write_text("sweep\n")
+    assert last_sweep(mnt)["deleted"] == 4
+    ids = idx_ids(mnt, "sha1")
+    assert {loose, side, side_blob}.isdisjoint(ids)
+    for oid in (loose, side, side_blob):
+        assert not (mnt / "git" / "sha1" / oid[:2] / oid[2:]).exists()
+    user = tmp_path / "after"
+    git("init", "-q", "--bare", user)
+    (user / "objects" / "info" / "alternates").write_text(f"{mnt}/git/sha1\n")
+    git(
+        f"--git-dir={user}",
+        "update-ref",
+        "refs/heads/main",
+        git(f"--git-dir={src}", "rev-parse", "main").strip(),
+    )
+    git(f"--git-dir={user}", "fsck", "--full", "--strict", "--no-dangling")
+    git(f"--git-dir={user}", "commit-graph", "verify", f"--object-dir={mnt}/git/sha1")
+    git(f"--git-dir={user}", "multi-pack-index", f"--object-dir={mnt}/git/sha1", "verify")
+    assert m.tracebacks() == []
+
+
+def test_git_freshens_a_packed_object_through_its_loose_path(start_mount, tmp_path):
+    store, src = imported_store(tmp_path)
+    m = start_mount(store, "--window", "0", env=FAST_INTAKE)
+    mnt = m.mnt
+    content = b"staged, then written again by a user of the alternate\n"
+    oid = put_loose(mnt, "sha1", content)
+    wait_for("the intake pack", lambda: oid in idx_ids(mnt, "sha1"))
+    control = mnt / ".alkfs" / "control"
+    control.write_text("sweep\n")
+    assert last_sweep(mnt)["candidates_staged"] == 1
+    user = alternates_user(tmp_path, mnt, "sha1", src)
+    # git finds it in a pack, utime()s the pack (EPERM), then the loose path: freshened
+    assert git(f"--git-dir={user}", "hash-object", "-w", "--stdin", input=content).strip() == oid
+    assert git(f"--git-dir={user}", "count-objects").startswith("0 objects")  # nothing copied
+    control.write_text("sweep\n")
+    report = last_sweep(mnt)
+    assert (report["deleted"], report["cancelled_by_arbitration"]) == (0, 1)
+    assert git(f"--git-dir={user}", "cat-file", "-p", oid).encode() == content
+    git(f"--git-dir={user}", "fsck", "--full", "--strict", "--no-dangling")
+
+
+def test_git_gc_repack_and_prune_in_a_repository_delete_nothing(start_mount, tmp_path):
+    store, src = imported_store(tmp_path)
+    m = start_mount(store, "--window", "0")
+    mnt = m.mnt
+    gen_dir = store / "derived" / "sha1" / "gen-1"
+    files = {p: p.read_bytes() for p in gen_dir.rglob("*") if p.is_file()}
+    served = listing(mnt, "sha1")
+    count = json.loads((mnt / ".alkfs" / "status").read_text())["objects"]["git-sha1"]["count"]
+    repo = mnt / "repos" / "r"
+    for args in (["gc"], ["gc", "--prune=now"], ["repack", "-adf"], ["prune", "--expire=now"]):
+        git(f"--git-dir={repo}", *args, check=False)
+    assert listing(mnt, "sha1") == served
+    assert {p: p.read_bytes() for p in gen_dir.rglob("*") if p.is_file()} == files
+    status = json.loads((mnt / ".alkfs" / "status").read_text())
+    assert status["objects"]["git-sha1"]["count"] == count
+    everything = git(
+        f"--git-dir={src}", "cat-file", "--batch-all-objects", "--batch-check=%(objectname)"
+    ).split()
+    for oid in everything:
+        assert (mnt / "git" / "sha1" / oid[:2] / oid[2:]).exists()
+    assert errno.EPERM  # (utime of a pack: see the first test)
