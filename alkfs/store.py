@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
+from .catalog import Catalog, ChunkDigester, Record
 from .db import Database, now_ns
 from .errors import (
     AlkfsError,
@@ -106,6 +107,7 @@ class Store:
         self.arbiter = Arbiter()
         self.kv: SqliteTier | MemoryTier
         self.large: LocalTier | None = None
+        self.catalog: Catalog | None = None
         if db is None:
             self.kv = MemoryTier()
             self.window: SqliteWindow | MemoryWindow = MemoryWindow()
@@ -115,6 +117,7 @@ class Store:
             if mode == "dual-tier":
                 assert path is not None
                 self.large = LocalTier(path / LARGE_DIR, clear_staging=clear_staging)
+                self.catalog = Catalog(db)
         self.last_sweep: SweepReport | None = None
         self.corrupt: set[bytes] = set()
         self.deleted_hooks: list[Callable[[bytes], None]] = []
@@ -288,8 +291,8 @@ class Store:
                     self.on_deleted(key.raw)
                 stamp = now_ns()
                 if staging is not None:
-                    assert self.large is not None
-                    created = self.large.publish(key.raw, staging, stamp)
+                    assert self.large is not None and writer is not None
+                    created = self._publish_large(key, staging, writer.digester, stamp)
                     staging = None
                 else:
                     created = self.kv.put(key.raw, bytes(buf), stamp)
@@ -304,6 +307,23 @@ class Store:
                 writer.close()
             if staging is not None and self.large is not None:
                 self.large.discard(staging)
+
+    def _publish_large(self, key: Key, staging: Path, digester: ChunkDigester, stamp: int) -> bool:
+        """Record the object's catalog row, then link its staging file into place (the
+        caller holds the key's pin: no delete of it runs meanwhile). The row comes first,
+        so every visible object a put made has its row; a crash between the two leaves a
+        row without a file, which is inert (see alkfs/catalog.py). A row this put added
+        is removed again if the link fails. False: the object existed (freshened)."""
+        assert self.large is not None and self.catalog is not None
+        rec = digester.record(key.raw, stamp)
+        had = self.catalog.get(key.raw) is not None
+        self.catalog.put(rec)
+        try:
+            return self.large.publish(key.raw, staging, stamp)
+        except BaseException:
+            if not had:
+                self.catalog.delete(key.raw)
+            raise
 
     def add(self, data: Source, algo: Algorithm = Algorithm.SHA256) -> Key:
         """Store and release the pin at once: the object lives while something keeps it."""
@@ -324,7 +344,11 @@ class Store:
             stamp = now_ns()
             if self.kv.freshen(key.raw, stamp):
                 return True
-            return self.large is not None and self.large.freshen(key.raw, stamp)
+            if self.large is None or not self.large.freshen(key.raw, stamp):
+                return False
+            assert self.catalog is not None
+            self.catalog.freshen(key.raw, stamp)
+            return True
 
     # -- metadata ---------------------------------------------------------------
     def _entry(self, key: bytes) -> tuple[Entry, str] | None:
@@ -334,8 +358,35 @@ class Store:
         if self.large is not None:
             e = self.large.stat(key)
             if e is not None:
-                return e, "large"
+                return self._recorded(e), "large"
         return None
+
+    def _recorded(self, e: Entry) -> Entry:
+        """A large file's entry as its catalog row has it: the recorded size (whatever
+        the file's), stored at the later of the row's time and the file's mtime."""
+        assert self.catalog is not None
+        rec = self.catalog.get(e.key)
+        if rec is None or not rec.consistent():
+            return e  # stored before the catalog: the file is all there is to go by
+        return Entry(e.key, rec.size, max(rec.stored_ns, e.stored_ns))
+
+    def _recorded_page(self, page: list[Entry]) -> list[Entry]:
+        """`_recorded` for a listing page of large files, with one range query."""
+        if not page or self.catalog is None:
+            return page
+        rows = self.catalog.sizes(page[0].key, page[-1].key)
+        out = []
+        for e in page:
+            row = rows.get(e.key)
+            out.append(e if row is None else Entry(e.key, row[0], max(row[1], e.stored_ns)))
+        return out
+
+    def record(self, key: Key) -> Record | None:
+        """The catalog row of a large object (None: none, or no large tier)."""
+        if self.catalog is None:
+            return None
+        rec = self.catalog.get(key.raw)
+        return rec if rec is not None and rec.consistent() else None
 
     def stat(self, key: Key) -> ObjectStat | None:
         found = self._entry(key.raw)
@@ -361,7 +412,7 @@ class Store:
         hi = bytes([algo.value + 1]) if algo is not None else b"\xff"
         rows = [(e, self.kv.name) for e in self.kv.scan(lo, hi, limit)]
         if self.large is not None:
-            rows += [(e, "large") for e in self.large.scan(lo, hi, limit)]
+            rows += [(e, "large") for e in self._recorded_page(self.large.scan(lo, hi, limit))]
             rows.sort(key=lambda r: r[0].key)
         return [ObjectStat(Key(e.key), e.size, t, e.stored_ns) for e, t in rows[:limit]]
 
@@ -395,7 +446,7 @@ class Store:
         if self.large is not None:
             after = b""
             while page := self.large.scan(after, b"\xff", 4096):
-                for e in page:
+                for e in self._recorded_page(page):
                     c = out[Algorithm(e.key[0]).label]
                     c["count"] += 1
                     c["large"] += 1
@@ -410,10 +461,13 @@ class Store:
             raise Corrupt(f"{key}: stored bytes do not hash to the key")
         return data
 
-    def _mark_corrupt(self, key: Key) -> None:
+    def mark_corrupt(self, key: Key) -> None:
+        """Report the object in `status.corrupt` (until a verified re-put or read clears it)."""
         if key.raw not in self.corrupt:
             self.log.error("corrupt object %s: stored bytes do not hash to the key", key)
         self.corrupt.add(key.raw)
+
+    _mark_corrupt = mark_corrupt
 
     def large_path(self, key: Key) -> Path | None:
         if self.large is None:
@@ -442,9 +496,52 @@ class Store:
                     return data
         except FileNotFoundError:
             return None
-        self._check(key, data)
+        self._check_large(key, data, st)
         self.remember_verified(key, st)
         return data
+
+    def _check_large(self, key: Key, data: bytes, st: os.stat_result) -> None:
+        """A whole large file's bytes against its catalog row (its size, every chunk), or,
+        without a row, against its key, recording the row then; Corrupt (marked) if not."""
+        rec = self.record(key)
+        if rec is not None:
+            view = memoryview(data)
+            ok = len(data) == rec.size and all(
+                rec.matches(i, view[slice(*rec.span(i))]) for i in range(rec.count)
+            )
+            if not ok:
+                self._mark_corrupt(key)
+                raise Corrupt(f"{key}: stored bytes do not match its recorded size and chunks")
+            return
+        self._check(key, data)
+        digester = ChunkDigester()
+        digester.update(data)
+        self._record_verified(key, digester, st)
+
+    def _record_verified(self, key: Key, digester: ChunkDigester, st: os.stat_result) -> None:
+        """Record the row of a large file just verified whole against its key (an object
+        stored before the catalog, or one whose row was lost or wrong)."""
+        assert self.catalog is not None
+        new = digester.record(key.raw, st.st_mtime_ns)
+        old = self.catalog.get(key.raw)
+        if old is not None:
+            if (old.size, old.chunk_size, old.chunk_algo, old.chunks) == (
+                new.size,
+                new.chunk_size,
+                new.chunk_algo,
+                new.chunks,
+            ):
+                return
+            self.log.warning("%s: its catalog row did not match its verified bytes", key)
+            new = Record(
+                new.key,
+                new.size,
+                max(old.stored_ns, new.stored_ns),
+                new.chunk_size,
+                new.chunk_algo,
+                new.chunks,
+            )
+        self.catalog.put(new)
 
     @staticmethod
     def _identity(st: os.stat_result) -> tuple[int, int, int, int]:
@@ -460,18 +557,76 @@ class Store:
             self.corrupt.discard(key.raw)
 
     def verify_file(self, key: Key, path: Path) -> None:
-        """Hash a large-tier file in streaming fashion; Corrupt on mismatch."""
+        """Verify a whole large-tier file in one streaming pass; Corrupt on mismatch."""
         with open(path, "rb") as f:
             st = os.fstat(f.fileno())
             if self.is_verified(key, st):
                 return
-            h = key.algo.hasher()
-            while chunk := f.read(CHUNK):
-                h.update(chunk)
-        if h.digest() != key.digest:
+            self._stream_large(key, f.fileno(), st)
+
+    def verify_open(self, key: Key, fd: int, st: os.stat_result) -> Record | None:
+        """Verify the whole open large file `fd` (fstat `st`) in one pass, against its row
+        or, without one, against its key (recording the row): its row afterwards.
+        Corrupt (marked) on a mismatch."""
+        self._stream_large(key, fd, st)
+        return self.record(key)
+
+    def read_chunk(self, key: Key, fd: int, rec: Record, i: int) -> bytes:
+        """Chunk i of the open large file `fd`, verified against its row: Corrupt (and
+        marked) unless the file holds exactly that chunk there (no byte changed, not cut
+        short, and for the last one nothing after it)."""
+        start, end = rec.span(i)
+        extra = 1 if i == rec.count - 1 else 0  # a byte past the size: the file grew
+        data = os.pread(fd, end - start + extra, start)
+        if not rec.matches(i, data):
             self._mark_corrupt(key)
-            raise Corrupt(f"{key}: stored bytes do not hash to the key")
+            raise Corrupt(f"{key}: bytes {start}-{end} do not match their recorded chunk {i}")
+        return data
+
+    def _stream_large(
+        self,
+        key: Key,
+        fd: int,
+        st: os.stat_result,
+        *,
+        full: bool = False,
+        offset: int = 0,
+        length: int = 0,
+    ) -> bytes:
+        """One pass over a whole large file, keeping bytes [offset, offset+length) of it.
+        Checked against its catalog row (every chunk, nothing past its size) or, without
+        a row or when `full` (verify), against its key, the row being recorded (or
+        corrected) from the same pass. Corrupt (marked) on any mismatch."""
+        rec = None if full else self.record(key)
+        parts: list[bytes] = []
+        end = offset + length
+
+        def keep(pos: int, chunk: bytes) -> None:
+            lo, hi = max(offset, pos), min(end, pos + len(chunk))
+            if lo < hi:
+                parts.append(chunk[lo - pos : hi - pos])
+
+        if rec is not None:
+            for i in range(rec.count):
+                keep(rec.span(i)[0], self.read_chunk(key, fd, rec, i))
+            if rec.count == 0 and os.pread(fd, 1, 0):
+                self._mark_corrupt(key)
+                raise Corrupt(f"{key}: the file is longer than its recorded size")
+        else:
+            h = key.algo.hasher()
+            digester = ChunkDigester()
+            pos = 0
+            while chunk := os.pread(fd, CHUNK, pos):
+                h.update(chunk)
+                digester.update(chunk)
+                keep(pos, chunk)
+                pos += len(chunk)
+            if h.digest() != key.digest:
+                self._mark_corrupt(key)
+                raise Corrupt(f"{key}: stored bytes do not hash to the key")
+            self._record_verified(key, digester, st)
         self.remember_verified(key, st)
+        return b"".join(parts)
 
     def read_range(self, key: Key, offset: int, length: int) -> tuple[bytes, str] | None:
         """A verified slice and the SHA-256 hex of exactly that slice; None when absent."""
@@ -494,10 +649,10 @@ class Store:
     def _large_slice(self, key: Key, f: BinaryIO, offset: int, length: int) -> bytes:
         """A slice of an open large-tier file, never unverified bytes.
 
-        Fast path: the file was verified before and is unchanged across the pread.
-        Otherwise one streaming pass hashes the whole file and keeps the slice from
-        that same pass, so a freshen (times change, bytes do not) racing the read is
-        no error, and an edit is Corrupt."""
+        Fast path: the file was verified whole before and is unchanged across the pread.
+        With a catalog row, only the chunks the slice covers are read and checked. An
+        object without a row is verified whole (its row recorded) in one streaming pass
+        that keeps the slice, so a freshen racing the read is no error."""
         fd = f.fileno()
         st = os.fstat(fd)
         if self.is_verified(key, st):
@@ -505,36 +660,44 @@ class Store:
             if self.is_verified(key, os.fstat(fd)):
                 return piece
             st = os.fstat(fd)
-        h = key.algo.hasher()
+        rec = self.record(key)
+        if rec is None:
+            return self._stream_large(key, fd, st, offset=offset, length=length)
         parts: list[bytes] = []
-        pos = 0
-        end = offset + length
-        while chunk := os.pread(fd, CHUNK, pos):
-            h.update(chunk)
-            lo, hi = max(offset, pos), min(end, pos + len(chunk))
-            if lo < hi:
-                parts.append(chunk[lo - pos : hi - pos])
-            pos += len(chunk)
-        if h.digest() != key.digest:
-            self._mark_corrupt(key)
-            raise Corrupt(f"{key}: stored bytes do not hash to the key")
-        self.remember_verified(key, st)
+        for i in rec.covering(offset, length):
+            start, end = rec.span(i)
+            chunk = self.read_chunk(key, fd, rec, i)
+            lo, hi = max(offset, start), min(offset + length, end)
+            parts.append(chunk[lo - start : hi - start])
         return b"".join(parts)
 
     def verify(self, progress: Callable[[int], None] | None = None) -> list[Key]:
-        """Re-hash every object (ignoring what was remembered); returns the corrupt ones."""
+        """Re-hash every object against its key (ignoring what was remembered); a large
+        object's catalog row is recorded or corrected from the same pass. Returns the
+        corrupt ones."""
         self._verified.clear()
         bad: list[Key] = []
         for n, raw in enumerate(self.iter_keys(), 1):
             key = Key(raw)
             try:
-                if self.get(key) is None:
+                if not self._verify_one(key):
                     continue
             except Corrupt:
                 bad.append(key)
             if progress is not None:
                 progress(n)
         return sorted(bad)
+
+    def _verify_one(self, key: Key) -> bool:
+        """Verify one object fully; False if it is absent."""
+        if self.large is None or self.kv.stat(key.raw) is not None:
+            return self.get(key) is not None
+        try:
+            with open(self.large.path(key.raw), "rb") as f:
+                self._stream_large(key, f.fileno(), os.fstat(f.fileno()), full=True)
+        except FileNotFoundError:
+            return self.get(key) is not None  # (deleted meanwhile, or moved tier: none)
+        return True
 
     # -- GC -------------------------------------------------------------------------
     def register_source(self, source: LivenessSource) -> int:
@@ -554,6 +717,10 @@ class Store:
         freed = self.kv.delete(key)
         if freed is None and self.large is not None:
             freed = self.large.delete(key)
+            if self.catalog is not None:
+                # After the file: a visible object never lacks its row (a crash between
+                # leaves an inert row, replaced by the next put of the same content).
+                self.catalog.delete(key)
         return freed
 
     def on_deleted(self, key: bytes) -> None:

@@ -4,11 +4,14 @@
 thread: hashlib and os.write both release the GIL, so the two overlap instead of
 running one after the other. Every WRITEBACK_STEP bytes it asks the kernel to start
 writing the range back (sync_file_range, SYNC_FILE_RANGE_WRITE: it does not wait), so
-the fsync a put ends with waits only for the tail instead of the whole file.
+the fsync a put ends with waits only for the tail instead of the whole file. The same
+thread digests the bytes a chunk at a time (catalog.ChunkDigester: the catalog row the
+put records), in the same pass that writes them.
 
 `write(chunk)` queues a chunk (the caller must not change it afterwards); `finish()`
-waits for every write and fsyncs, raising the first write error; `close()` stops the
-thread and closes the descriptor (idempotent, on every path).
+waits for every write and fsyncs, raising the first write error; `digester` then holds
+the size and chunk digests of everything written; `close()` stops the thread and closes
+the descriptor (idempotent, on every path).
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ import os
 import queue
 import threading
 from pathlib import Path
+
+from ..catalog import ChunkDigester
 
 WRITEBACK_STEP = 8 << 20
 QUEUE_CHUNKS = 8  # chunks waiting for the thread (1 MiB each from a mount's writes)
@@ -59,6 +64,7 @@ class StagingWriter:
     def __init__(self, path: Path, fd: int) -> None:
         self.path = path
         self.fd = fd
+        self.digester = ChunkDigester()
         self._queue: queue.Queue[bytes | bytearray | None] = queue.Queue(QUEUE_CHUNKS)
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="alkfs-staging", daemon=True)
@@ -92,6 +98,7 @@ class StagingWriter:
             if self._error is not None:
                 continue  # drain: the caller learns of the error at its next call
             try:
+                self.digester.update(chunk)  # (BLAKE3 releases the GIL, as os.write does)
                 write_all(self.fd, chunk)
                 written += len(chunk)
                 if written - started >= WRITEBACK_STEP:
