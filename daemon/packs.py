@@ -28,6 +28,8 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from alkfs.git.packs import FORMATS, Derived, Generation, derived_for
+from alkfs.keys import Key
+from alkfs.store import ObjectStat
 
 if TYPE_CHECKING:
     from .context import Context
@@ -56,6 +58,8 @@ class Served:
         self._lock = threading.Lock()
         self.building = trio.Lock()
         self.last_built: dict[str, float] = {}
+        self._base: dict[str, tuple[int, dict[int, list[bytes]]]] = {}
+        self._new: dict[str, tuple[int, int, dict[int, list[bytes]]]] = {}
         off = os.environ.get("ALKFS_PACKS", "").lower() in ("0", "off", "no")
         for fmt in () if off else FORMATS:
             try:
@@ -75,6 +79,72 @@ class Served:
         """The published set, if it holds any object (for the fan-out listings)."""
         gen = self.current(fmt)
         return gen if gen is not None and gen.indexes else None
+
+    # -- the fan-out listings: what no published pack holds --------------------------------
+    async def unpacked(self, fmt: str, prefix: int) -> list[ObjectStat] | None:
+        """The stored objects of `fmt` whose first byte is `prefix` and that the published
+        set lacks, in key order; None when no set holding objects is published.
+
+        Kept cheap for git, which lists all 256 directories to abbreviate one id: the kv
+        objects the set left out are found once per generation (in a thread), those
+        stored since it was built by row id (refreshed when the table's highest row id
+        moves), large-tier ones by listing that prefix's directory; each is stat'ed, so a
+        deleted one is not listed."""
+        gen = self.packed(fmt)
+        if gen is None:
+            return None
+        d = self.derived[fmt]
+        base = self._base.get(fmt)
+        if base is None or base[0] != gen.number:
+            base = (gen.number, await self.ctx.run_sync(self._left_out, d, gen))
+            self._base[fmt] = base
+        top = d.max_rowid()
+        new = self._new.get(fmt)
+        if new is None or new[0] != gen.number or new[1] != top:
+            new = (gen.number, top, await self.ctx.run_sync(self._stored_since, d, gen))
+            self._new[fmt] = new
+        digests = set(base[1].get(prefix, ())) | set(new[2].get(prefix, ()))
+        store = self.ctx.store
+        algo = d.algo
+        if store.large is not None:
+            lo = bytes([algo.value, prefix])
+            hi = bytes([algo.value, prefix + 1]) if prefix < 255 else bytes([algo.value + 1])
+            for e in store.large.scan(lo, hi, 1 << 20):
+                if e.key[1:] not in gen:
+                    digests.add(e.key[1:])
+        out = []
+        tag = bytes([algo.value])
+        for digest in sorted(digests):
+            st = store.stat(Key(tag + digest))
+            if st is not None:
+                out.append(st)
+        return out
+
+    @staticmethod
+    def _by_prefix(digests) -> dict[int, list[bytes]]:
+        out: dict[int, list[bytes]] = {}
+        for digest in digests:
+            out.setdefault(digest[0], []).append(digest)
+        return out
+
+    def _left_out(self, d: Derived, gen: Generation) -> dict[int, list[bytes]]:
+        """kv objects stored when `gen` was built that it does not hold (a thread)."""
+        lo, hi = bytes([d.algo.value]), bytes([d.algo.value + 1])
+        conn = d.store.kv.db.conn()  # type: ignore[union-attr]
+        cur = conn.execute(
+            "SELECT key FROM blobs WHERE rowid <= ? AND key >= ? AND key < ?",
+            (int(gen.meta.get("max_rowid", 0)), lo, hi),
+        )
+        return self._by_prefix(digest for (k,) in cur if (digest := bytes(k[1:])) not in gen)
+
+    def _stored_since(self, d: Derived, gen: Generation) -> dict[int, list[bytes]]:
+        lo, hi = bytes([d.algo.value]), bytes([d.algo.value + 1])
+        conn = d.store.kv.db.conn()  # type: ignore[union-attr]
+        cur = conn.execute(
+            "SELECT key FROM blobs WHERE rowid > ? AND key >= ? AND key < ?",
+            (int(gen.meta.get("max_rowid", 0)), lo, hi),
+        )
+        return self._by_prefix(bytes(k[1:]) for (k,) in cur)
 
     # -- handles (trio thread and the publishing thread) ----------------------------------
     def acquire(self, fmt: str, number: int) -> bool:

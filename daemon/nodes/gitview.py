@@ -408,18 +408,23 @@ class FanoutDir(scratch.ScratchOverlay, Dir):
                 raw = recent.get(start)
                 after = Key(raw) if raw is not None else after_cookie(algo, start)
                 count = -1  # not listed from the start: says nothing about the prefix's size
+        fmt = "sha1" if algo is Algorithm.GIT_SHA1 else "sha256"
+        unpacked = await derived_packs.served(self.ctx).unpacked(fmt, prefix)
+        if unpacked is not None:  # a set is published: list only what it lacks
+            for st in unpacked:
+                c = cookie(st.key)
+                if c <= start:
+                    continue
+                if not emit(st.key.hex[2:].encode(), LooseFile.fresh(self.ctx, self, st), c):
+                    return
+            return
         typical = getattr(self.parent, "typical", FIRST_PAGE)
         limit = max(FIRST_PAGE, typical + typical // 4 + 8)
-        fmt = "sha1" if algo is Algorithm.GIT_SHA1 else "sha256"
-        packed = derived_packs.served(self.ctx).packed(fmt)  # listed: only what it lacks
         i = 0
         try:
             while True:
                 while i < len(ahead):
                     st = ahead[i]
-                    if packed is not None and st.key.digest in packed:
-                        i += 1
-                        continue
                     c = cookie(st.key)
                     if not emit(st.key.hex[2:].encode(), LooseFile.fresh(self.ctx, self, st), c):
                         return
