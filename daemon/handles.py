@@ -638,7 +638,8 @@ class StagedFile(File):
 
     async def open(self, flags: int, ctx: Any) -> Handle:
         if self.writer.closed:  # stored and closed (a temporary name kept until renamed)
-            if wants_write(flags) or self.key is None:
+            # (O_RDONLY|O_APPEND reads, as on any Linux file)
+            if flags & (os.O_WRONLY | os.O_RDWR | os.O_TRUNC) or self.key is None:
                 fail(errno.EPERM, f"{self.path} is stored: it is immutable")
             from .nodes.objects import ObjectFile  # (objects.py imports this module)
 

@@ -6,12 +6,12 @@ import errno
 import logging
 import os
 import stat
-import threading
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 import pyfuse3
 
+from alkfs.catalog import Record
 from alkfs.errors import Corrupt, Invalid
 from alkfs.git.objects import MAX_HEADER, parse_header
 from alkfs.keys import Algorithm, Key
@@ -29,8 +29,6 @@ log = logging.getLogger("alkfsd")
 
 PAGE = 512  # objects fetched per listing query
 INLINE_VERIFY = 65536  # kv objects up to this size are loaded and hashed on the trio thread
-VERIFY_CHUNK = 1 << 20
-VERIFY_AHEAD = 8 << 20  # how far the verifier may hash ahead of what was served
 
 XATTR = b"user.alkfs."
 X_ALGO = b"user.alkfs.algorithm"
@@ -309,7 +307,8 @@ class ObjectFile(File):
 
     # -- reads ------------------------------------------------------------------------
     async def open(self, flags: int, ctx: Any) -> Handle:
-        if flags & (os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_TRUNC):
+        # O_APPEND alone is no write (Linux opens O_RDONLY|O_APPEND for reading).
+        if flags & (os.O_WRONLY | os.O_RDWR | os.O_TRUNC):
             fail(errno.EPERM, f"{self.key} is immutable")
         store = self.ctx.store
         key = self.key
@@ -322,10 +321,12 @@ class ObjectFile(File):
             fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
             try:
                 fst = os.fstat(fd)
+                verified = store.is_verified(key, fst)
+                record = None if verified else store.record(key)  # (one indexed SELECT)
             except BaseException:
                 os.close(fd)
                 raise
-            return LargeHandle(self, fd, fst, store.is_verified(key, fst))
+            return LargeHandle(self, fd, fst, record, verified)
         handle = KvHandle(self)
         if self.may_push():
             self.push(await handle.load())  # verified: a corrupt object fails its open
@@ -446,47 +447,117 @@ class KvHandle(Handle):
 
 
 class LargeHandle(Handle):
-    """A large-tier file, served by pread. Unless this very file was verified before,
-    a verifier thread hashes it alongside the reads, and the read that reaches the
-    end waits for the verdict: a mismatch fails that read (EIO) and every later one."""
+    """A large-tier file, served by pread; no byte is served before it is verified.
+
+    With the object's catalog row, a READ checks the chunks it covers that this handle
+    has not verified yet (a worker thread preads and digests each, and the READ is served
+    from those same bytes), and remembers them: a chunk is hashed once per handle. Once
+    every chunk is, the store remembers the unchanged file as verified, and later opens
+    of it serve by pread alone (`verified`). An object without a row (stored before the
+    catalog) is verified whole at its first READ, which records its row. A mismatch (a
+    changed byte, a file cut short or grown) is Corrupt, EIO, for every READ touching
+    it; the object is marked corrupt (status) and later opens of it fail. Chunks already
+    verified by this handle stay readable through it."""
 
     keep_cache = True
 
-    def __init__(self, node: ObjectFile, fd: int, fst: os.stat_result, verified: bool) -> None:
+    def __init__(
+        self,
+        node: ObjectFile,
+        fd: int,
+        fst: os.stat_result,
+        record: Record | None,
+        verified: bool,
+    ) -> None:
         super().__init__(node)
         self.obj = node
         self.fd = fd
         self.fst = fst
-        self.size = fst.st_size
+        self.record = record
+        self.size = record.size if record is not None else fst.st_size
         self.verified = verified
-        self.verifier: Verifier | None = None
+        self.good = bytearray(0 if verified or record is None else record.count)
+        self.left = len(self.good)  # chunks not yet verified by this handle
+        self.last: tuple[int, bytes] | None = None  # the chunk verified last (reads inside it)
+        self.verifier = None  # (no background verifier: each READ checks what it covers)
         self.nowait = True
 
     async def read(self, off: int, size: int) -> bytes | bytearray:
-        if off >= self.size:
-            if not self.verified and self.size == 0:
-                await self._verdict()
+        if off >= self.size or size <= 0:
             return b""
         n = min(size, self.size - off)
-        data = await self._pread(off, n)
         if not self.verified:
-            v = self.verifier
-            if v is None:
-                v = self.verifier = Verifier(self.obj, self.fd, self.fst)
-            v.advance(off + len(data))
-            if off + len(data) >= self.size:
-                await self._verdict()
+            if self.record is not None:
+                return await self._read_checked(off, n)
+            await self._verify_whole()
+        data = await self._pread(off, n)
+        if len(data) != n:  # cut short since it was verified
+            self._corrupt(f"{self.obj.key}: the file is shorter than its size")
         return data
 
-    async def _verdict(self) -> None:
-        v = self.verifier
-        if v is None:
-            v = self.verifier = Verifier(self.obj, self.fd, self.fst)
-        v.advance(self.size)
-        ok = await self.obj.ctx.run_sync(v.wait)
-        if not ok:
-            raise Corrupt(f"{self.obj.key}: stored bytes do not hash to the key")
+    def _corrupt(self, why: str) -> None:
+        mark_corrupt(self.obj.ctx.store, self.obj.key)
+        raise Corrupt(why)
+
+    async def _verify_whole(self) -> None:
+        """An object without a catalog row: verified whole now, which records its row."""
+        ctx = self.obj.ctx
+        rec = await ctx.run_sync(ctx.store.verify_open, self.obj.key, self.fd, self.fst)
+        if rec is not None:
+            self.record = rec
+            self.size = rec.size
         self.verified = True
+
+    async def _read_checked(self, off: int, n: int) -> bytes:
+        rec = self.record
+        assert rec is not None
+        cs = rec.chunk_size
+        first, last = off // cs, (off + n - 1) // cs
+        good = self.good
+        fresh: dict[int, bytes] = {}
+        need = [i for i in range(first, last + 1) if not good[i]]
+        if need:
+            fresh = await self.obj.ctx.run_sync(self._check, rec, need)
+            for i in need:
+                if not good[i]:  # (two READs may have checked one chunk at once)
+                    good[i] = 1
+                    self.left -= 1
+            self.last = (need[-1], fresh[need[-1]])
+            if self.left == 0:
+                self._all_verified()
+        out: list[bytes] = []
+        for i in range(first, last + 1):
+            start, end = rec.span(i)
+            lo, hi = max(off, start), min(off + n, end)
+            chunk = fresh.get(i)
+            if chunk is None and self.last is not None and self.last[0] == i:
+                chunk = self.last[1]
+            if chunk is not None:
+                out.append(chunk[lo - start : hi - start])
+                continue
+            piece = await self._pread(lo, hi - lo)  # verified by this handle before
+            if len(piece) != hi - lo:
+                self._corrupt(f"{self.obj.key}: the file is shorter than its size")
+            out.append(bytes(piece))
+        return out[0] if len(out) == 1 else b"".join(out)
+
+    def _check(self, rec: Record, need: list[int]) -> dict[int, bytes]:
+        """(worker thread) The chunks `need`, each read once and verified."""
+        store, key, fd = self.obj.ctx.store, self.obj.key, self.fd
+        return {i: store.read_chunk(key, fd, rec, i) for i in need}
+
+    def _all_verified(self) -> None:
+        """Every chunk passed: the store remembers this very file (if it did not change
+        since the open) as verified, so later opens of it hash nothing."""
+        self.verified = True
+        self.last = None
+        try:
+            now = os.fstat(self.fd)
+        except OSError:
+            return
+        store = self.obj.ctx.store
+        if store._identity(now) == store._identity(self.fst):
+            store.remember_verified(self.obj.key, self.fst)
 
     async def _pread(self, off: int, n: int) -> bytes | bytearray:
         got = 0
@@ -506,78 +577,7 @@ class LargeHandle(Handle):
         return bytes(buf[:got]) + rest
 
     async def release(self) -> None:
-        if self.verifier is not None:
-            self.verifier.cancel()
         os.close(self.fd)
-
-
-class Verifier:
-    """Hashes one large file sequentially in its own thread, never more than
-    VERIFY_AHEAD past what was served, and remembers the verdict in the store."""
-
-    def __init__(self, obj: ObjectFile, fd: int, fst: os.stat_result) -> None:
-        self.obj = obj
-        self.store = obj.ctx.store
-        self.fd = os.dup(fd)  # its own descriptor: the handle may be released first
-        self.fst = fst
-        self.size = fst.st_size
-        self._cond = threading.Condition()
-        self._high = 0
-        self._cancelled = False
-        self._result: bool | None = None
-        threading.Thread(target=self._run, name=f"verify {obj.key.hex[:12]}", daemon=True).start()
-
-    def advance(self, upto: int) -> None:
-        with self._cond:
-            if upto > self._high:
-                self._high = upto
-                self._cond.notify_all()
-
-    def cancel(self) -> None:
-        with self._cond:
-            self._cancelled = True
-            self._cond.notify_all()
-
-    def wait(self) -> bool:
-        with self._cond:
-            self._cond.wait_for(lambda: self._result is not None or self._cancelled)
-            return bool(self._result)
-
-    def _run(self) -> None:
-        key = self.obj.key
-        ok = False
-        try:
-            h = key.algo.hasher()
-            pos = 0
-            chunk = b"-"
-            while pos < self.size:
-                with self._cond:
-                    self._cond.wait_for(lambda at=pos: self._cancelled or self._high > at)
-                    if self._cancelled:
-                        return
-                    limit = min(self.size, max(self._high + VERIFY_AHEAD, pos + VERIFY_CHUNK))
-                while pos < limit:
-                    chunk = os.pread(self.fd, min(VERIFY_CHUNK, limit - pos), pos)
-                    if not chunk:
-                        break
-                    h.update(chunk)
-                    pos += len(chunk)
-                if not chunk:
-                    break
-            tail = os.pread(self.fd, 1, pos)
-            ok = pos == self.size and not tail and h.digest() == key.digest
-            if ok:
-                self.store.remember_verified(key, self.fst)
-            else:
-                mark_corrupt(self.store, key)
-        except Exception:
-            log.exception("verifying %s failed", key)
-            mark_corrupt(self.store, key)
-        finally:
-            os.close(self.fd)
-            with self._cond:
-                self._result = ok
-                self._cond.notify_all()
 
 
 def mark_corrupt(store: Any, key: Key) -> None:
