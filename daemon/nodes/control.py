@@ -5,9 +5,10 @@ line is complete (the write that brings the newline returns when it has run), an
 unterminated last line runs at close (its refusal is close()'s, so `echo -n sweep`
 works and reports errors). Input is bounded: one write may complete at most
 MAX_LINES lines and one open takes at most MAX_BYTES bytes in all; a write beyond
-either is E2BIG and runs nothing. A write's lines are all checked before any runs
-(EINVAL for a bad one: nothing runs); they then run in order, and the first that fails
-ends the write with its errno.
+either is E2BIG and runs nothing. A write is checked whole before anything runs: its
+complete lines must be commands and what follows its last newline the start of one,
+else EINVAL and the write is not taken (nothing runs; the buffer stays as it was).
+Its commands then run in order, and the first that fails ends the write with its errno.
 
 `status` and `metrics` are rendered at open; `stat` reports the size of what a read
 gives: while the file is open, the size of the newest open's snapshot, else of a
@@ -105,15 +106,12 @@ class ControlHandle(Handle):
                 f"a write to the control file completes at most {MAX_LINES} lines, "
                 f"not {len(lines)}: nothing run",
             )
-        self.taken += len(data)
-        if not lines:
-            self.pending[:] = rest
-            return len(data)
-        self.pending.clear()
-        commands = [parse(line) for line in lines]  # EINVAL before anything runs
-        commands = [c for c in commands if c]
-        if not commands:
+        commands = [words for words in map(parse, lines) if words]  # EINVAL: not taken
+        if lines and not commands:
             fail(errno.EINVAL, "empty control command")
+        if not may_start(rest):  # (so `echo -n bogus` fails at its write, not only at close)
+            fail(errno.EINVAL, f"{clip(repr(rest), 100)} cannot start a control command")
+        self.taken += len(data)
         self.pending[:] = rest
         for words in commands:
             await self.run(words)
@@ -126,9 +124,8 @@ class ControlHandle(Handle):
         line = bytes(self.pending)
         self.pending.clear()
         words = parse(line)
-        if not words:
-            fail(errno.EINVAL, "empty control command")
-        await self.run(words)
+        if words:  # (trailing blanks: nothing to run)
+            await self.run(words)
 
     async def flush(self) -> None:
         await self._last_line()
@@ -148,6 +145,35 @@ class ControlHandle(Handle):
             await ctx.sweep(parse_duration(args[0]) if args else None)
         elif cmd == "verify":
             await ctx.verify()
+
+
+def may_start(text: bytes) -> bool:
+    """Whether an unterminated line can still become a command (a loose check: the
+    complete line is parsed again)."""
+    try:
+        line = text.decode("ascii")
+    except UnicodeDecodeError:
+        return False
+    words = line.split()
+    if not words:
+        return True
+    ended = line[-1].isspace()  # the last word is complete
+    cmd = words[0]
+    if len(words) == 1 and not ended:
+        return "sweep".startswith(cmd) or "verify".startswith(cmd)
+    if cmd == "verify":
+        return len(words) == 1
+    if cmd != "sweep" or len(words) > 2:
+        return False
+    if len(words) == 1:
+        return True
+    if ended:
+        try:
+            parse_duration(words[1])
+        except ValueError:
+            return False
+        return True
+    return all(c in "0123456789.smhdwSMHDW" for c in words[1])
 
 
 def parse(line: bytes) -> list[str]:

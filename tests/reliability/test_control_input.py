@@ -48,12 +48,34 @@ def test_an_unterminated_last_line_runs_at_close_and_its_refusal_is_closes(mount
     )
     assert done.returncode == 0, done.stderr
     assert sweeps(m) == 1
+    for start in (b"verif", b"sweep 1hh", b"sweep 1h "):  # could still become a command
+        fd = control(m)
+        assert os.write(fd, start) == len(start)  # not a line yet: nothing run
+        if start == b"sweep 1h ":
+            os.close(fd)  # a complete command: it runs at close
+        else:
+            assert os_errno(os.close, fd) == errno.EINVAL
+    assert sweeps(m) == 2
+
+
+def test_an_unterminated_line_that_cannot_become_a_command_fails_at_its_write(mount):
+    m = mount
     fd = control(m)
-    assert os.write(fd, b"sweep never") == 11  # not a line yet: nothing checked or run
-    assert os_errno(os.close, fd) == errno.EINVAL
-    fd = control(m)
-    os.write(fd, b"bogus")
-    assert os_errno(os.close, fd) == errno.EINVAL
+    try:
+        assert os.write(fd, b"swe") == 3
+        assert os_errno(os.write, fd, b"x") == errno.EINVAL  # "swex": never a command
+        assert os_errno(os.write, fd, "\u00e9".encode()) == errno.EINVAL
+        assert os.write(fd, b"ep 0\n") == 5  # the buffer is as before the refused writes
+        assert sweeps(m) == 1
+    finally:
+        os.close(fd)
+    # a shell's builtin echo ignores errors at close: this one is refused at the write
+    done = subprocess.run(
+        ["bash", "-c", f"echo -n bogus > {m.path('.alkfs', 'control')}"],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 1 and "Invalid argument" in done.stderr, done
     assert sweeps(m) == 1
 
 
