@@ -22,6 +22,7 @@ def test_names_over_255_bytes_are_enametoolong_for_every_operation(mount):
     m = mount
     write_close(m.path("objects", "sha256", "new"), b"an object\n")
     link = "../objects/sha256/" + sha(b"an object\n")
+    obj = m.path("objects", "sha256", sha(b"an object\n"))
     os.mkdir(m.path("repos", "r"))
     write_close(m.path("pins", "short"), b"pinned\n")
     for where in ("", "objects", "objects/sha256", "pins", "repos", "repos/r/refs/heads"):
@@ -31,6 +32,8 @@ def test_names_over_255_bytes_are_enametoolong_for_every_operation(mount):
         assert os_errno(write_close, d / LONG, b"x") == errno.ENAMETOOLONG, where
         assert os_errno(os.mkdir, d / LONG) == errno.ENAMETOOLONG, where
         assert os_errno(os.symlink, link, d / LONG) == errno.ENAMETOOLONG, where
+        assert os_errno(os.link, obj, d / LONG) == errno.ENAMETOOLONG, where
+        assert os_errno(os.mkfifo, d / LONG) == errno.ENAMETOOLONG, where
     assert os_errno(os.rename, m.path("pins", "short"), m.path("pins", LONG)) == (
         errno.ENAMETOOLONG
     )
