@@ -1,0 +1,203 @@
+"""git through the mount with derived packs, against a native packed clone.
+
+    python bench/git_speed.py [--commits 4000] [--runs 7] [--quick]
+
+A generated history of realistic shape (deep directories, files edited a few lines at a
+time, one long file edited by many commits; ~14 objects a commit) is imported into a fresh
+store by the library (which leaves it packed), the store is mounted, and each command runs
+warm against three sides, interleaved, medians of paired runs:
+
+    N  the native bare clone, after `git gc` (pack, bitmap, commit-graph)
+    A  a bare repository whose objects/info/alternates is MNT/git/sha1 (refs copied)
+    R  MNT/repos/ID used as the repository (--git-dir)
+
+It prints the ratios A/N and R/N, the pack count and sizes of both sides, and the time
+the import and the packing took. Commands under 50 ms native get at least 21 runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from common import BIN, Mount
+
+ROOT = Path(__file__).resolve().parents[1]
+GIT_ENV = {
+    **os.environ,
+    "GIT_CONFIG_GLOBAL": os.devnull,
+    "GIT_CONFIG_NOSYSTEM": "1",
+    "GIT_PAGER": "cat",
+}
+
+
+def git(*args: str, input: bytes | None = None) -> bytes:
+    return subprocess.run(
+        ["git", *args], input=input, capture_output=True, check=True, env=GIT_ENV
+    ).stdout
+
+
+def generate(path: Path, commits: int, seed: int = 7) -> None:
+    """A bare repository: `commits` commits over ~600 files in 3-4 levels of directories."""
+    rng = random.Random(seed)
+    git("init", "-q", "--bare", "-b", "main", str(path))
+    dirs = [f"pkg{a}/sub{b}/mod{c}" for a in range(6) for b in range(5) for c in range(4)]
+    files = {f"{d}/file{k}.py": None for d in dirs for k in range(5)}
+    names = list(files)
+    content = {n: [f"# {n} line {i}\n" for i in range(rng.randint(20, 120))] for n in names}
+    long_name = "docs/LONG.txt"
+    content[long_name] = [f"long line {i}\n" for i in range(3000)]
+    out = []
+    for i in range(commits):
+        out.append(b"commit refs/heads/main\n")
+        out.append(f"committer C O Mitter <c@example.com> {1600000000 + 60 * i} +0000\n".encode())
+        msg = f"change {i}\n".encode()
+        out.append(b"data %d\n%s" % (len(msg), msg))
+        touched = rng.sample(names, 3) if i else [*names, long_name]
+        if i and i % 5 == 0:
+            touched.append(long_name)
+        for n in touched:
+            lines = content[n]
+            if i:
+                for _ in range(rng.randint(1, 4)):
+                    lines[rng.randrange(len(lines))] = f"# edit {i} {rng.random()}\n"
+                if rng.random() < 0.3:
+                    lines.insert(rng.randrange(len(lines)), f"# added in {i}\n")
+            data = "".join(lines).encode()
+            out.append(b"M 100644 inline %s\ndata %d\n%s\n" % (n.encode(), len(data), data))
+    git("-C", str(path), "fast-import", "--quiet", input=b"".join(out))
+
+
+COMMANDS = {
+    "log --oneline": ["log", "--oneline"],
+    "log -p -n 200": ["log", "-p", "-n", "200"],
+    "log --stat -n 2000": ["log", "--stat", "-n", "2000"],
+    "rev-list --objects --all": ["rev-list", "--objects", "--all"],
+    "cat-file --batch-all-objects --batch-check": [
+        "cat-file",
+        "--batch-all-objects",
+        "--batch-check",
+    ],
+    "blame docs/LONG.txt": ["blame", "main", "--", "docs/LONG.txt"],
+    "fsck --connectivity-only": ["fsck", "--connectivity-only"],
+}
+
+
+def timed(gitdir: Path, args: list[str]) -> float:
+    t0 = time.perf_counter()
+    subprocess.run(
+        ["git", f"--git-dir={gitdir}", *args],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        check=True,
+        env=GIT_ENV,
+    )
+    return time.perf_counter() - t0
+
+
+def packs_of(objdir: Path) -> tuple[int, int]:
+    pack = objdir / "pack"
+    names = [n for n in os.listdir(pack) if n.endswith(".pack")]
+    return len(names), sum((pack / n).stat().st_size for n in names)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--commits", type=int, default=4000)
+    p.add_argument("--runs", type=int, default=7)
+    p.add_argument("--quick", action="store_true")
+    args = p.parse_args()
+    if args.quick:
+        args.commits, args.runs = 400, 3
+    tmp = Path(tempfile.mkdtemp(prefix="alkfs-git-speed-"))
+    mount = None
+    try:
+        src = tmp / "src.git"
+        t0 = time.perf_counter()
+        generate(src, args.commits)
+        native = tmp / "native.git"
+        git("clone", "-q", "--bare", "--no-local", str(src), str(native))
+        git(f"--git-dir={native}", "gc", "-q")
+        total = len(git(f"--git-dir={native}", "rev-list", "--objects", "--all").splitlines())
+        print(
+            f"history: {total} objects, {args.commits} commits ({time.perf_counter() - t0:.1f} s)"
+        )
+        sys.path.insert(0, str(ROOT))
+        from alkfs.app import Alkfs
+        from alkfs.git.importer import import_repo
+        from alkfs.git.packs import derived_for
+
+        store = tmp / "store"
+        with Alkfs.open(store, window_s=3600) as app:
+            t0 = time.perf_counter()
+            import_repo(app, str(src), "bench", progress=False)
+            took = time.perf_counter() - t0
+            d = derived_for(app.store, "sha1")
+            build = d.last_build
+            print(
+                f"import incl. packing: {took:.2f} s; packing alone {build.seconds:.2f} s "
+                f"({build.objects} objects, mode {build.mode})"
+            )
+        mnt = tmp / "mnt"
+        mount = Mount(
+            "alkfsd",
+            [str(BIN / "python"), "-m", "alkfsd.main", str(store), str(mnt), "--window", "1h"],
+            mnt,
+            tmp / "alkfsd.log",
+        )
+        mount.start()
+        alt = tmp / "alt.git"
+        git("init", "-q", "--bare", "-b", "main", str(alt))
+        (alt / "objects" / "info" / "alternates").write_text(f"{mnt}/git/sha1\n")
+        refs = git(f"--git-dir={src}", "for-each-ref", "--format=update %(refname) %(objectname)")
+        git(f"--git-dir={alt}", "update-ref", "--stdin", input=refs)
+        repo = mnt / "repos" / "bench"
+        n_packs, n_bytes = packs_of(native / "objects")
+        m_packs, m_bytes = packs_of(mnt / "git" / "sha1")
+        print(
+            f"native: {n_packs} pack(s), {n_bytes / 1e6:.1f} MB, bitmap "
+            f"{'yes' if list((native / 'objects/pack').glob('*.bitmap')) else 'no'}, "
+            f"commit-graph {'yes' if (native / 'objects/info/commit-graph').exists() else 'no'}"
+        )
+        print(
+            f"mount:  {m_packs} pack(s), {m_bytes / 1e6:.1f} MB, bitmap no, commit-graph "
+            f"{'yes (split chain)' if (mnt / 'git/sha1/info/commit-graphs').exists() else 'no'}"
+        )
+        results = {}
+        print(f"{'command':45} {'native ms':>10} {'A/N':>6} {'R/N':>6}")
+        for name, cmd in COMMANDS.items():
+            for side in (native, alt, repo):  # warm every side first
+                timed(side, cmd)
+            base = timed(native, cmd)
+            runs = max(args.runs, 21 if base < 0.05 else args.runs)
+            t = {"N": [], "A": [], "R": []}
+            for _ in range(runs):
+                t["N"].append(timed(native, cmd))
+                t["A"].append(timed(alt, cmd))
+                t["R"].append(timed(repo, cmd))
+            med = {k: statistics.median(v) for k, v in t.items()}
+            ra = statistics.median(a / n for a, n in zip(t["A"], t["N"], strict=True))
+            rr = statistics.median(r / n for r, n in zip(t["R"], t["N"], strict=True))
+            results[name] = {"native_ms": med["N"] * 1e3, "A": ra, "R": rr, "runs": runs}
+            print(f"{name:45} {med['N'] * 1e3:10.1f} {ra:6.2f} {rr:6.2f}")
+        out = ROOT / "bench" / "out" / ("git-speed-quick.json" if args.quick else "git-speed.json")
+        out.parent.mkdir(exist_ok=True)
+        out.write_text(json.dumps(results, indent=1) + "\n")
+        return 0
+    finally:
+        if mount is not None:
+            mount.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
