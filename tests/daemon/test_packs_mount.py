@@ -295,3 +295,39 @@ def test_git_gc_repack_and_prune_in_a_repository_delete_nothing(start_mount, tmp
     for oid in everything:
         assert (mnt / "git" / "sha1" / oid[:2] / oid[2:]).exists()
     assert errno.EPERM  # (utime of a pack: see the first test)
+
+
+async def test_repack_now_publishes_a_set_and_drops_the_old_names(tmp_path):
+    """Direct calls (no kernel): repack_now builds a set of every format with objects, and
+    the view queues the invalidation of every name of the retired set."""
+    from alkfsd.context import Context
+    from alkfsd.fs import Operations
+    from alkfsd.packs import repack_now, served
+
+    from alkfs.git.objects import canonical
+    from alkfs.keys import Algorithm
+
+    store_path, _src = imported_store(tmp_path)
+    app = Alkfs.open(store_path, window_s=0)
+    ctx = Context(app.store, app=app, live=False)
+    try:
+        Operations(ctx)
+        s = served(ctx)
+        old = s.current("sha1")
+        assert old is not None and old.number == 1
+        key = app.store.add(canonical("blob", b"repacked now\n"), algo=Algorithm.GIT_SHA1)
+        assert await s.unpacked("sha1", key.digest[0]) == [app.store.stat(key)]
+        report = await repack_now(ctx)
+        assert list(report) == ["sha1"]
+        assert (report["sha1"]["generation"], report["sha1"]["objects"]) == (2, old.objects + 1)
+        new = s.current("sha1")
+        assert key.digest in new and await s.unpacked("sha1", key.digest[0]) == []
+        dropped = {name for _parent, name, _ino in ctx.invalidator.recorded}
+        # every name in pack/, and info/commit-graphs (its own entries: only once the
+        # kernel has looked the directory up)
+        in_pack = {rel[5:].encode() for rel in old.files if rel.startswith("pack/")}
+        assert in_pack | {b"commit-graphs"} == dropped
+        assert not old.root.exists()  # nobody held it
+    finally:
+        ctx.close()
+        app.close()
