@@ -7,7 +7,9 @@ Publishing (by the intake task, `repack_now`, or a sweep's guard in its own thre
 `Served._published`, which tells the views (gitview registers one per object directory)
 so that they drop the kernel's entries of the names that changed.
 
-`run(ctx)` is the background task: it builds a first set at start when there is none,
+`run(ctx)` is the background task: at start it re-verifies the published sets (one that
+fails is withdrawn: its objects are served loose until the rebuild), builds a first set
+when there is none,
 then every `ALKFS_PACK_POLL` seconds (default 5) counts the objects stored since the
 published set was built and builds a new set when `ALKFS_PACK_OBJECTS` (20,000) have
 arrived, or any have and `ALKFS_PACK_EVERY` (60 s) passed since the last build. A build
@@ -245,6 +247,11 @@ async def run(ctx: Context) -> None:
     s = served(ctx)
     if not s.derived or ctx.read_only:
         return
+    for fmt, d in s.derived.items():  # a set that no longer verifies is withdrawn, rebuilt
+        problem = await ctx.run_sync(d.verify)
+        if problem is not None:
+            log.error("derived %s: the published set is corrupt, withdrawn: %s", fmt, problem)
+            await ctx.run_sync(d.withdraw)
     every = _env_float("ALKFS_PACK_EVERY", 60.0)
     batch = _env_float("ALKFS_PACK_OBJECTS", 20_000)
     poll = _env_float("ALKFS_PACK_POLL", min(every, 5.0))

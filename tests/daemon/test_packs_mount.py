@@ -331,3 +331,26 @@ async def test_repack_now_publishes_a_set_and_drops_the_old_names(tmp_path):
     finally:
         ctx.close()
         app.close()
+
+
+def test_a_set_corrupted_on_disk_is_withdrawn_at_start_and_rebuilt(start_mount, tmp_path):
+    store, src = imported_store(tmp_path)
+    pack = next((store / "derived" / "sha1" / "gen-1" / "pack").glob("*.pack"))
+    data = bytearray(pack.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # in place: same size, same name
+    pack.write_bytes(bytes(data))
+    m = start_mount(store, "--window", "1h", env=FAST_INTAKE)
+    mnt = m.mnt
+    current = store / "derived" / "sha1" / "CURRENT"
+    wait_for("a rebuilt set", lambda: int(current.read_text()) >= 3 and listing(mnt, "sha1"))
+    assert pack.name not in listing(mnt, "sha1")
+    assert not pack.exists()
+    everything = set(
+        git(
+            f"--git-dir={src}", "cat-file", "--batch-all-objects", "--batch-check=%(objectname)"
+        ).split()
+    )
+    assert idx_ids(mnt, "sha1") == everything
+    user = alternates_user(tmp_path, mnt, "sha1", src)
+    git(f"--git-dir={user}", "fsck", "--full", "--strict", "--no-dangling")
+    assert "the published set is corrupt, withdrawn" in m.log()

@@ -242,3 +242,15 @@ def test_a_trailer_that_does_not_match_is_refused(app, make_repo, tmp_path):
     bad.write_bytes(bytes(data))
     with pytest.raises(StoreIO, match="trailer"):
         packs.verify_trailer(bad, "sha1")
+
+
+def test_verify_finds_a_published_file_changed_in_place(app, make_repo):
+    repo = history(make_repo, "sha1", commits=2)
+    import_repo(app, repo.gitdir, "r", progress=False)
+    d = packs.derived_for(app.store, "sha1")
+    assert d.verify() is None
+    idx = next(d.current().root / r for r in d.current().files if r.endswith(".idx"))
+    data = bytearray(idx.read_bytes())
+    data[1100] ^= 1
+    idx.write_bytes(bytes(data))
+    assert "trailer checksum" in d.verify()
