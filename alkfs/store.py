@@ -144,7 +144,8 @@ class Store:
         if not root.exists():
             if not create:
                 raise StoreIO(f"no store at {root}")
-            root.mkdir(parents=True)
+            root.parent.mkdir(parents=True, exist_ok=True)  # (not the store's: as mkdir -p)
+            root.mkdir(mode=0o700)  # the store is its owner's alone (alkfs/privacy.py)
         lock_fd = cls._take_lock(root) if lock else None
         try:
             db = Database(root / DB_NAME)
@@ -170,7 +171,7 @@ class Store:
 
     @staticmethod
     def _take_lock(root: Path) -> int:
-        fd = os.open(root / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = os.open(root / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
