@@ -101,7 +101,7 @@ def clear_spool(store: Any) -> int:
 
 
 def _open_spool(directory: str) -> int:
-    os.makedirs(directory, exist_ok=True)
+    os.makedirs(directory, mode=0o700, exist_ok=True)
     try:
         return os.open(directory, os.O_TMPFILE | os.O_RDWR | os.O_CLOEXEC, 0o600)
     except (AttributeError, OSError):
