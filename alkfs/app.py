@@ -10,7 +10,7 @@ from .git.closure import RefClosure
 from .git.refs import Refs
 from .keys import Key
 from .pins import Pins
-from .store import DEFAULT_THRESHOLD, LOCK_NAME, Store
+from .store import DEFAULT_THRESHOLD, Store
 
 
 class Alkfs:
@@ -34,7 +34,7 @@ class Alkfs:
         lock: bool = True,
     ) -> Alkfs:
         if mode != "mem":
-            privacy.prepare(path, LOCK_NAME)  # the store is its owner's alone
+            privacy.prepare(path)  # the store is its owner's alone
         store = Store.open(path, mode=mode, threshold=threshold, window_s=window_s, lock=lock)
         try:
             return cls(store)

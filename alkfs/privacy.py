@@ -20,7 +20,6 @@ the daemon and the command line use).
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import logging
 import os
@@ -36,18 +35,15 @@ LOOSE = 0o077  # any bit of group or others
 log = logging.getLogger("alkfs.store")
 
 
-def prepare(path: str | os.PathLike[str], lock_name: str) -> None:
+def prepare(path: str | os.PathLike[str]) -> None:
     """Before a store directory is opened: create it 0700 when missing, refuse it when
-    another user could change it, create its lock file 0600 (the store takes it next),
-    and tighten whatever is loose, saying so in one log line."""
+    another user could change it, and tighten whatever is loose, saying so in one log
+    line."""
     root = Path(path)
     if not root.exists():
         root.parent.mkdir(parents=True, exist_ok=True)  # (not the store's: as mkdir -p)
         root.mkdir(mode=DIR_MODE, exist_ok=True)
     check_owner(root)
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
-    with contextlib.suppress(FileExistsError):
-        os.close(os.open(root / lock_name, flags, FILE_MODE))
     tightened = tighten(root)
     if tightened:
         log.warning(
