@@ -96,6 +96,22 @@ class PackIndex:
         start = 8 + 1024
         self._names = data[start : start + self.count * self.hlen]
         self.pack_checksum = data[-2 * self.hlen : -self.hlen]
+        self._data = data
+
+    def offsets(self) -> list[int]:
+        """Each object's offset in its pack, in the idx's (id) order."""
+        n, data = self.count, self._data
+        at = 8 + 1024 + n * self.hlen + 4 * n
+        small = [int.from_bytes(data[at + 4 * i : at + 4 * i + 4], "big") for i in range(n)]
+        big_at = at + 4 * n
+        return [
+            o
+            if not o & 0x80000000
+            else int.from_bytes(
+                data[big_at + 8 * (o & 0x7FFFFFFF) : big_at + 8 * (o & 0x7FFFFFFF) + 8], "big"
+            )
+            for o in small
+        ]
 
     def _name(self, i: int) -> bytes:
         h = self.hlen
@@ -174,6 +190,14 @@ class Generation:
         out: set[bytes] = set()
         for idx in self.indexes:
             out.update(idx.digests())
+        return out
+
+    def pack_order(self) -> list[bytes]:
+        """Every object, pack by pack, in the order the packs hold them (git's write order)."""
+        out: list[bytes] = []
+        for idx in self.indexes:
+            pairs = sorted(zip(idx.offsets(), idx.digests(), strict=True))
+            out.extend(d for _o, d in pairs)
         return out
 
 
@@ -313,6 +337,123 @@ def ordered_objects(
             stack.pop()
     graph = sorted(c for c in commits if ok.get(c))
     return out, graph
+
+
+def _parse_commits(
+    objects: dict[bytes, bytes], hexlen: int
+) -> dict[bytes, tuple[bytes | None, list[bytes], int]]:
+    commits: dict[bytes, tuple[bytes | None, list[bytes], int]] = {}
+    for digest, data in objects.items():
+        if data.startswith(b"commit "):
+            nul = data.find(b"\0")
+            tree, parents, when = _commit_info(data[nul + 1 :], hexlen)
+            try:
+                commits[digest] = (
+                    bytes.fromhex(tree.decode()) if tree else None,
+                    [bytes.fromhex(p.decode()) for p in parents],
+                    when,
+                )
+            except ValueError:
+                commits[digest] = (None, [], when)
+    return commits
+
+
+def _walk(
+    tree: bytes,
+    trees: dict[bytes, bytes],
+    blobs: set[bytes],
+    seen: set[bytes],
+    out: list[tuple[bytes, bytes]],
+    entry: re.Pattern[bytes],
+) -> None:
+    """Append `tree` and what it reaches among `trees` and `blobs` (depth first, with paths,
+    as rev-list does), skipping what is `seen`."""
+    stack = [(tree, b"")]
+    while stack:
+        oid, path = stack.pop()
+        if oid in seen:
+            continue
+        seen.add(oid)
+        out.append((oid, path))
+        data = trees.get(oid)
+        if data is None or not data.startswith(b"tree "):
+            continue
+        nul = data.find(b"\0")
+        subtrees = []
+        for mode, name, child in entry.findall(data, nul + 1):
+            if mode == b"160000" or child in seen:
+                continue
+            full = path + b"/" + name if path else name
+            if mode.lstrip(b"0") == b"40000":
+                if child in trees:
+                    subtrees.append((child, full))
+            elif child in blobs:
+                seen.add(child)
+                out.append((child, full))
+        stack.extend(reversed(subtrees))
+
+
+def ordered_incremental(
+    kinds: dict[bytes, bytes],
+    fetched: dict[bytes, bytes],
+    previous: list[bytes],
+    fmt: str,
+) -> tuple[list[tuple[bytes, bytes]], list[bytes]]:
+    """The pack-objects input when most objects are in the previous set: `kinds` maps every
+    object of the new set to the first two bytes of its type; `fetched` holds the verified
+    bytes of every commit and of every new tree and tag; `previous` is the previous set's
+    write order. Tags, then commits newest first, then the new trees and blobs with their
+    paths (walking the new trees from the new commits), then the previous set's other
+    objects in its order, then what is left. Also the commits the graph may hold."""
+    n = 20 if fmt == "sha1" else 32
+    entry = _TREE_ENTRY[n]
+    commits = _parse_commits(fetched, 2 * n)
+    prev = set(previous)
+    out: list[tuple[bytes, bytes]] = [
+        (d, b"") for d in sorted(d for d, k in kinds.items() if k == b"ta")
+    ]
+    seen = {d for d, _p in out}
+    order = sorted(commits, key=lambda d: (-commits[d][2], d))
+    for c in order:
+        out.append((c, b""))
+        seen.add(c)
+    new_trees = {d: fetched[d] for d in kinds if d not in prev and d in fetched}
+    new_blobs = {d for d, k in kinds.items() if k == b"bl" and d not in prev}
+    for c in order:
+        tree = commits[c][0]
+        if c not in prev and tree is not None and tree in new_trees:
+            _walk(tree, new_trees, new_blobs, seen, out, entry)
+    for d in previous:
+        if d in kinds and d not in seen:
+            seen.add(d)
+            out.append((d, b""))
+    for d in sorted(kinds.keys() - seen):
+        out.append((d, b""))
+    return out, _graphable(commits)
+
+
+def _graphable(commits: dict[bytes, tuple[bytes | None, list[bytes], int]]) -> list[bytes]:
+    """The commits whose ancestors are all here (else `commit-graph write` refuses)."""
+    ok: dict[bytes, bool] = {}
+    for c in commits:
+        stack = [c]
+        while stack:
+            x = stack[-1]
+            if x in ok:
+                stack.pop()
+                continue
+            info = commits.get(x)
+            if info is None:
+                ok[x] = False
+                stack.pop()
+                continue
+            pending = [p for p in info[1] if p not in ok]
+            if pending:
+                stack.extend(pending)
+                continue
+            ok[x] = all(ok[p] for p in info[1])
+            stack.pop()
+    return sorted(c for c in commits if ok.get(c))
 
 
 # -- the builder ----------------------------------------------------------------------------
@@ -484,6 +625,25 @@ class Derived:
             conn.execute("COMMIT")
         return objects, blobs, top
 
+    def _scan_kinds(self) -> tuple[dict[bytes, bytes], int]:
+        """digest -> the first two bytes of the type ("co", "tr", "bl", "ta") of every kv
+        object of the format, and the highest row id, read in one transaction."""
+        lo, hi = self._range()
+        conn = self._kv().db.conn()
+        kinds: dict[bytes, bytes] = {}
+        conn.execute("BEGIN")
+        try:
+            top = conn.execute("SELECT coalesce(max(rowid), 0) FROM blobs").fetchone()[0]
+            cur = conn.execute(
+                "SELECT key, substr(value, 1, 2) FROM blobs WHERE key >= ? AND key < ?", (lo, hi)
+            )
+            while rows := cur.fetchmany(SCAN_ROWS):
+                for key, kind in rows:
+                    kinds[bytes(key[1:])] = bytes(kind)
+        finally:
+            conn.execute("COMMIT")
+        return kinds, top
+
     def _read_many(self, digests: list[bytes]) -> Iterator[tuple[bytes, bytes]]:
         """(digest, verified canonical bytes) for these kv objects (corrupt/absent skipped)."""
         conn = self._kv().db.conn()
@@ -603,15 +763,40 @@ class Derived:
         prefix = self.algo.value
         return {bytes(k[1:]) for k in self.store.window.staged_keys() if k[0] == prefix}
 
-    def _build(self, exclude: set[bytes]) -> BuildResult:
-        prev = self._current
+    def _plan(
+        self, prev: Generation | None, skip: set[bytes]
+    ) -> tuple[list[tuple[bytes, bytes]], list[bytes], int, list[bytes] | None]:
+        """(pack-objects input, graph commits, top row id, new objects or None for a full
+        build). Mostly old objects: only the commits and the new objects are read."""
+        if prev is not None and prev.indexes:
+            kinds, top = self._scan_kinds()
+            for d in skip:
+                kinds.pop(d, None)
+            previous = prev.pack_order()
+            known = set(previous)
+            fresh = [d for d in kinds if d not in known]
+            if len(fresh) <= max(LOOSE_NEW_MAX, len(kinds) // 4):
+                wanted = [
+                    d for d, k in kinds.items() if k == b"co" or (d not in known and k != b"bl")
+                ]
+                fetched = dict(self._read_many(wanted))
+                for d in wanted:  # corrupt (logged) or gone since the scan: left out
+                    if d not in fetched:
+                        kinds.pop(d, None)
+                fresh = [d for d in fresh if d in kinds]
+                order, graph = ordered_incremental(kinds, fetched, previous, self.fmt)
+                return order, graph, top, fresh
         objects, blobs, top = self._scan()
-        skip = exclude | self._staged()
         if skip:
             for d in skip:
                 objects.pop(d, None)
             blobs = [b for b in blobs if b not in skip]
-        order, graph_commits = ordered_objects(objects, blobs, self.fmt)
+        order, graph = ordered_objects(objects, blobs, self.fmt)
+        return order, graph, top, None
+
+    def _build(self, exclude: set[bytes]) -> BuildResult:
+        prev = self._current
+        order, graph_commits, top, fresh = self._plan(prev, exclude | self._staged())
         number = max([*self.generations_on_disk(), self._read_current(), 0]) + 1
         self.root.mkdir(parents=True, exist_ok=True)
         tmp = self.root / f"tmp-{number}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
@@ -625,10 +810,8 @@ class Derived:
             mode = "empty"
             new = 0
             if order:
-                reuse = prev is not None and prev.indexes
-                fresh = [d for d, _p in order if not (reuse and d in prev)]
-                new = len(fresh)
-                if reuse and new <= max(LOOSE_NEW_MAX, len(order) // 4):
+                new = len(order) if fresh is None else len(fresh)
+                if fresh is not None and prev is not None:
                     mode = "incremental"
                     (odb / "info" / "alternates").write_text(f"{prev.root}\n")
                     self._write_loose(odb, self._read_many(fresh))
