@@ -108,12 +108,18 @@ class Served:
         digests = set(base[1].get(prefix, ())) | set(new[2].get(prefix, ()))
         store = self.ctx.store
         algo = d.algo
-        if store.large is not None:
-            lo = bytes([algo.value, prefix])
-            hi = bytes([algo.value, prefix + 1]) if prefix < 255 else bytes([algo.value + 1])
-            for e in store.large.scan(lo, hi, 1 << 20):
-                if e.key[1:] not in gen:
-                    digests.add(e.key[1:])
+        if store.large is not None:  # large/<algo>/<xx>/<hex> (alkfs/tiers/local.py)
+            try:
+                names = os.listdir(store.large.root / algo.label / f"{prefix:02x}")
+            except FileNotFoundError:
+                names = []
+            for name in names:
+                try:
+                    digest = bytes.fromhex(name)
+                except ValueError:
+                    continue
+                if len(digest) == algo.digest_len and digest[0] == prefix and digest not in gen:
+                    digests.add(digest)
         out = []
         tag = bytes([algo.value])
         for digest in sorted(digests):

@@ -129,6 +129,13 @@ def test_the_served_set_passes_gits_verifiers_and_fanouts_list_only_unpacked(
     start_mount, tmp_path, fmt
 ):
     store, src = imported_store(tmp_path, fmt)
+    from alkfs.git.objects import canonical
+    from alkfs.keys import Algorithm
+
+    algo = Algorithm.GIT_SHA1 if fmt == "sha1" else Algorithm.GIT_SHA256
+    with Alkfs.open(store, window_s=0) as app:  # a large-tier object: never packed
+        large = app.store.add(canonical("blob", b"L" * 300_000), algo=algo)
+        assert app.store.stat(large).tier == "large"
     gen = (store / "derived" / fmt / "CURRENT").read_text().strip()
     backing = store / "derived" / fmt / f"gen-{gen}"
     m = start_mount(store, "--window", "0")
@@ -157,7 +164,7 @@ def test_the_served_set_passes_gits_verifiers_and_fanouts_list_only_unpacked(
         ).split()
     )
     assert idx_ids(mnt, fmt) == everything
-    assert fanout_listed(mnt, fmt) == set()  # all packed: nothing listed loose
+    assert fanout_listed(mnt, fmt) == {large.hex}  # all else packed: listed loose
     for oid in sorted(everything)[:20]:  # yet each resolves by name, in both views
         for top in (mnt / "git" / fmt, mnt / "repos" / "r" / "objects"):
             assert (top / oid[:2] / oid[2:]).stat().st_size > 0
