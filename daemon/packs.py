@@ -12,7 +12,9 @@ fails is withdrawn: its objects are served loose until the rebuild), builds a fi
 when there is none,
 then every `ALKFS_PACK_POLL` seconds (default 5) counts the objects stored since the
 published set was built and builds a new set when `ALKFS_PACK_OBJECTS` (20,000) have
-arrived, or any have and `ALKFS_PACK_EVERY` (60 s) passed since the last build. A build
+arrived, or any have and `ALKFS_PACK_EVERY` (60 s) passed since the last build, and
+right after a sweep staged objects the published set holds (the new set leaves them out,
+so the sweep that deletes them finds nothing to rebuild). A build
 is one thread running git (`nice -n 10`); reads and writes go on meanwhile.
 `ALKFS_PACKS=off` serves and builds no derived packs at all (the loose views only).
 """
@@ -261,10 +263,18 @@ async def run(ctx: Context) -> None:
     every = _env_float("ALKFS_PACK_EVERY", 60.0)
     batch = _env_float("ALKFS_PACK_OBJECTS", 20_000)
     poll = _env_float("ALKFS_PACK_POLL", min(every, 5.0))
+    window_rows = 0
     while True:
+        rows = await ctx.run_sync(ctx.store.window.rows)
+        staging, window_rows = rows > window_rows, rows  # a sweep staged candidates
         for fmt, d in s.derived.items():
             try:
                 gen = d.current()
+                if staging and await ctx.run_sync(d.staged_in_current):
+                    # a set without them, published before their window ends, so that
+                    # the sweep that deletes them need not rebuild
+                    await s.build(fmt)
+                    continue
                 new = await ctx.run_sync(d.new_since, gen)
                 if not new:
                     continue

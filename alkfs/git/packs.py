@@ -759,6 +759,14 @@ class Derived:
             log.info("derived %s: published %s", self.fmt, json.dumps(result.to_dict()))
             return result
 
+    def staged_in_current(self) -> int:
+        """How many objects staged for deletion the published set holds (a build would
+        leave them out: publish it before their window ends)."""
+        gen = self._current
+        if gen is None or not gen.indexes:
+            return 0
+        return sum(1 for d in self._staged() if d in gen)
+
     def _staged(self) -> set[bytes]:
         prefix = self.algo.value
         return {bytes(k[1:]) for k in self.store.window.staged_keys() if k[0] == prefix}

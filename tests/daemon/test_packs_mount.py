@@ -364,3 +364,17 @@ def test_a_set_corrupted_on_disk_is_withdrawn_at_start_and_rebuilt(start_mount, 
     user = alternates_user(tmp_path, mnt, "sha1", src)
     git(f"--git-dir={user}", "fsck", "--full", "--strict", "--no-dangling")
     assert "the published set is corrupt, withdrawn" in m.log()
+
+
+def test_a_set_without_staged_objects_is_published_before_their_window_ends(start_mount, tmp_path):
+    store, _src = imported_store(tmp_path)
+    m = start_mount(store, "--window", "1h", env=FAST_INTAKE)
+    mnt = m.mnt
+    oid = put_loose(mnt, "sha1", b"staged for an hour\n")
+    wait_for("the intake pack", lambda: oid in idx_ids(mnt, "sha1"))
+    (mnt / ".alkfs" / "control").write_text("sweep\n")
+    assert last_sweep(mnt)["candidates_staged"] == 1
+    wait_for("a set without the staged object", lambda: oid not in idx_ids(mnt, "sha1"))
+    assert (mnt / "git" / "sha1" / oid[:2] / oid[2:]).exists()  # still stored, served loose
+    assert oid in fanout_listed(mnt, "sha1")
+    assert git(f"--git-dir={mnt}/repos/r", "cat-file", "-p", oid) == "staged for an hour\n"
