@@ -478,7 +478,6 @@ class LargeHandle(Handle):
         self.verified = verified
         self.good = bytearray(0 if verified or record is None else record.count)
         self.left = len(self.good)  # chunks not yet verified by this handle
-        self.last: tuple[int, bytes] | None = None  # the chunk verified last (reads inside it)
         self.verifier = None  # (no background verifier: each READ checks what it covers)
         self.nowait = True
 
@@ -522,7 +521,6 @@ class LargeHandle(Handle):
                 if not good[i]:  # (two READs may have checked one chunk at once)
                     good[i] = 1
                     self.left -= 1
-            self.last = (need[-1], fresh[need[-1]])
             if self.left == 0:
                 self._all_verified()
         out: list[bytes] = []
@@ -530,12 +528,12 @@ class LargeHandle(Handle):
             start, end = rec.span(i)
             lo, hi = max(off, start), min(off + n, end)
             chunk = fresh.get(i)
-            if chunk is None and self.last is not None and self.last[0] == i:
-                chunk = self.last[1]
             if chunk is not None:
                 out.append(chunk[lo - start : hi - start])
                 continue
-            piece = await self._pread(lo, hi - lo)  # verified by this handle before
+            # verified by this handle before (no chunk is kept: a handle may stay open
+            # long, and many may be open at once); page-cached, so read again inline
+            piece = await self._pread(lo, hi - lo)
             if len(piece) != hi - lo:
                 self._corrupt(f"{self.obj.key}: the file is shorter than its size")
             out.append(bytes(piece))
@@ -550,7 +548,6 @@ class LargeHandle(Handle):
         """Every chunk passed: the store remembers this very file (if it did not change
         since the open) as verified, so later opens of it hash nothing."""
         self.verified = True
-        self.last = None
         try:
             now = os.fstat(self.fd)
         except OSError:
