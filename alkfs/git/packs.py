@@ -68,6 +68,7 @@ CURRENT = "CURRENT"
 FORMATS = {"sha1": Algorithm.GIT_SHA1, "sha256": Algorithm.GIT_SHA256}
 TYPE_CODES = {b"commit": 1, b"tree": 2, b"blob": 3, b"tag": 4}
 LOOSE_NEW_MAX = 20_000  # new objects written loose for an incremental build (else a raw pack)
+MAX_PACKS = 12  # packs in a set before an intake consolidates them into one
 SCAN_ROWS = 4096
 KEEP_TEXT = b"alkfs: derived pack, owned by the store's daemon\n"
 _GEN = re.compile(r"gen-(\d+)")
@@ -432,9 +433,13 @@ def ordered_incremental(
     return out, _graphable(commits)
 
 
-def _graphable(commits: dict[bytes, tuple[bytes | None, list[bytes], int]]) -> list[bytes]:
-    """The commits whose ancestors are all here (else `commit-graph write` refuses)."""
-    ok: dict[bytes, bool] = {}
+def _graphable(
+    commits: dict[bytes, tuple[bytes | None, list[bytes], int]],
+    known: dict[bytes, bool] | None = None,
+) -> list[bytes]:
+    """The commits whose ancestors are all here (else `commit-graph write` refuses);
+    `known`: commits already decided (True: in the set with all its ancestors)."""
+    ok: dict[bytes, bool] = dict(known or {})
     for c in commits:
         stack = [c]
         while stack:
@@ -802,8 +807,52 @@ class Derived:
         order, graph = ordered_objects(objects, blobs, self.fmt)
         return order, graph, top, None
 
+    def _intake_plan(self, prev: Generation) -> tuple[dict[bytes, bytes], int] | None:
+        """The objects an intake pack beside the previous set's packs would hold (verified
+        bytes) and the top row id; None when the set must be consolidated instead: it
+        holds objects now staged for deletion, it has MAX_PACKS packs, or the intake packs
+        would hold more than half as many objects as the largest (geometric, factor 2)."""
+        if not prev.indexes or len(prev.indexes) >= MAX_PACKS:
+            return None
+        staged = self._staged()
+        if any(d in prev for d in staged):
+            return None
+        lo, hi = self._range()
+        conn = self._kv().db.conn()
+        digest = _hash(self.fmt)
+        after = int(prev.meta.get("max_rowid", 0))
+        new: dict[bytes, bytes] = {}
+        conn.execute("BEGIN")
+        try:
+            top = conn.execute("SELECT coalesce(max(rowid), 0) FROM blobs").fetchone()[0]
+            cur = conn.execute(
+                "SELECT key, value FROM blobs WHERE rowid > ? AND key >= ? AND key < ?",
+                (after, lo, hi),
+            )
+            while rows := cur.fetchmany(SCAN_ROWS):
+                for key, value in rows:
+                    d = bytes(key[1:])
+                    if d in staged or d in prev:
+                        continue
+                    if digest(value).digest() != d:
+                        log.error("derived %s: corrupt object %s left out", self.fmt, d.hex())
+                        continue
+                    new[d] = bytes(value)
+                if len(new) > LOOSE_NEW_MAX:
+                    return None
+        finally:
+            conn.execute("COMMIT")
+        counts = sorted(idx.count for idx in prev.indexes)
+        if 2 * (sum(counts[:-1]) + len(new)) > counts[-1]:
+            return None
+        return new, top
+
     def _build(self, exclude: set[bytes]) -> BuildResult:
         prev = self._current
+        if not exclude and prev is not None:
+            plan = self._intake_plan(prev)
+            if plan is not None:
+                return self._build_intake(prev, *plan)
         order, graph_commits, top, fresh = self._plan(prev, exclude | self._staged())
         number = max([*self.generations_on_disk(), self._read_current(), 0]) + 1
         self.root.mkdir(parents=True, exist_ok=True)
@@ -893,10 +942,125 @@ class Derived:
             0.0,
         )
 
-    def _check(self, out: Path) -> None:
-        """Every file's trailer checksum, and each idx's copy of its pack's checksum."""
+    def _build_intake(self, prev: Generation, new: dict[bytes, bytes], top: int) -> BuildResult:
+        """A set of the previous set's files (hard links: the same immutable files) plus
+        one intake pack of `new`, a new multi-pack-index and one more commit-graph layer."""
+        n = 20 if self.fmt == "sha1" else 32
+        number = max([*self.generations_on_disk(), self._read_current(), 0]) + 1
+        tmp = self.root / f"tmp-{number}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        linked: set[Path] = set()
+        try:
+            repo = tmp / "repo"
+            out = tmp / "gen"
+            (out / "pack").mkdir(parents=True)
+            (out / "info").mkdir()
+            for rel in prev.files:
+                src, dst = prev.root / rel, out / rel
+                dst.parent.mkdir(parents=True, exist_ok=True)
+                if rel == "pack/multi-pack-index":
+                    continue  # written anew below
+                if rel.endswith("-chain"):
+                    shutil.copyfile(src, dst)  # git replaces it: never share it
+                else:
+                    os.link(src, dst)
+                    linked.add(dst)
+            if new:
+                self._git(repo, "init", "-q", "--bare", f"--object-format={self.fmt}", str(repo))
+                self._write_loose(repo / "objects", new.items())
+                commits = _parse_commits(new, 2 * n)
+                seen: set[bytes] = set()
+                order: list[tuple[bytes, bytes]] = []
+                for d in sorted(d for d, v in new.items() if v.startswith(b"tag ")):
+                    seen.add(d)
+                    order.append((d, b""))
+                dated = sorted(commits, key=lambda d: (-commits[d][2], d))
+                for c in dated:
+                    seen.add(c)
+                    order.append((c, b""))
+                trees = {d: v for d, v in new.items() if v.startswith(b"tree ")}
+                blobs = {d for d, v in new.items() if v.startswith(b"blob ")}
+                for c in dated:
+                    tree = commits[c][0]
+                    if tree is not None and tree in trees:
+                        _walk(tree, trees, blobs, seen, order, _TREE_ENTRY[n])
+                order += [(d, b"") for d in sorted(new.keys() - seen)]
+                self._git(
+                    repo,
+                    "pack-objects",
+                    "-q",
+                    "--delta-base-offset",
+                    str(out / "pack" / "pack"),
+                    input=b"".join(
+                        d.hex().encode() + (b" " + p if p else b"") + b"\n" for d, p in order
+                    ),
+                )
+                for p in (out / "pack").glob("*.idx"):
+                    if p not in linked:
+                        p.with_suffix(".keep").write_bytes(KEEP_TEXT)
+                # parents in the previous set are in its graph (or git adds them: it
+                # reads them from the packs)
+                old_parents = {p: True for c in commits for p in commits[c][1] if p in prev}
+                graph = _graphable(commits, old_parents)
+                self._git(repo, "multi-pack-index", "write", objdir=out)
+                if graph:
+                    try:
+                        self._git(
+                            repo,
+                            "commit-graph",
+                            "write",
+                            "--split",
+                            "--stdin-commits",
+                            "--no-progress",
+                            objdir=out,
+                            input=b"".join(c.hex().encode() + b"\n" for c in graph),
+                        )
+                    except StoreIO as exc:
+                        log.error(
+                            "derived %s: the commit-graph keeps its layers: %s", self.fmt, exc
+                        )
+                for stale in (out / "info" / "commit-graphs").glob("*.lock"):
+                    stale.unlink()
+            else:
+                self._git(repo, "init", "-q", "--bare", f"--object-format={self.fmt}", str(repo))
+                self._git(repo, "multi-pack-index", "write", objdir=out)
+            self._check(out, skip=linked)
+            meta = {
+                "generation": number,
+                "max_rowid": top,
+                "objects": prev.objects + len(new),
+                "mode": "intake",
+                "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            }
+            (out / "alkfs.json").write_text(json.dumps(meta) + "\n")
+            _fsync_tree(out)
+            final = self.root / f"gen-{number}"
+            os.rename(out, final)
+            _fsync_dir(self.root)
+            gen = Generation.load(self.fmt, number, final)
+            if gen.objects != prev.objects + len(new):
+                raise StoreIO(
+                    f"derived {self.fmt}: the packs hold {gen.objects} objects, "
+                    f"not {prev.objects + len(new)}"
+                )
+            self._publish(gen)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        return BuildResult(
+            self.fmt,
+            number,
+            gen.objects,
+            len(gen.indexes),
+            sum(gen.files.values()),
+            len(new),
+            "intake",
+            0.0,
+        )
+
+    def _check(self, out: Path, skip: set[Path] = frozenset()) -> None:  # type: ignore[assignment]
+        """Every file's trailer checksum, and each idx's copy of its pack's checksum
+        (`skip`: files of the previous set, verified when it was built)."""
         for p in sorted(out.rglob("*")):
-            if p.is_dir() or p.suffix == ".keep" or p.name.endswith("-chain"):
+            if p.is_dir() or p.suffix == ".keep" or p.name.endswith("-chain") or p in skip:
                 continue
             if p.name == "alkfs.json" and p.parent == out:
                 continue

@@ -203,15 +203,17 @@ class ObjectDir(scratch.ScratchOverlay, StaticDir):
 
     def _published(self, fmt: str, old: Any, new: Any) -> None:
         """A new derived set of `fmt` (any thread): drop the kernel's entries of every
-        name of the old set (a name the new one has again gets its new inode at the next
-        lookup)."""
+        name of the old set the new one lacks, and of the reused names (they get their
+        new inode at the next lookup); a shared pack keeps its entry and inode."""
         if fmt != self.name.decode() or old is None:
             return
         dirs: set[str] = set()
+        kept = set() if new is None else set(new.files)
         for rel in old.files:
             parent, _, name = rel.rpartition("/")
             dirs.add(parent)
-            self._drop(parent, name.encode())
+            if rel not in kept or name.encode() in REUSED_NAMES:
+                self._drop(parent, name.encode())
         for rel in dirs:  # subdirectories (info/commit-graphs) too
             parent, _, name = rel.rpartition("/")
             if parent:
@@ -301,7 +303,15 @@ class DerivedFile(Node):
     __slots__ = ("fmt", "number", "rel", "backing", "_size", "_mtime")
 
     def __init__(self, ctx: Context, parent: Node, gen: Any, rel: str, name: bytes) -> None:
-        super().__init__(ctx, ("derived", gen.fmt, gen.number, rel), parent, name)
+        # A pack, idx or graph name is its content's checksum (and a .keep never changes):
+        # one inode across the generations that share the file, so the kernel's cached
+        # pages survive an intake. A reused name gets an inode per generation.
+        ident = (
+            ("derived", gen.fmt, rel)
+            if name not in REUSED_NAMES
+            else ("derived", gen.fmt, rel, gen.number)
+        )
+        super().__init__(ctx, ident, parent, name)
         self.fmt = gen.fmt
         self.number = gen.number
         self.rel = rel
@@ -327,14 +337,20 @@ class DerivedFile(Node):
         if wants_write(flags):
             fail(errno.EPERM, f"{self.path} is a derived file: it never changes")
         served = derived_packs.served(self.ctx)
-        if not served.acquire(self.fmt, self.number):
+        number, backing = self.number, self.backing
+        gen = served.current(self.fmt)
+        if gen is not None and self.name not in REUSED_NAMES and self.rel in gen.files:
+            # the same file in the published set (a name is its content's checksum):
+            # open it there, so a retired generation can go
+            number, backing = gen.number, str(gen.root / self.rel)
+        if not served.acquire(self.fmt, number):
             fail(errno.ENOENT, f"{self.path}: its generation was retired")
         try:
-            fd = os.open(self.backing, os.O_RDONLY | os.O_CLOEXEC)
+            fd = os.open(backing, os.O_RDONLY | os.O_CLOEXEC)
         except OSError as exc:
-            await served.release(self.fmt, self.number)
+            await served.release(self.fmt, number)
             fail(errno.ENOENT if exc.errno == errno.ENOENT else errno.EIO, str(exc))
-        return DerivedHandle(self, fd)
+        return DerivedHandle(self, fd, number)
 
 
 class DerivedHandle(Handle):
@@ -342,9 +358,10 @@ class DerivedHandle(Handle):
 
     keep_cache = True
 
-    def __init__(self, node: DerivedFile, fd: int) -> None:
+    def __init__(self, node: DerivedFile, fd: int, number: int) -> None:
         super().__init__(node)
         self.fd = fd
+        self.number = number  # the generation held
 
     async def read(self, off: int, size: int) -> bytes:
         if size <= INLINE_READ:
@@ -359,7 +376,7 @@ class DerivedHandle(Handle):
         fd, self.fd = self.fd, -1
         if fd >= 0:
             os.close(fd)
-            await derived_packs.served(node.ctx).release(node.fmt, node.number)
+            await derived_packs.served(node.ctx).release(node.fmt, self.number)
 
 
 class FanoutDir(scratch.ScratchOverlay, Dir):

@@ -121,28 +121,62 @@ def test_deltas_are_found_between_versions_of_one_file(app, make_repo, tmp_path)
     assert len(deltas) >= 5
 
 
-def test_new_objects_land_in_a_new_generation_that_reuses_the_old_one(app, make_repo, tmp_path):
+def test_new_objects_land_in_an_intake_pack_beside_the_previous_ones(app, make_repo, tmp_path):
     repo = history(make_repo, "sha1")
     import_repo(app, repo.gitdir, "r", progress=False)
     d = packs.derived_for(app.store, "sha1")
     first = d.current()
+    [base] = [r for r in first.files if r.endswith(".pack")]
+    base_bytes = (first.root / base).read_bytes()
     repo.write("README", "a new readme\n" * 50)
     repo.write("new/file.txt", "new\n")
     repo.commit("more")
     import_repo(app, repo.gitdir, "r", progress=False)
     second = d.current()
-    assert second.number == 2
-    assert second.meta["mode"] == "incremental"
-    assert (
-        d.last_build is not None and d.last_build.new_objects == 5
-    )  # commit, 3 trees, 2 blobs - 1
+    assert second.number == 2 and second.meta["mode"] == "intake"
+    assert d.last_build is not None and d.last_build.new_objects == 5  # commit, 2 trees, 2 blobs
+    assert len(second.indexes) == 2
+    # the previous pack is the same file (a hard link), the intake pack holds only the new
+    assert (second.root / base).read_bytes() == base_bytes
+    assert sorted(i.count for i in second.indexes)[0] == 5
     assert pack_ids(second) == store_ids(app, Algorithm.GIT_SHA1)
     assert not first.root.exists()  # retired and pruned: nothing held it
     assert d.generations_on_disk() == [2]
+    chain = (second.root / "info/commit-graphs/commit-graph-chain").read_text().split()
+    assert len(chain) == 2  # one more layer
     user = user_of(tmp_path, "sha1", second.root)
     git(user, "update-ref", "refs/heads/main", repo.rev("main"))
     git(user, "fsck", "--full", "--strict", "--no-dangling")
     git(user, "commit-graph", "verify", f"--object-dir={second.root}")
+    git(user, "multi-pack-index", f"--object-dir={second.root}", "verify")
+    for idx in second.indexes:
+        assert git(user, "verify-pack", "-v", str(idx.path)).rstrip().endswith(": ok")
+
+
+def test_intake_packs_are_consolidated_geometrically(app, make_repo, tmp_path):
+    repo = history(make_repo, "sha1", commits=3)
+    import_repo(app, repo.gitdir, "r", progress=False)
+    d = packs.derived_for(app.store, "sha1")
+    base = d.current().objects
+    modes = []
+    for i in range(12):
+        repo.write(f"more/f{i}.txt", f"file {i}\n" * (i + 1))
+        repo.commit(f"more {i}")
+        import_repo(app, repo.gitdir, "r", progress=False)
+        modes.append((d.last_build.mode, d.last_build.packs))
+    # intake packs until they would hold more than half as many objects as the base
+    # pack (4 new objects each: commit, 2 trees, blob), then one consolidated pack
+    assert modes[0] == ("intake", 2)
+    first_full = next(i for i, (mode, _n) in enumerate(modes) if mode != "intake")
+    assert modes[first_full] == ("incremental", 1)
+    assert 2 * 4 * (first_full + 1) > base
+    gen = d.current()
+    assert pack_ids(gen) == store_ids(app, Algorithm.GIT_SHA1)
+    user = user_of(tmp_path, "sha1", gen.root)
+    git(user, "update-ref", "refs/heads/main", repo.rev("main"))
+    git(user, "fsck", "--full", "--strict", "--no-dangling")
+    git(user, "commit-graph", "verify", f"--object-dir={gen.root}")
+    git(user, "multi-pack-index", f"--object-dir={gen.root}", "verify")
 
 
 def test_a_sweep_publishes_a_set_without_every_object_it_deletes(app, make_repo, tmp_path):
