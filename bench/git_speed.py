@@ -110,6 +110,53 @@ def packs_of(objdir: Path) -> tuple[int, int]:
     return len(names), sum((pack / n).stat().st_size for n in names)
 
 
+def listed_ids(mnt: Path) -> set[str]:
+    out: set[str] = set()
+    pack = mnt / "git" / "sha1" / "pack"
+    for name in os.listdir(pack):
+        if name.endswith(".idx"):
+            try:
+                with open(pack / name, "rb") as f:
+                    text = subprocess.run(
+                        ["git", "show-index"], stdin=f, capture_output=True, check=True
+                    ).stdout.decode()
+            except FileNotFoundError:
+                continue
+            out.update(line.split()[1] for line in text.splitlines())
+    return out
+
+
+def time_to_packed(src: Path, repo: Path, mnt: Path) -> float:
+    """Push 200 new commits into MNT/repos/ID; seconds from the push's end until every
+    object of it is in a listed pack (the daemon runs with ALKFS_PACK_EVERY=1)."""
+    work = src.parent / "push.git"
+    git("clone", "-q", "--bare", str(src), str(work))
+    out = []
+    for i in range(200):
+        out.append(b"commit refs/heads/pushed\n")
+        out.append(b"committer C O Mitter <c@example.com> 1700000000 +0000\n")
+        msg = b"pushed %d\n" % i
+        out.append(b"data %d\n%s" % (len(msg), msg))
+        if i == 0:
+            out.append(b"from refs/heads/main\n")
+        data = b"pushed file %d\n" % i * 20
+        out.append(b"M 100644 inline pushed/f%d.txt\ndata %d\n%s\n" % (i % 10, len(data), data))
+    git("-C", str(work), "fast-import", "--quiet", input=b"".join(out))
+    new = set(
+        git(f"--git-dir={work}", "rev-list", "--objects", "pushed", "^main").decode().split()[::1]
+    )
+    new = {x for x in new if len(x) == 40}
+    git(f"--git-dir={work}", "push", "-q", str(repo), "pushed")
+    t0 = time.perf_counter()
+    while not new <= listed_ids(mnt):
+        time.sleep(0.05)
+        if time.perf_counter() - t0 > 300:
+            return float("inf")
+    took = time.perf_counter() - t0
+    print(f"a push of {len(new)} objects was packed {took:.2f} s after it returned")
+    return took
+
+
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--commits", type=int, default=4000)
@@ -148,6 +195,7 @@ def main() -> int:
                 f"({build.objects} objects, mode {build.mode})"
             )
         mnt = tmp / "mnt"
+        os.environ["ALKFS_PACK_EVERY"] = "1"  # the intake pack of the push below
         mount = Mount(
             "alkfsd",
             [str(BIN / "python"), "-m", "alkfsd.main", str(store), str(mnt), "--window", "1h"],
@@ -189,6 +237,7 @@ def main() -> int:
             rr = statistics.median(r / n for r, n in zip(t["R"], t["N"], strict=True))
             results[name] = {"native_ms": med["N"] * 1e3, "A": ra, "R": rr, "runs": runs}
             print(f"{name:45} {med['N'] * 1e3:10.1f} {ra:6.2f} {rr:6.2f}")
+        results["time_to_packed_s"] = time_to_packed(src, repo, mnt)
         out = ROOT / "bench" / "out" / ("git-speed-quick.json" if args.quick else "git-speed.json")
         out.parent.mkdir(exist_ok=True)
         out.write_text(json.dumps(results, indent=1) + "\n")
