@@ -22,6 +22,14 @@ deltifies. Then `.keep`, `git multi-pack-index write` and `git commit-graph writ
 every file's trailer checksum is verified before the set is renamed into place and CURRENT
 is replaced atomically (write, fsync, rename, fsync the directory).
 
+Intake (`build()` with nothing to exclude): objects stored since the previous set was
+built (by row id) go into one small pack beside the previous set's packs, which the new
+generation shares as hard links, with a new multi-pack-index and one more commit-graph
+layer. The set is consolidated into one pack instead (the full or incremental build
+above) when the intake packs would hold more than half as many objects as its largest
+pack (geometric, factor 2), when it has MAX_PACKS packs, when it holds an object now
+staged for deletion, or when objects must be excluded (a sweep's guard).
+
 Publishing never changes a file: a new set gets a new generation directory. A retired
 generation stays on disk until `prune` is told nobody holds it (the daemon counts its open
 handles; a process without a mount prunes at once).
