@@ -546,6 +546,8 @@ class Derived:
                     "derived %s: generation %d is unreadable (%s): withdrawn", self.fmt, number, exc
                 )
                 self._current = None
+        if getattr(self.store, "_lock_fd", None) is None:
+            return  # beside the lock holder (Store.open(lock=False)): its files, not ours
         keep = {CURRENT}
         if self._current is not None:
             keep.add(f"gen-{self._current.number}")
@@ -1128,8 +1130,12 @@ _REGISTRY_LOCK = threading.Lock()
 
 
 def derived_for(store: Store, fmt: str) -> Derived | None:
-    """The store's derived packs of `fmt` (None for a store without a directory)."""
+    """The store's derived packs of `fmt`: None for a store without a directory, and for
+    one opened beside its lock holder (`Store.open(lock=False)`): the sets are the lock
+    holder's alone (it builds, publishes and removes them)."""
     if store.path is None or not isinstance(store.kv, SqliteTier):
+        return None
+    if getattr(store, "_lock_fd", None) is None:
         return None
     with _REGISTRY_LOCK:
         per = _REGISTRY.setdefault(store, {})
@@ -1158,6 +1164,10 @@ def guard_deletes(store: Store, raws: Iterable[bytes]) -> Iterator[None]:
     """Held around the deletion of these keys (raw): afterwards no published set lists
     them (see the module docstring)."""
     if store.path is None or not (store.path / DERIVED_DIR).exists():
+        yield
+        return
+    if getattr(store, "_lock_fd", None) is None:
+        log.warning("a sweep beside the store's lock holder: its derived packs are not guarded")
         yield
         return
     by_fmt: dict[str, list[bytes]] = {}
