@@ -8,7 +8,7 @@ PYFUSE3_SRC := build/pyfuse3/pyfuse3-$(PYFUSE3)
 DEMO    ?= $(CURDIR)/demo-store
 MNT     ?= $(CURDIR)/mnt
 
-.PHONY: test run setup apt lint bench clean
+.PHONY: test soak run setup apt lint bench clean
 
 setup: $(STAMP)
 
@@ -36,6 +36,10 @@ $(STAMP): pyproject.toml third_party/pyfuse3-noflush.patch | apt
 
 test: apt $(STAMP)
 	$(PY) -X dev -bb -m pytest -q $(PYTEST_ARGS)
+
+# The crash matrix and the other reliability tests at soak length (>= 50 rounds a case).
+soak: apt $(STAMP)
+	ALKFS_SOAK=1 $(PY) -X dev -bb -m pytest -q tests/reliability $(PYTEST_ARGS)
 
 run: apt $(STAMP)
 	mkdir -p $(MNT)
