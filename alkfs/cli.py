@@ -31,10 +31,12 @@ from . import __version__
 from .durations import format_duration, parse_duration
 from .errors import (
     AlkfsError,
+    Busy,
     Corrupt,
     Exists,
     Invalid,
     Missing,
+    NoSpace,
     NotEmpty,
     Refused,
     Stale,
@@ -66,6 +68,9 @@ _ERRNO_CLASS: dict[int, type[AlkfsError]] = {
     errno.ENOTEMPTY: NotEmpty,
     errno.EAGAIN: Stale,
     errno.EIO: StoreIO,
+    errno.ENOSPC: NoSpace,
+    errno.EDQUOT: NoSpace,
+    errno.EBUSY: Busy,
 }
 
 

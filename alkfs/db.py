@@ -11,15 +11,21 @@ import os
 import threading
 import time
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import NoReturn
 
 import pysqlite3.dbapi2 as sqlite3
 
-from .errors import Invalid, StoreIO
+from .errors import Busy, Invalid, NoSpace, StoreIO
 
 BUSY_TIMEOUT_MS = 5000
 FILE_MODE = 0o600  # the database and (as sqlite does) its -wal and -shm
+
+# sqlite's primary result codes (the low byte of `sqlite_errorcode`) the store answers
+# as errors of its own instead of letting them escape as unexpected ones.
+SQLITE_BUSY, SQLITE_LOCKED, SQLITE_IOERR, SQLITE_FULL = 5, 6, 10, 13
+SQLITE_IOERR_SHMSIZE = SQLITE_IOERR | (19 << 8)  # the -shm could not grow: no space
 
 
 def now_ns() -> int:
@@ -39,6 +45,9 @@ class Database:
         self._all: dict[int, sqlite3.Connection] = {}
         self._lock = threading.Lock()
         self._closed = False
+        # Called (no arguments, must not raise) whenever sqlite says the disk is full,
+        # after the transaction was rolled back: the store's reserve (alkfs/reserve.py).
+        self.on_full: Callable[[], None] | None = None
         self.conn()  # open now so a bad posture is a construction error
 
     def _create_private(self) -> None:
@@ -61,7 +70,11 @@ class Database:
             )
         except sqlite3.Error as exc:
             raise StoreIO(f"sqlite: cannot open {self.path}: {exc}") from exc
-        mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+        try:
+            mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+        except sqlite3.Error as exc:
+            conn.close()
+            raise self.translate(exc) or StoreIO(f"sqlite: {self.path}: {exc}") from exc
         if str(mode).lower() != "wal":
             conn.close()
             raise StoreIO(f"sqlite: journal_mode is {mode}, WAL unavailable at {self.path}")
@@ -103,21 +116,67 @@ class Database:
         with contextlib.suppress(sqlite3.Error):
             conn.close()
 
+    def translate(self, exc: BaseException) -> StoreIO | None:
+        """The store's error for a sqlite failure that is not a bug: a full disk
+        (NoSpace, after telling `on_full`), a lock held past the busy timeout (Busy), an
+        I/O error (StoreIO); None for anything else (it stays unexpected)."""
+        code = getattr(exc, "sqlite_errorcode", None)
+        if not isinstance(exc, sqlite3.Error) or code is None:
+            return None
+        if code & 0xFF == SQLITE_FULL or code == SQLITE_IOERR_SHMSIZE:
+            if self.on_full is not None:
+                self.on_full()
+            return NoSpace(f"no space left on the device holding {self.path} (sqlite: {exc})")
+        if code & 0xFF in (SQLITE_BUSY, SQLITE_LOCKED):
+            return Busy(
+                f"sqlite: {self.path} stayed locked for {BUSY_TIMEOUT_MS // 1000} s "
+                f"({exc}); try again"
+            )
+        if code & 0xFF == SQLITE_IOERR:
+            return StoreIO(f"sqlite: {self.path}: {exc}")
+        return None
+
+    def _raise(self, exc: BaseException) -> NoReturn:
+        """Raise `exc` as `translate` has it (itself when it stays unexpected)."""
+        err = self.translate(exc)
+        if err is None:
+            raise exc
+        raise err from exc
+
     @contextlib.contextmanager
     def tx(self) -> Iterator[sqlite3.Connection]:
-        """One write transaction (BEGIN IMMEDIATE): all of it commits or none of it."""
+        """One write transaction (BEGIN IMMEDIATE): all of it commits or none of it.
+
+        A failing COMMIT is rolled back too (a full disk must not leave the thread's
+        connection inside a transaction), and sqlite's failures leave as the store's
+        errors (`translate`)."""
         conn = self.conn()
-        conn.execute("BEGIN IMMEDIATE")
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+        except sqlite3.Error as exc:
+            self._raise(exc)
         try:
             yield conn
-        except BaseException:
-            conn.execute("ROLLBACK")
+        except BaseException as exc:
+            if conn.in_transaction:  # (sqlite may have rolled back itself: SQLITE_FULL)
+                with contextlib.suppress(sqlite3.Error):
+                    conn.execute("ROLLBACK")
+            if isinstance(exc, sqlite3.Error):
+                self._raise(exc)
             raise
-        else:
+        try:
             conn.execute("COMMIT")
+        except sqlite3.Error as exc:
+            if conn.in_transaction:
+                with contextlib.suppress(sqlite3.Error):
+                    conn.execute("ROLLBACK")
+            self._raise(exc)
 
     def execute(self, sql: str, params: tuple | list = ()) -> sqlite3.Cursor:
-        return self.conn().execute(sql, params)
+        try:
+            return self.conn().execute(sql, params)
+        except sqlite3.Error as exc:
+            self._raise(exc)
 
     def close(self) -> None:
         with self._lock:

@@ -49,3 +49,11 @@ class StoreLocked(AlkfsError):
 
 class Corrupt(Verification):
     """Stored bytes no longer hash to their key."""
+
+
+class NoSpace(StoreIO):
+    """The filesystem holding the store is full (ENOSPC, EDQUOT, sqlite's SQLITE_FULL)."""
+
+
+class Busy(StoreIO):
+    """sqlite stayed locked past its busy timeout ("database is locked"): try again."""

@@ -21,6 +21,7 @@ from .errors import (
     AlkfsError,
     Corrupt,
     Invalid,
+    NoSpace,
     Refused,
     StoreIO,
     StoreLocked,
@@ -32,6 +33,7 @@ from .gc.sweep import SweepReport, sweep
 from .gc.window import MemoryWindow, SqliteWindow
 from .git.objects import MAX_HEADER, check_canonical
 from .keys import Algorithm, Key
+from .reserve import Reserve, is_no_space
 from .tiers import Entry
 from .tiers.local import LocalTier
 from .tiers.memory import MemoryTier
@@ -124,6 +126,7 @@ class Store:
         self._verified: dict[bytes, tuple[int, int, int, int]] = {}
         self._lock_fd: int | None = None
         self._vlock = threading.Lock()
+        self.reserve: Reserve | None = None  # STORE/reserve (alkfs/reserve.py): the lock holder's
 
     # -- construction ---------------------------------------------------------
     @classmethod
@@ -163,7 +166,29 @@ class Store:
                 os.close(lock_fd)
             raise
         store._lock_fd = lock_fd
+        if lock:
+            try:
+                store.reserve = Reserve(root)
+                db.on_full = store.reserve.hit
+                store.reserve.spare = store._db_spare
+                store.reserve.reclaim = store._db_reclaim
+                store.reserve.open()
+            except BaseException:
+                store.close()
+                raise
         return store
+
+    def _db_spare(self) -> int:
+        """Bytes of free pages inside store.db (what deleted rows left for new ones)."""
+        assert self.db is not None
+        pages = self.db.execute("PRAGMA freelist_count").fetchone()[0]
+        return int(pages) * int(self.db.execute("PRAGMA page_size").fetchone()[0])
+
+    def _db_reclaim(self) -> None:
+        """Checkpoint the WAL and truncate it (deletions grew it; the pages they freed
+        are already part of store.db, so this needs no new space)."""
+        assert self.db is not None
+        self.db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
 
     @classmethod
     def memory(cls, threshold: int = DEFAULT_THRESHOLD, window_s: float = 0) -> Store:
@@ -237,7 +262,21 @@ class Store:
         expect: Key | None = None,
     ) -> PutResult:
         """Store a stream; returns the key and a pin the caller releases once the
-        object's name is published. Nothing is left behind when it fails."""
+        object's name is published. Nothing is left behind when it fails; on a full
+        disk that is NoSpace (and, while the disk stays full, before reading anything)."""
+        reserve = self.reserve
+        if reserve is None:
+            return self._put(source, length, algo, expect)
+        reserve.admit()
+        try:
+            return self._put(source, length, algo, expect)
+        except NoSpace:
+            reserve.hit()  # (now that the staging file is gone)
+            raise
+
+    def _put(
+        self, source: Source, length: int | None, algo: Algorithm, expect: Key | None
+    ) -> PutResult:
         if expect is not None and expect.algo is not algo:
             raise Invalid("the expected key has another algorithm")
         spill = self.mode == "dual-tier"
@@ -302,6 +341,8 @@ class Store:
                 raise
             return PutResult(key, pin, created)
         except OSError as exc:
+            if is_no_space(exc):
+                raise NoSpace(f"no space left on the device holding the store: {exc}") from exc
             raise StoreIO(f"the large tier failed: {exc}") from exc
         finally:
             if writer is not None:
@@ -711,7 +752,11 @@ class Store:
         return self.arbiter.unregister(token)
 
     def sweep(self, window_s: float | None = None) -> SweepReport:
-        return sweep(self, None if window_s is None else int(window_s * 1e9))
+        try:
+            return sweep(self, None if window_s is None else int(window_s * 1e9))
+        finally:
+            if self.reserve is not None:
+                self.reserve.recheck(reclaim=True)  # (what it freed may end a full disk)
 
     def engine_delete(self, key: bytes) -> int | None:
         """Remove from whichever tier holds it: bytes freed, or None if it was absent."""
@@ -752,6 +797,8 @@ class Store:
             self.arbiter.conclude(key)
         if freed is not None:
             self.on_deleted(key.raw)
+            if self.reserve is not None:
+                self.reserve.recheck()
         return freed is not None
 
     # -- batched puts (many small objects in one transaction) -----------------------
@@ -781,6 +828,8 @@ class Store:
             object.__setattr__(key, "raw", raw)
             return key
 
+        if self.reserve is not None:
+            self.reserve.admit()  # (a full disk: nothing of the batch is stored)
         checked: list[tuple[bytes, bytes, int]] = []  # (raw key, data, index)
         keys: list[Key | None] = [None] * len(items)
         big: list[int] = []
@@ -967,6 +1016,8 @@ class Store:
         if type(batch) is not Store._Digested:
             raise Invalid("not a batch hashed by _digest_git")
         raws, datas = batch.raws, batch.datas
+        if self.reserve is not None:
+            self.reserve.admit()
         self._pin_raws(raws)  # pin before publish
         try:
             if batch.big:

@@ -38,6 +38,8 @@ ERRNO: tuple[tuple[type[BaseException], int], ...] = (
     (lib.Exists, errno.EEXIST),
     (lib.Stale, errno.EAGAIN),
     (lib.NotEmpty, errno.ENOTEMPTY),
+    (lib.NoSpace, errno.ENOSPC),  # (StoreIOs: before their base)
+    (lib.Busy, errno.EBUSY),
     (lib.StoreIO, errno.EIO),
     (lib.StoreLocked, errno.EBUSY),
     (lib.AlkfsError, errno.EIO),

@@ -1,0 +1,265 @@
+"""A full disk: ENOSPC for writes, deletions and sweeps still work, and writes come back.
+
+The store lives on a small tmpfs made by the test (`mount -t tmpfs -o size=64m`, always
+unmounted in teardown), so sqlite and the large tier hit ENOSPC as they would on a real
+full disk. The disk is filled through the store itself (no resizing, no filler file):
+what frees it again is deleting what was stored, and sweeping.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+FS_SIZE = "64m"
+FILE_SIZE = 3 << 20  # each a large object (past the threshold and the mount's memory)
+MAX_FILES = 200  # far more than fit: the loop ends at the first ENOSPC
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs needs root")
+
+
+@pytest.fixture
+def small_fs(tmp_path: Path) -> Iterator[Path]:
+    """A 64 MiB tmpfs, unmounted (lazily if something still holds it) whatever happened."""
+    where = tmp_path / "small-fs"
+    where.mkdir()
+    subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={FS_SIZE},mode=0700", "tmpfs", str(where)],
+        check=True,
+        capture_output=True,
+    )
+    try:
+        yield where
+    finally:
+        done = subprocess.run(["umount", str(where)], capture_output=True, check=False)
+        if done.returncode != 0:
+            subprocess.run(["umount", "-l", str(where)], capture_output=True, check=False)
+
+
+def content(i: int) -> bytes:
+    """FILE_SIZE bytes no other i shares (so nothing dedups)."""
+    seed = hashlib.sha256(b"full-disk %d" % i).digest()
+    return (seed * (FILE_SIZE // len(seed) + 1))[:FILE_SIZE]
+
+
+def write_file(path: Path, data: bytes) -> None:
+    """open, write in 1 MiB pieces, close: the errno of whichever step refused."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        for off in range(0, len(data), 1 << 20):
+            os.write(fd, data[off : off + (1 << 20)])
+    finally:
+        os.close(fd)
+
+
+def control(mnt: Path, line: str) -> None:
+    with open(mnt / ".alkfs" / "control", "w") as f:
+        f.write(line + "\n")
+
+
+def status(mnt: Path) -> dict:
+    return json.loads((mnt / ".alkfs" / "status").read_text())
+
+
+def fill(pins: Path, prefix: str) -> tuple[list[str], OSError]:
+    """Write large files into `pins` until one is refused: the names stored, the refusal."""
+    names: list[str] = []
+    for i in range(MAX_FILES):
+        name = f"{prefix}-{i}"
+        try:
+            write_file(pins / name, content(i))
+        except OSError as exc:
+            return names, exc
+        names.append(name)
+    raise AssertionError(f"{MAX_FILES} files of {FILE_SIZE} bytes fit in {FS_SIZE}")
+
+
+def test_full_disk_through_the_mount(small_fs: Path, start_mount) -> None:
+    store = small_fs / "store"
+    m = start_mount(store, "--window", "0")
+    pins = m.path("pins")
+    # Before the disk fills: a small object pinned by an extended attribute.
+    (m.path("objects", "sha256") / "x").write_bytes(b"pinned by an xattr\n")
+    small = hashlib.sha256(b"pinned by an xattr\n").hexdigest()
+    small_path = m.path("objects", "sha256", small)
+    os.setxattr(small_path, "user.alkfs.pin.keep", b"")
+
+    names, refused = fill(pins, "fill")
+    assert refused.errno == errno.ENOSPC, refused
+    assert len(names) >= 3
+    failed = f"fill-{len(names)}"
+
+    # Nothing partial: the refused file is neither pinned nor stored, nothing is corrupt.
+    listed = set(os.listdir(pins))
+    assert failed not in listed
+    assert set(names) <= listed
+    half = hashlib.sha256(content(len(names))).hexdigest()
+    assert not os.path.exists(m.path("objects", "sha256", half))
+    control(m.mnt, "verify")
+    assert status(m.mnt)["corrupt"] == []
+    assert os.listdir(store / "large" / ".staging") == []
+
+    # Reads of what is stored are unaffected.
+    for i in (0, len(names) - 1):
+        assert (pins / f"fill-{i}").read_bytes() == content(i)
+    assert small_path.read_bytes() == b"pinned by an xattr\n"
+
+    # While the disk is full, new objects are refused up front, with the same errno.
+    for name, data in (("again", content(9999)), ("tiny", b"a few bytes\n")):
+        with pytest.raises(OSError) as caught:
+            write_file(pins / name, data)
+        assert caught.value.errno == errno.ENOSPC
+        assert name not in os.listdir(pins)
+
+    # A restart does not wedge it: the store reopens still full, and deleting works.
+    m.restart()
+    with pytest.raises(OSError) as caught:
+        write_file(pins / "after-restart", content(5000))
+    assert caught.value.errno == errno.ENOSPC
+
+    # What a full disk leaves possible: removing an xattr pin, making and removing a
+    # repository, unpinning, sweeping.
+    os.removexattr(small_path, "user.alkfs.pin.keep")
+    os.mkdir(m.path("repos", "scratch-repo"))
+    os.rmdir(m.path("repos", "scratch-repo"))
+    for name in names:
+        os.unlink(pins / name)
+    assert os.listdir(pins) == []
+    control(m.mnt, "sweep")  # stages the unreferenced objects (window 0)
+    control(m.mnt, "sweep")  # deletes them
+    assert status(m.mnt)["last_sweep"]["deleted"] >= len(names)
+
+    # Space is back (nothing was resized): writes succeed again.
+    write_file(pins / "back", content(7000))
+    assert (pins / "back").read_bytes() == content(7000)
+    more, refused_again = fill(pins, "refill")
+    assert refused_again.errno == errno.ENOSPC
+    assert len(more) >= 2
+
+    log = m.all_logs()
+    assert log.count("disk full:") >= 2, log
+    assert "disk no longer full:" in log, log
+    assert m.tracebacks() == [], "\n".join(m.tracebacks())
+    assert "database or disk is full" not in "".join(
+        line for line in log.splitlines() if "unexpected" in line
+    )
+
+
+def cli(store: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-X", "dev", "-bb", "-m", "alkfs.cli", "--store", str(store), *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={k: v for k, v in os.environ.items() if k not in ("ALKFS_MOUNT", "ALKFS_STORE")},
+    )
+
+
+def test_cli_put_on_a_full_disk(small_fs: Path, tmp_path: Path) -> None:
+    store = small_fs / "store"
+    files = tmp_path / "files"
+    files.mkdir()
+    pinned: list[str] = []
+    refusal = None
+    for i in range(MAX_FILES):
+        src = files / f"f{i}"
+        src.write_bytes(content(i))
+        done = cli(store, "put", "--pin", f"p{i}", str(src))
+        src.unlink()
+        if done.returncode != 0:
+            refusal = done
+            break
+        pinned.append(f"p{i}")
+    assert refusal is not None, f"{MAX_FILES} files of {FILE_SIZE} bytes fit in {FS_SIZE}"
+    assert len(pinned) >= 3
+
+    small = files / "small"
+    small.write_bytes(b"a small object, for the kv tier\n")
+    big = files / "big"
+    big.write_bytes(content(12345))
+    for done in (refusal, cli(store, "put", str(big)), cli(store, "put", str(small))):
+        lines = done.stderr.splitlines()
+        assert done.returncode == 1, done
+        assert len(lines) == 1, done.stderr
+        assert "no space" in lines[0].lower(), lines[0]
+        assert "unexpected" not in lines[0] and "Traceback" not in done.stderr, lines[0]
+        assert done.stdout == ""
+
+    # Deleting works on the full disk, and frees it.
+    for name in pinned:
+        done = cli(store, "unpin", name)
+        assert done.returncode == 0, done.stderr
+    for _ in range(2):
+        done = cli(store, "sweep", "--window", "0")
+        assert done.returncode == 0, done.stderr
+    done = cli(store, "put", str(big))
+    assert done.returncode == 0, done.stderr
+    done = cli(store, "verify")
+    assert done.returncode == 0, done.stderr
+
+
+def test_kv_only_store_fills_and_recovers(small_fs: Path) -> None:
+    """Small objects fill the sqlite file itself: SQLITE_FULL is NoSpace, deleting and
+    sweeping work, and the pages they free inside store.db count as space again."""
+    from alkfs.app import Alkfs
+    from alkfs.errors import NoSpace
+
+    store = small_fs / "store"
+    size = 100_000  # under the kv-only threshold
+    names: list[str] = []
+    with Alkfs.open(store, mode="kv-only", window_s=0) as app:
+        with pytest.raises(NoSpace):
+            for i in range(2000):
+                data = hashlib.sha256(b"kv %d" % i).digest() * (size // 32)
+                result = app.store.put(data)
+                try:
+                    app.pins.pin(f"kv-{i}", result.key)
+                finally:
+                    result.pin.release()
+                names.append(f"kv-{i}")
+        assert len(names) >= 10
+        with pytest.raises(NoSpace):  # refused up front while the disk is full
+            app.store.add(b"a few bytes")
+        for name in names:
+            app.pins.unpin(name)
+        app.store.sweep()
+        report = app.store.sweep()
+        assert report.aborted is None and report.deleted >= len(names)
+        key = app.store.add(b"stored again after the sweep")
+        assert app.store.get(key) == b"stored again after the sweep"
+        for i in range(5):  # the freed pages take new small objects
+            app.store.add(hashlib.sha256(b"again %d" % i).digest() * (size // 32))
+        assert app.store.verify() == []
+
+
+def test_a_locked_database_is_ebusy_in_one_line(start_mount, tmp_path: Path) -> None:
+    """sqlite's "database is locked" (another connection holds the write lock past the
+    5 s busy timeout) is EBUSY with one log line, not EIO with a traceback."""
+    import pysqlite3.dbapi2 as sqlite3
+
+    m = start_mount(tmp_path / "store", "--window", "0")
+    obj = m.path("objects", "sha256") / "x"
+    obj.write_bytes(b"to be pinned\n")
+    target = m.path("objects", "sha256", hashlib.sha256(b"to be pinned\n").hexdigest())
+    holder = sqlite3.connect(tmp_path / "store" / "store.db", isolation_level=None)
+    try:
+        holder.execute("BEGIN IMMEDIATE")
+        with pytest.raises(OSError) as caught:
+            os.setxattr(target, "user.alkfs.pin.held", b"")
+        assert caught.value.errno == errno.EBUSY
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    os.setxattr(target, "user.alkfs.pin.held", b"")  # and it works once the lock is gone
+    assert "held" in os.listdir(m.path("pins"))
+    lines = [line for line in m.log().splitlines() if "errno=EBUSY" in line]
+    assert len(lines) == 1 and "database is locked" in lines[0], m.log()
+    assert m.tracebacks() == [], "\n".join(m.tracebacks())
