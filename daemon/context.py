@@ -62,6 +62,8 @@ class Context:
         self.deletion_views: list[DeletionView] = []
         self.errors: dict[tuple[str, int], int] = {}
         self.mountpoint: str | None = None
+        # /repos/<id>/packed-refs: (repo id, created_ns) -> (refs version, content, made_ns)
+        self.packed_refs: dict[tuple[str, int], tuple[int, bytes, int]] = {}
         self.started_ns = time.time_ns()
         self.uid = os.getuid()
         self.gid = os.getgid()

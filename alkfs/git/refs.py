@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..db import now_ns
-from ..errors import Exists, Invalid, Missing, NotEmpty
+from ..errors import Exists, Invalid, Missing, NotEmpty, Verification
 from ..keys import Algorithm, Key, is_hex
-from .objects import FORMATS
+from .objects import FORMATS, parse_header, parse_tag
 from .tables import Tables
 
 if TYPE_CHECKING:
@@ -26,6 +26,9 @@ if TYPE_CHECKING:
 
 REPO_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}\Z")
 DEFAULT_HEAD = "refs/heads/main"
+MAX_REF_NAME = 1024  # bytes of UTF-8: a ref name longer than this is refused (git has no cap)
+MAX_REF_PART = 255  # bytes: a component is a file name in the mount
+PEEL_DEPTH = 8  # tags of tags followed when peeling
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS git_repos (
@@ -74,13 +77,29 @@ class RefUpdate:
     old: str | None | _Any = ANY
 
 
+class Refusal(enum.StrEnum):
+    """Why a ref update was denied (Outcome.reason); the daemon maps each to one errno."""
+
+    STALE = "stale"  # the ref does not hold the expected old value
+    EXISTS = "exists"  # must-not-exist, but it does (or a D/F conflict)
+    MISSING_REF = "missing-ref"  # an old value was expected, but there is no such ref
+    MISSING_OBJECT = "missing-object"  # the new id is malformed or not in the store
+    NOT_A_COMMIT = "not-a-commit"  # refs/heads/ only point at commits (as git requires)
+    INVALID_NAME = "invalid-name"
+    ATOMIC_SIBLING_FAILED = "atomic-sibling-failed"
+
+
+LOST_RACE = frozenset(
+    {Refusal.STALE, Refusal.EXISTS, Refusal.MISSING_REF, Refusal.ATOMIC_SIBLING_FAILED}
+)
+"""Refusals that mean another writer got there first (EAGAIN), not bad input (EINVAL)."""
+
+
 @dataclass
 class Outcome:
     name: str
     ok: bool
-    reason: (
-        str | None
-    )  # stale, missing-object, invalid-name, exists, missing-ref, atomic-sibling-failed
+    reason: Refusal | None
 
 
 def algo_of(object_format: str) -> Algorithm:
@@ -104,8 +123,13 @@ _BAD_REF_CHARS = re.compile(r"[\x00-\x20\x7f~^:?*\[\\]")
 
 
 def valid_ref_name(name: str) -> bool:
-    """Whether `git check-ref-format` accepts `name` (at least two components)."""
+    """Whether `git check-ref-format` accepts `name` (at least two components), within
+    this store's length limits (MAX_REF_NAME in all, MAX_REF_PART per component)."""
     if not name or name == "@" or "/" not in name:
+        return False
+    if len(name.encode("utf-8", "surrogatepass")) > MAX_REF_NAME:
+        return False
+    if any(len(part.encode("utf-8", "surrogatepass")) > MAX_REF_PART for part in name.split("/")):
         return False
     if _BAD_REF_CHARS.search(name) or ".." in name or "@{" in name:
         return False
@@ -132,11 +156,20 @@ class Refs:
         self.store = store
         self.tables = Tables(store, SCHEMA)
         self.write_counter = 0
+        self._versions: dict[str, int] = {}
         self._counter_lock = threading.Lock()
+        self._peeled: dict[str, str | None] = {}  # tag oid -> peeled oid (objects never change)
 
-    def _bump(self) -> None:
+    def _bump(self, repo_id: str | None = None) -> None:
         with self._counter_lock:
             self.write_counter += 1
+            if repo_id is not None:
+                self._versions[repo_id] = self._versions.get(repo_id, 0) + 1
+
+    def version(self, repo_id: str) -> int:
+        """A number that moves with every change of this repository's refs made through
+        this Refs (a cache key for views of them, e.g. a packed-refs generation)."""
+        return self._versions.get(repo_id, 0)
 
     # -- repositories -----------------------------------------------------------
     def create_repo(self, repo_id: str, object_format: str = "sha1") -> Repo:
@@ -169,7 +202,7 @@ class Refs:
             )
             if cur.rowcount != 1:
                 raise Missing(f"no repository {repo_id!r}")
-        self._bump()
+        self._bump(repo_id)
         return self.repo(repo_id)
 
     def delete_repo(self, repo_id: str) -> None:
@@ -179,7 +212,18 @@ class Refs:
             if cur.rowcount != 1:
                 raise Missing(f"no repository {repo_id!r}")
             conn.execute("DELETE FROM git_refs WHERE repo = ?", (repo_id,))
-        self._bump()
+        self._bump(repo_id)
+
+    def delete_all_refs(self, repo_id: str) -> int:
+        """Delete every ref of the repository in one transaction (what they kept becomes
+        sweep candidates); returns how many went. `rm packed-refs` in the mount, which is
+        where all of a repository's refs are listed."""
+        with self.tables.tx() as conn:
+            if conn.execute("SELECT 1 FROM git_repos WHERE id = ?", (repo_id,)).fetchone() is None:
+                raise Missing(f"no repository {repo_id!r}")
+            n = conn.execute("DELETE FROM git_refs WHERE repo = ?", (repo_id,)).rowcount
+        self._bump(repo_id)
+        return n
 
     def delete_repo_if_empty(self, repo_id: str) -> None:
         """Delete the repository only if it holds no ref, in one transaction (NotEmpty
@@ -190,7 +234,7 @@ class Refs:
             cur = conn.execute("DELETE FROM git_repos WHERE id = ?", (repo_id,))
             if cur.rowcount != 1:
                 raise Missing(f"no repository {repo_id!r}")
-        self._bump()
+        self._bump(repo_id)
 
     def repos(self) -> list[Repo]:
         rows = self.tables.read("SELECT id, object_format, created_ns FROM git_repos ORDER BY id")
@@ -244,6 +288,57 @@ class Refs:
             )
         return dict(rows)
 
+    def has_below(self, repo_id: str, prefix: str) -> bool:
+        """Whether any ref name starts with `prefix` (one index probe, whatever the count)."""
+        if not prefix or ord(prefix[-1]) >= 0x10FFFF:
+            return bool(self.refs(repo_id, prefix))
+        upper = prefix[:-1] + chr(ord(prefix[-1]) + 1)
+        rows = self.tables.read(
+            "SELECT 1 FROM git_refs WHERE repo = ? AND name >= ? AND name < ? LIMIT 1",
+            (repo_id, prefix, upper),
+        )
+        return bool(rows)
+
+    def packed(self, repo_id: str) -> tuple[int, list[tuple[str, str, str | None]]]:
+        """(version, [(name, oid, peeled or None)]) of every ref, in byte order of the
+        names, as git's `packed-refs` lists them: the version is read before the refs, so
+        a change the list misses always moves it. Refs under `refs/tags/` that point at
+        annotated tags carry the id they peel to (the first non-tag object)."""
+        version = self.version(repo_id)
+        self.repo(repo_id)
+        rows = self.tables.read(
+            "SELECT name, oid FROM git_refs WHERE repo = ? ORDER BY name", (repo_id,)
+        )
+        return version, [
+            (name, oid, self.peel(oid) if name.startswith("refs/tags/") else None)
+            for name, oid in rows
+        ]
+
+    def peel(self, oid: str) -> str | None:
+        """The id an annotated tag finally points at (None if `oid` is not a tag or is
+        not readable); remembered per id, as objects never change."""
+        if oid in self._peeled:
+            return self._peeled[oid]
+        out: str | None = None
+        cur = oid
+        for _ in range(PEEL_DEPTH):
+            key = oid_key(cur)
+            data = None if key is None else self.store.get(key)
+            if data is None:
+                break
+            try:
+                kind, _size, hlen = parse_header(data)
+                if kind != "tag":
+                    break
+                cur, _ = parse_tag(data[hlen:])
+            except (Verification, ValueError):
+                break
+            out = cur
+        if len(self._peeled) > 1_000_000:
+            self._peeled.clear()
+        self._peeled[oid] = out
+        return out
+
     def get(self, repo_id: str, name: str) -> str | None:
         rows = self.tables.read(
             "SELECT oid FROM git_refs WHERE repo = ? AND name = ?", (repo_id, name)
@@ -261,8 +356,19 @@ class Refs:
             h.update(f"{repo}\0{name}\0{oid}\n".encode())
         return [tuple(r) for r in rows], h.hexdigest()
 
-    def update(self, repo_id: str, updates: list[RefUpdate], atomic: bool = True) -> list[Outcome]:
+    def update(
+        self,
+        repo_id: str,
+        updates: list[RefUpdate],
+        atomic: bool = True,
+        *,
+        heads_are_commits: bool = False,
+    ) -> list[Outcome]:
         """Apply compare-and-swap updates in order, in one transaction.
+
+        heads_are_commits: refuse (not-a-commit) a new value under refs/heads/ that is not
+        a commit, as git does (the mount asks for this; the library's own callers, e.g.
+        tests building odd shapes, may point a branch anywhere).
 
         atomic: any denial leaves every ref as it was (the others are denied with
         "atomic-sibling-failed"); otherwise the good updates apply. Missing if the
@@ -276,15 +382,21 @@ class Refs:
         try:
             for i, u in enumerate(updates):
                 if not valid_ref_name(u.name) or not u.name.startswith("refs/"):
-                    outcomes[i] = Outcome(u.name, False, "invalid-name")
+                    outcomes[i] = Outcome(u.name, False, Refusal.INVALID_NAME)
                 elif u.new is not None:
                     if not is_hex(u.new, algo.hex_len):
-                        outcomes[i] = Outcome(u.name, False, "missing-object")
+                        outcomes[i] = Outcome(u.name, False, Refusal.MISSING_OBJECT)
                         continue
                     key = Key.from_hex(algo, u.new)
                     held.add(store.pin(key))  # pin, then look: a delete cannot slip between
                     if not store.has(key):
-                        outcomes[i] = Outcome(u.name, False, "missing-object")
+                        outcomes[i] = Outcome(u.name, False, Refusal.MISSING_OBJECT)
+                    elif (
+                        heads_are_commits
+                        and u.name.startswith("refs/heads/")
+                        and not self._is_commit(key)
+                    ):
+                        outcomes[i] = Outcome(u.name, False, Refusal.NOT_A_COMMIT)
             if atomic and any(o is not None for o in outcomes):
                 return _atomic_fail(updates, outcomes)
             try:
@@ -300,7 +412,7 @@ class Refs:
                     for i, u in enumerate(updates):
                         if outcomes[i] is not None:
                             continue
-                        reason = "stale" if changed else _apply(conn, repo_id, u)
+                        reason = Refusal.STALE if changed else _apply(conn, repo_id, u)
                         outcomes[i] = Outcome(u.name, reason is None, reason)
                         if reason is not None and atomic:
                             raise _Rollback
@@ -309,35 +421,44 @@ class Refs:
                 return _atomic_fail(updates, outcomes)
         finally:
             # The counter moves after the commit and before the pins go, in one locked step.
-            held.release(self._bump if committed else None)
+            held.release((lambda: self._bump(repo_id)) if committed else None)
         return [o for o in outcomes if o is not None]
+
+    def _is_commit(self, key: Key) -> bool:
+        data = self.store.get(key)
+        if data is None:
+            return False
+        try:
+            return parse_header(data[:64])[0] == "commit"
+        except Verification:
+            return False
 
 
 def _atomic_fail(updates: list[RefUpdate], outcomes: list[Outcome | None]) -> list[Outcome]:
     return [
-        o if o is not None and not o.ok else Outcome(u.name, False, "atomic-sibling-failed")
+        o if o is not None and not o.ok else Outcome(u.name, False, Refusal.ATOMIC_SIBLING_FAILED)
         for u, o in zip(updates, outcomes, strict=True)
     ]
 
 
-def _apply(conn, repo_id: str, u: RefUpdate) -> str | None:
+def _apply(conn, repo_id: str, u: RefUpdate) -> Refusal | None:
     row = conn.execute(
         "SELECT oid FROM git_refs WHERE repo = ? AND name = ?", (repo_id, u.name)
     ).fetchone()
     current = None if row is None else row[0]
     if current is None:
         if isinstance(u.old, str) or u.new is None:
-            return "missing-ref"
+            return Refusal.MISSING_REF
         if _conflicts(conn, repo_id, u.name):
-            return "exists"
+            return Refusal.EXISTS
         conn.execute(
             "INSERT INTO git_refs (repo, name, oid) VALUES (?, ?, ?)", (repo_id, u.name, u.new)
         )
         return None
     if u.old is None:
-        return "exists"
+        return Refusal.EXISTS
     if isinstance(u.old, str) and u.old != current:
-        return "stale"
+        return Refusal.STALE
     if u.new is None:
         conn.execute("DELETE FROM git_refs WHERE repo = ? AND name = ?", (repo_id, u.name))
     else:

@@ -42,6 +42,7 @@ created again under the same id is a new directory.
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import stat
 import time
@@ -49,11 +50,20 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from alkfs.git.objects import FORMATS
-from alkfs.git.refs import ANY, RefUpdate, Repo, valid_ref_name, valid_repo_id
+from alkfs.git.refs import (
+    ANY,
+    LOST_RACE,
+    MAX_REF_NAME,
+    RefUpdate,
+    Refusal,
+    Repo,
+    valid_ref_name,
+    valid_repo_id,
+)
 from alkfs.keys import is_hex
 
 from .. import scratch
-from ..context import DYNAMIC_TIMEOUT
+from ..context import DYNAMIC_TIMEOUT, OBJECT_TIMEOUT
 from ..errors import fail
 from .base import (
     FIRST_OFFSET,
@@ -71,6 +81,8 @@ from .gitview import FANOUT, FanoutDir, repo_fanout_ident
 if TYPE_CHECKING:
     from ..context import Context
 
+log = logging.getLogger("alkfsd")
+
 Entries = list[tuple[bytes, Node]]
 
 # On /repos/<id>: the repository's object format. `mkdir` makes sha1 repositories; setting
@@ -83,8 +95,13 @@ CONFIG = """\
 \tfilemode = true
 \tbare = true
 \tlogAllRefUpdates = false
-{extensions}[gc]
+{extensions}# Maintenance inside the mount is the daemon's: no auto-gc, no packing of refs (they
+# are always listed in packed-refs here), no reflogs to expire.
+[gc]
 \tauto = 0
+\tpackRefs = false
+\treflogExpire = never
+\treflogExpireUnreachable = never
 [maintenance]
 \tauto = false
 [receive]
@@ -188,6 +205,8 @@ class RepoDir(Dir):
     def _child(self, name: bytes) -> Node | None:
         if name == b"HEAD":
             return HeadFile(self.ctx, self)
+        if name == b"packed-refs":
+            return None  # built in lookup (a generation per change of the refs)
         if name == b"config":
             return ConfigFile(self.ctx, self)
         if name == b"objects":
@@ -197,27 +216,50 @@ class RepoDir(Dir):
         return None
 
     async def lookup(self, name: bytes, ctx: Any) -> Node:
+        if name == b"packed-refs":
+            return await packed_refs_node(self)
         node = self._child(name) or _lock_of(self, self.repo, _ROOT_LOCKS.get(name))
         if node is None:
             fail(errno.ENOENT)
         return node
 
-    # -- writes: HEAD.lock and packed-refs.lock; plumbing stays --------------------------
+    # -- writes: HEAD.lock and packed-refs.lock; plumbing goes with the last ref ---------
     async def create(self, name: bytes, mode: int, flags: int, ctx: Any) -> tuple[Node, Handle]:
         ref = _ROOT_LOCKS.get(name)
         if ref is None:
             fail(errno.EPERM, f"{self.path}: only HEAD.lock and packed-refs.lock can be made")
-        node = _new_lock(self, self.repo, ref, name, None)
+        old: Any = None
+        if ref.startswith("packed-refs"):
+            # git's rewrite deletes what it leaves out of the snapshot taken at lock time
+            lock = _lock_of(self, self.repo, "packed-refs")
+            if lock is not None and isinstance(lock.old, dict):
+                old = lock.old
+            else:
+                old = await self.ctx.run_sync(self.ctx.refs.refs, self.repo.id)
+        node = _new_lock(self, self.repo, ref, name, old)
         return node, LockHandle(node)
 
     async def unlink(self, name: bytes, ctx: Any) -> None:
         if _drop_lock(self.ctx, self.repo, _ROOT_LOCKS.get(name)):
             return
-        await super().unlink(name, ctx)  # HEAD, config: EPERM; objects, refs: EISDIR
+        if name == b"packed-refs":
+            # Every ref is listed there (and nowhere else): as in any git repository whose
+            # refs are packed, removing the file removes them. `rm -r` of the repository
+            # meets it first.
+            n = await self.ctx.run_sync(self.ctx.refs.delete_all_refs, self.repo.id)
+            log.info("%s: packed-refs removed: %d ref(s) deleted", self.repo.id, n)
+            return
+        if name in (b"HEAD", b"config"):
+            await _plumbing_goes(self, name)
+            return
+        await super().unlink(name, ctx)  # objects, refs: EISDIR
 
     async def rmdir(self, name: bytes, ctx: Any) -> None:
         if name == b"refs":
             await RefDir(self.ctx, self, self.repo, "refs").remove_tree_if_empty()
+            return
+        if name == b"objects":
+            await _plumbing_goes(self, name)
             return
         await super().rmdir(name, ctx)
 
@@ -226,7 +268,7 @@ class RepoDir(Dir):
     ) -> None:
         ref = _ROOT_LOCKS.get(name)
         lock = _lock_of(self, self.repo, ref)
-        if lock is None or new_parent is not self or new_name != name[:-5]:
+        if lock is None or new_parent is not self or new_name != _ROOT_TARGET.get(name):
             await super().rename(name, new_parent, new_name, flags, ctx)
             return
         await lock.commit(ctx)
@@ -273,15 +315,17 @@ class RepoDir(Dir):
         fail(errno.EPERM, "a repository always has an object format")
 
     async def readdir(self, dh: DirHandle, start: int, emit: Emit) -> None:
-        def entries() -> Entries:
-            out = []
-            for name in (b"HEAD", b"config", b"objects", b"refs"):
+        # The refs come first (packed-refs, then refs/), the plumbing after: `rm -r` unlinks
+        # in this order, and the plumbing stops refusing once the refs are gone.
+        if start < FIRST_OFFSET or "entries" not in dh.state:
+            packed = await packed_refs_node(self)
+            out: Entries = [(b"packed-refs", packed)]
+            for name in (b"refs", b"HEAD", b"config", b"objects"):
                 node = self._child(name)
                 assert node is not None
                 out.append((name, node))
-            return out
-
-        await readdir_snapshot(dh, start, emit, entries)
+            dh.state["entries"] = out
+        await readdir_snapshot(dh, start, emit, lambda: dh.state["entries"])
 
 
 class RepoFile(File):
@@ -340,7 +384,7 @@ class HeadFile(RepoFile):
         return await super().open(flags, ctx)
 
     async def setattr(self, attr: Any, fields: Any, handle: Handle | None, ctx: Any) -> Any:
-        return _truncate_only(self, fields)
+        return _truncate_only(self, fields, handle)
 
 
 class ConfigFile(RepoFile):
@@ -378,7 +422,7 @@ class RefFile(RepoFile):
         return await super().open(flags, ctx)
 
     async def setattr(self, attr: Any, fields: Any, handle: Handle | None, ctx: Any) -> Any:
-        return _truncate_only(self, fields)
+        return _truncate_only(self, fields, handle)
 
 
 class NewRefFile(RefFile):
@@ -398,20 +442,152 @@ class NewRefFile(RefFile):
         return b"" if oid is None else f"{oid}\n".encode()
 
 
-def _truncate_only(node: RepoFile, fields: Any) -> Any:
-    """O_TRUNC and touch of a ref or HEAD: accepted (the next write replaces it whole)."""
+def _truncate_only(node: RepoFile, fields: Any, handle: Handle | None) -> Any:
+    """O_TRUNC of an open ref or HEAD and touch: accepted (the next write replaces it
+    whole). A truncate by path (no open handle) would leave an empty ref: EINVAL."""
     if fields.update_mode or fields.update_uid or fields.update_gid:
         fail(errno.EPERM, f"{node.path}: its mode and owner cannot be changed")
+    if fields.update_size and not isinstance(handle, RefWriteHandle):
+        fail(errno.EINVAL, f"{node.path}: a ref changes only by writing a new value into it")
+    if fields.update_size and isinstance(handle, RefWriteHandle):
+        del handle.buf[0:]
     return node.attr()
+
+
+async def _plumbing_goes(node: Any, name: bytes) -> None:
+    """unlink/rmdir of the plumbing (HEAD, config, objects/ and objects/info/alternates,
+    info/, pack/): EPERM while the repository holds refs; once they are gone it succeeds
+    and changes nothing (`rm -r` of the repository then reaches its `rmdir`, which deletes
+    it). `node` is the directory holding `name` (it has `.repo`)."""
+    refs = node.ctx.refs
+    if await node.ctx.run_sync(refs.has_below, node.repo.id, "refs/"):
+        fail(errno.EPERM, f"{node.path}/{name.decode()}: the repository still has refs")
 
 
 def repo_key(repo: Repo) -> scratch.RepoKey:
     return (repo.id, repo.created_ns)
 
 
+# -- packed-refs: every ref, in a new file per generation ----------------------------------
+PACKED_HEADER = b"# pack-refs with: peeled sorted \n"
+QUOTE = 80  # characters of a refused value quoted in a log line
+
+
+class PackedRefsFile(File):
+    """/repos/<id>/packed-refs: every ref of the repository in git's packed format (sorted,
+    annotated tags under refs/tags/ peeled). Each generation is its own inode with fixed
+    content, so a file git opened (or mmapped) never changes under it; the entry is never
+    cached, so the next lookup after a ref moved finds the new generation."""
+
+    entry_timeout = 0.0
+    attr_timeout = OBJECT_TIMEOUT
+    __slots__ = ("repo", "data", "made_ns")
+
+    def __init__(
+        self, ctx: Context, parent: Node, repo: Repo, version: int, data: bytes, made_ns: int
+    ) -> None:
+        ident = ("packed-refs", repo.id, repo.created_ns, version, made_ns)
+        super().__init__(ctx, ident, parent, b"packed-refs")
+        self.repo = repo
+        self.data = data
+        self.made_ns = made_ns
+
+    def mode(self) -> int:
+        return stat.S_IFREG | 0o444
+
+    def size(self) -> int:
+        return len(self.data)
+
+    def mtime_ns(self) -> int:
+        return self.made_ns
+
+    async def open(self, flags: int, ctx: Any) -> Handle:
+        if wants_write(flags):
+            fail(errno.EPERM, f"{self.path}: git rewrites it through packed-refs.lock")
+        h = BytesHandle(self, self.data)
+        h.keep_cache = True
+        return h
+
+
+def render_packed(rows: list[tuple[str, str, str | None]]) -> bytes:
+    out = [PACKED_HEADER]
+    for name, oid, peeled in rows:
+        out.append(f"{oid} {name}\n".encode())
+        if peeled is not None:
+            out.append(f"^{peeled}\n".encode())
+    return b"".join(out)
+
+
+async def packed_refs_node(repo_dir: RepoDir) -> PackedRefsFile:
+    """The current generation of the repository's packed-refs (built in a worker thread
+    when a ref moved since the last one)."""
+    ctx, repo = repo_dir.ctx, repo_dir.repo
+    k = repo_key(repo)
+    cached = ctx.packed_refs.get(k)
+    if cached is None or cached[0] != ctx.refs.version(repo.id):
+
+        def build() -> tuple[int, bytes, int]:
+            version, rows = ctx.refs.packed(repo.id)  # Missing: ENOENT
+            return version, render_packed(rows), time.time_ns()
+
+        cached = await ctx.run_sync(build)
+        prev = ctx.packed_refs.get(k)
+        if prev is None or prev[0] <= cached[0]:
+            ctx.packed_refs[k] = cached
+    version, data, made_ns = cached
+    return PackedRefsFile(ctx, repo_dir, repo, version, data, made_ns)
+
+
+def parse_packed(data: bytes) -> dict[str, str]:
+    """name -> oid of a packed-refs file git wrote (EINVAL if it is not one)."""
+    out: dict[str, str] = {}
+    for n, line in enumerate(data.split(b"\n")):
+        if not line or line.startswith(b"#") or line.startswith(b"^"):
+            continue
+        if len(line) > MAX_REF_NAME + 80:
+            fail(errno.EINVAL, f"packed-refs: line {n + 1} is too long ({len(line)} bytes)")
+        oid, sep, name = line.partition(b" ")
+        text = _text(name)
+        if not sep or text is None or not is_hex(oid.decode("ascii", "replace"), len(oid)):
+            fail(errno.EINVAL, f"packed-refs: line {n + 1} is not `<oid> <ref>`: {line[:QUOTE]!r}")
+        out[text] = oid.decode("ascii")
+    return out
+
+
 # -- ref writes -----------------------------------------------------------------------------
-_ROOT_LOCKS = {b"HEAD.lock": "HEAD", b"packed-refs.lock": "packed-refs"}
-_STALE = {"stale", "exists", "missing-ref", "atomic-sibling-failed"}
+# The files git makes in a repository's top directory to change HEAD or packed-refs: the
+# name -> the key its in-memory file is held under. git 2.39 holds `packed-refs.lock` and
+# writes the new content into `packed-refs.new`, which it renames over `packed-refs`.
+_ROOT_LOCKS = {
+    b"HEAD.lock": "HEAD",
+    b"packed-refs.lock": "packed-refs",
+    b"packed-refs.new": "packed-refs.new",
+}
+_ROOT_TARGET = {
+    b"HEAD.lock": b"HEAD",
+    b"packed-refs.lock": b"packed-refs",
+    b"packed-refs.new": b"packed-refs",
+}
+REF_LINE_MAX = 256  # bytes a ref file (or its lock) takes: `<64 hex>\n` and some slack
+HEAD_LINE_MAX = len("ref: \n") + MAX_REF_NAME
+
+
+def line_cap(ref: str, old: Any) -> int:
+    """How many bytes a write handle of `ref` takes (EINVAL / ENAMETOOLONG beyond)."""
+    if ref == "HEAD":
+        return HEAD_LINE_MAX
+    if ref.startswith("packed-refs"):  # git rewrites it whole: bounded per line of the snapshot
+        n = len(old) if isinstance(old, dict) else 0
+        return (n + 64) * (MAX_REF_NAME + 2 * 66 + 4)
+    return REF_LINE_MAX
+
+
+def refuse_long(ref: str, path: str, end: int, cap: int) -> None:
+    if end > cap:
+        code = errno.ENAMETOOLONG if ref == "HEAD" else errno.EFBIG
+        if ref != "HEAD" and not ref.startswith("packed-refs"):
+            code = errno.EINVAL
+        fail(code, f"{path}: {end} bytes; this file takes at most {cap}")
 
 
 async def write_ref(
@@ -422,14 +598,14 @@ async def write_ref(
     object, EAGAIN for a lost race. A committed write releases the writer's pins."""
     refs = ctx.refs
     if ref == "HEAD":
+        refuse_long(ref, f"{repo.id}/HEAD", len(data), HEAD_LINE_MAX)
         text = data.decode("utf-8", "replace")
         if not text.startswith("ref: ") or text.count("\n") != 1 or not text.endswith("\n"):
-            fail(errno.EINVAL, f"{repo.id}: HEAD takes `ref: refs/...`, not {text!r}")
+            fail(errno.EINVAL, f"{repo.id}: HEAD takes `ref: refs/...`, not {text[:QUOTE]!r}")
         await ctx.run_sync(refs.set_head, repo.id, text[5:-1])  # Invalid: EINVAL
         return
-    if ref == "packed-refs":
-        if any(line.strip() and not line.startswith(b"#") for line in data.splitlines()):
-            fail(errno.EPERM, f"{repo.id}: refs are not packed here")
+    if ref in ("packed-refs", "packed-refs.new"):
+        await rewrite_packed(ctx, repo, data, old)
         return
     if delete:
         new = None
@@ -437,12 +613,16 @@ async def write_ref(
         text = data.decode("ascii", "replace")
         oid = text[:-1] if text.endswith("\n") else text
         if not is_hex(oid, repo.algo.hex_len):
-            fail(errno.EINVAL, f"{repo.id}: {ref}: {text!r} is not a {repo.object_format} id")
+            what = f"{text[:QUOTE]!r}"
+            fail(errno.EINVAL, f"{repo.id}: {ref}: {what} is not a {repo.object_format} id")
         new = oid
-    outcome = (await ctx.run_sync(refs.update, repo.id, [RefUpdate(ref, new, old)], True))[0]
+    updates = [RefUpdate(ref, new, old)]
+    outcome = (
+        await ctx.run_sync(lambda: refs.update(repo.id, updates, True, heads_are_commits=True))
+    )[0]
     if not outcome.ok:
-        code = errno.EAGAIN if outcome.reason in _STALE else errno.EINVAL
-        if delete and outcome.reason == "missing-ref":
+        code = errno.EAGAIN if outcome.reason in LOST_RACE else errno.EINVAL
+        if delete and outcome.reason == Refusal.MISSING_REF:
             code = errno.ENOENT
         fail(code, f"{repo.id}: {ref}: {outcome.reason}")
     w = scratch.writes(ctx)
@@ -450,6 +630,23 @@ async def write_ref(
     dirs = w.ref_dirs.get(repo_key(repo))
     if dirs and not delete:
         dirs.difference_update([d for d in dirs if ref.startswith(d + "/")])
+
+
+async def rewrite_packed(ctx: Context, repo: Repo, data: bytes, snapshot: Any) -> None:
+    """git's rename of packed-refs.lock over packed-refs: the refs of the lock-time
+    snapshot that the new file leaves out are deleted, all or none, each only if it still
+    holds its snapshot value (EAGAIN otherwise: the rewrite lost a race and nothing
+    changes). Nothing else changes: a ref the file lists keeps its current value."""
+    listed = parse_packed(data)
+    before: dict[str, str] = snapshot if isinstance(snapshot, dict) else {}
+    gone = [RefUpdate(name, None, oid) for name, oid in before.items() if name not in listed]
+    if not gone:
+        return
+    outcomes = await ctx.run_sync(ctx.refs.update, repo.id, gone, True)
+    bad = [o for o in outcomes if not o.ok and o.reason != Refusal.ATOMIC_SIBLING_FAILED]
+    if bad:
+        fail(errno.EAGAIN, f"{repo.id}: packed-refs rewrite: {bad[0].name}: {bad[0].reason}")
+    log.info("%s: packed-refs rewrite deleted %d ref(s)", repo.id, len(gone))
 
 
 class RefWriteHandle(Handle):
@@ -474,6 +671,7 @@ class RefWriteHandle(Handle):
         if self.applied:
             fail(errno.EINVAL, f"{self.node.path}: one line per open")
         end = off + len(buf)
+        refuse_long(self.ref, self.node.path, end, line_cap(self.ref, None))
         if len(self.buf) < end:
             self.buf.extend(bytes(end - len(self.buf)))
         self.buf[off:end] = buf
@@ -501,7 +699,7 @@ class LockFile(File):
     __slots__ = ("repo", "ref", "old", "buf", "made_ns")
 
     def __init__(
-        self, ctx: Context, parent: Node, repo: Repo, ref: str, name: bytes, old: str | None
+        self, ctx: Context, parent: Node, repo: Repo, ref: str, name: bytes, old: Any
     ) -> None:
         serial = scratch.writes(ctx).area.next_serial()
         super().__init__(ctx, ("reflock", repo.id, repo.created_ns, ref, serial), parent, name)
@@ -558,6 +756,7 @@ class LockHandle(Handle):
     async def write(self, off: int, buf: bytes) -> int:
         b = self.lock.buf
         end = off + len(buf)
+        refuse_long(self.lock.ref, self.lock.path, end, line_cap(self.lock.ref, self.lock.old))
         if len(b) < end:
             b.extend(bytes(end - len(b)))
         b[off:end] = buf
@@ -572,7 +771,7 @@ def _lock_of(parent: Node, repo: Repo, ref: str | None) -> LockFile | None:
     return node if isinstance(node, LockFile) else None
 
 
-def _new_lock(parent: Node, repo: Repo, ref: str, name: bytes, old: str | None) -> LockFile:
+def _new_lock(parent: Node, repo: Repo, ref: str, name: bytes, old: Any) -> LockFile:
     w = scratch.writes(parent.ctx)
     k = (repo_key(repo), ref)
     if k in w.locks:
@@ -591,7 +790,12 @@ def _drop_lock(ctx: Context, repo: Repo, ref: str | None) -> bool:
 
 class RefDir(Dir):
     """/repos/<id>/refs[/...]: one level of the ref namespace (refs/heads and refs/tags
-    always exist). Entries are never cached: a directory vanishes with its last ref."""
+    always exist). Every ref and every directory of refs resolves by name; listings show
+    only refs/heads, refs/tags and directories made by mkdir that hold no ref yet, as in a
+    git repository whose refs are all packed: `packed-refs` lists them, and git reads all
+    refs of a repository in a few requests whatever their number. Each request costs one
+    index probe, never a scan of the refs. Entries are never cached: a directory vanishes
+    with its last ref."""
 
     entry_timeout = 0.0
     attr_timeout = 0.0
@@ -615,9 +819,11 @@ class RefDir(Dir):
         dirs = None if w is None else w.ref_dirs.get(repo_key(self.repo))
         return dirs or set()
 
-    def _full(self, name: bytes) -> str:
+    def _full(self, name: bytes, *, making: bool = False) -> str:
         part = _text(name)
         if not part or "/" in part or part in (".", ".."):
+            if making:  # a name git would refuse too (check-ref-format)
+                fail(errno.EINVAL, f"{self.repo.id}: invalid ref name component {name[:QUOTE]!r}")
             fail(errno.ENOENT)
         return f"{self.ref}/{part}"
 
@@ -628,7 +834,11 @@ class RefDir(Dir):
         oid = refs.get(self.repo.id, full)  # Missing (no repository): ENOENT
         if oid is not None:
             return RefFile(self.ctx, self, self.repo, full, oid)
-        if part in self._always() or full in self._made() or refs.refs(self.repo.id, full + "/"):
+        if (
+            part in self._always()
+            or full in self._made()
+            or refs.has_below(self.repo.id, full + "/")
+        ):
             return self._dir(part)
         if full.endswith(".lock"):
             lock = _lock_of(self, self.repo, full[:-5])
@@ -638,7 +848,7 @@ class RefDir(Dir):
 
     # -- writes ---------------------------------------------------------------------------
     async def create(self, name: bytes, mode: int, flags: int, ctx: Any) -> tuple[Node, Handle]:
-        full = self._full(name)
+        full = self._full(name, making=True)
         if full.endswith(".lock"):
             ref = full[:-5]
             if not valid_ref_name(ref):
@@ -653,14 +863,18 @@ class RefDir(Dir):
         return new, RefWriteHandle(new, self.repo, full, old, scratch.pid_of(ctx))
 
     async def mkdir(self, name: bytes, mode: int, ctx: Any) -> Node:
-        full = self._full(name)
+        full = self._full(name, making=True)
         part = full.rpartition("/")[2]
         if not valid_ref_name(full + "/x"):
             fail(errno.EINVAL, f"{self.repo.id}: invalid ref directory {full!r}")
         refs = self.ctx.refs
         if refs.get(self.repo.id, full) is not None:
             fail(errno.EEXIST)
-        if part in self._always() or full in self._made() or refs.refs(self.repo.id, full + "/"):
+        if (
+            part in self._always()
+            or full in self._made()
+            or refs.has_below(self.repo.id, full + "/")
+        ):
             fail(errno.EEXIST)
         w = scratch.writes(self.ctx)
         w.ref_dirs.setdefault(repo_key(self.repo), set()).add(full)
@@ -688,7 +902,7 @@ class RefDir(Dir):
         """rmdir of this directory: ENOTEMPTY while a ref or a made directory is below."""
         prefix = self.ref + "/"
         made = self._made()
-        if self.ctx.refs.refs(self.repo.id, prefix) or any(d.startswith(prefix) for d in made):
+        if self.ctx.refs.has_below(self.repo.id, prefix) or any(d.startswith(prefix) for d in made):
             fail(errno.ENOTEMPTY)
         part = self.ref.rpartition("/")[2]
         parent = self.ref.rpartition("/")[0]
@@ -709,21 +923,11 @@ class RefDir(Dir):
     async def readdir(self, dh: DirHandle, start: int, emit: Emit) -> None:
         def entries() -> Entries:
             prefix = self.ref + "/"
-            files: dict[str, Node] = {}
             dirs = set(self._always())
-            for full, oid in self.ctx.refs.refs(self.repo.id, prefix).items():
-                part, sep, _ = full[len(prefix) :].partition("/")
-                if sep:
-                    dirs.add(part)
-                else:
-                    files[part] = RefFile(self.ctx, self, self.repo, full, oid)
             for made in self._made():
                 if made.startswith(prefix):
                     dirs.add(made[len(prefix) :].partition("/")[0])
-            out: Entries = [(d.encode(), self._dir(d)) for d in dirs if d not in files]
-            out += [(f.encode(), node) for f, node in files.items()]
-            out.sort(key=lambda e: e[0])
-            return out
+            return [(d.encode(), self._dir(d)) for d in sorted(dirs)]
 
         await readdir_snapshot(dh, start, emit, entries)
 
@@ -773,8 +977,12 @@ class RepoObjectsDir(scratch.ScratchOverlay, Dir):
         return await super().create(name, mode, flags, ctx)
 
     async def rmdir(self, name: bytes, ctx: Any) -> None:
-        if not scratch.rmdir_in(self, name):
-            await super().rmdir(name, ctx)
+        if scratch.rmdir_in(self, name):
+            return
+        if name in (b"info", b"pack"):
+            await _plumbing_goes(self, name)
+            return
+        await super().rmdir(name, ctx)
 
 
 _FANOUT = frozenset(FANOUT)
@@ -872,6 +1080,11 @@ class RepoInfoDir(Dir):
         if name != b"alternates":
             fail(errno.ENOENT)
         return AlternatesFile(self.ctx, self)
+
+    async def unlink(self, name: bytes, ctx: Any) -> None:
+        if name != b"alternates":
+            fail(errno.ENOENT)
+        await _plumbing_goes(self, name)
 
     async def readdir(self, dh: DirHandle, start: int, emit: Emit) -> None:
         if start < FIRST_OFFSET:

@@ -267,7 +267,7 @@ def test_ls_of_repos_lists_each_repository_as_a_bare_git_layout(served):
     assert run("ls", served.mnt / "repos").split() == sorted(served.repos)
     for repo_id, (fmt, _) in served.repos.items():
         repo = served.mnt / "repos" / repo_id
-        assert run("ls", "-A", repo).split() == ["HEAD", "config", "objects", "refs"]
+        assert run("ls", "-A", repo).split() == ["HEAD", "config", "objects", "packed-refs", "refs"]
         assert run("cat", repo / "HEAD") == "ref: refs/heads/main\n"
         assert run("ls", "-A", repo / "objects").split() == ["info", "pack"]
         assert run("cat", repo / "objects" / "info" / "alternates") == f"{served.mnt}/git/{fmt}\n"
@@ -283,25 +283,23 @@ def test_find_over_repos_shows_plumbing_and_refs_only_and_cat_gives_each_oid(ser
     expected = set()
     for repo_id, (_, gitdir) in served.repos.items():
         repo = served.mnt / "repos" / repo_id
-        expected |= {str(repo / n) for n in ("HEAD", "config", "objects/info/alternates")}
-        for ref, oid in source_refs(gitdir).items():
-            expected.add(str(repo / ref))
+        plumbing = ("HEAD", "config", "packed-refs", "objects/info/alternates")
+        expected |= {str(repo / n) for n in plumbing}
+        for ref, oid in source_refs(gitdir).items():  # listed in packed-refs, resolved by path
             assert run("cat", repo / ref) == f"{oid}\n"
+            assert f"{oid} {ref}\n" in run("cat", repo / "packed-refs")
     assert sorted(files) == sorted(expected)  # never a walk of the store's objects
     du = run("du", "-ab", served.mnt / "repos").splitlines()
     assert {line.split("\t")[1] for line in du} >= expected
 
 
-def test_ls_r_of_refs_nests_refs_by_path_components(served):
+def test_ls_r_of_refs_shows_heads_and_tags_and_packed_refs_lists_every_ref(served):
     repo = served.mnt / "repos" / "one"
     out = run("ls", "-R", repo / "refs")
-    blocks = {
-        block.split(":\n")[0]: sorted(block.split(":\n")[1].split())
-        for block in out.strip().split("\n\n")
-    }
-    assert blocks[f"{repo}/refs/heads"] == ["main", "side"]
-    assert blocks[f"{repo}/refs/tags"] == ["v1"]
-    assert {"heads", "tags"} <= set(blocks[f"{repo}/refs"])
+    # refs are listed in packed-refs: the directories show refs/heads and refs/tags only
+    refs = repo / "refs"
+    assert out == f"{refs}:\nheads\ntags\n\n{refs}/heads:\n\n{refs}/tags:\n"
+    assert run("cat", repo / "refs" / "heads" / "side").strip() in run("cat", repo / "packed-refs")
 
 
 # -- /pins ------------------------------------------------------------------------------------

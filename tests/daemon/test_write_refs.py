@@ -81,7 +81,13 @@ def test_git_update_ref_creates_updates_and_deletes_and_refuses_a_stale_old_valu
     assert not (repo / "refs" / "heads" / "main").exists()
     assert not (repo / "refs" / "tags" / "deep").exists()
     assert git("for-each-ref", env=env).stdout == ""
-    assert sorted(os.listdir(repo)) == ["HEAD", "config", "objects", "refs"]  # no lock left
+    assert sorted(os.listdir(repo)) == [
+        "HEAD",
+        "config",
+        "objects",
+        "packed-refs",
+        "refs",
+    ]  # no lock
     assert mount.tracebacks() == []
 
 
@@ -118,7 +124,10 @@ def test_ref_directories_appear_and_vanish_with_their_refs(mount, repo):
     os.mkdir(refs / "heads" / "team" / "empty")
     assert sorted(os.listdir(refs / "heads" / "team")) == ["empty"]
     write_file(refs / "heads" / "team" / "feature", f"{a}\n".encode())
-    assert sorted(os.listdir(refs / "heads" / "team")) == ["empty", "feature"]
+    # refs are listed in packed-refs, not in their directories; they resolve by path
+    assert sorted(os.listdir(refs / "heads" / "team")) == ["empty"]
+    assert (refs / "heads" / "team" / "feature").read_text() == f"{a}\n"
+    assert (refs / "heads" / "team").is_dir()
     assert errno_of(os.rmdir, refs / "heads" / "team") == errno.ENOTEMPTY
     os.rmdir(refs / "heads" / "team" / "empty")
     os.makedirs(refs / "notes" / "x")
@@ -192,14 +201,17 @@ def test_repositories_are_made_and_removed_with_mkdir_and_rmdir_and_every_errno(
     assert errno_of(os.mkdir, repos / "made") == errno.EEXIST
     assert errno_of(os.mkdir, repos / "bad!id") == errno.EINVAL
     assert errno_of(os.mkdir, repos / ".hidden") == errno.EINVAL
-    for plumbing in ("HEAD", "config"):
-        assert errno_of(os.unlink, repos / "made" / plumbing) == errno.EPERM
     (a,) = commits(mount, "made", 1)
     write_file(repos / "made" / "refs" / "heads" / "main", f"{a}\n".encode())
+    for plumbing in ("HEAD", "config", "objects/info/alternates"):  # while refs remain
+        assert errno_of(os.unlink, repos / "made" / plumbing) == errno.EPERM
+    assert errno_of(os.rmdir, repos / "made" / "objects") == errno.EPERM
     assert errno_of(os.rmdir, repos / "made") == errno.ENOTEMPTY
     assert (repos / "made" / "refs" / "heads" / "main").read_text() == f"{a}\n"
 
-    subprocess.run(["rm", "-r", str(repos / "made" / "refs")], check=True)
+    os.unlink(repos / "made" / "refs" / "heads" / "main")
+    for plumbing in ("HEAD", "config"):  # no ref left: the plumbing no longer refuses
+        os.unlink(repos / "made" / plumbing)
     os.rmdir(repos / "made")
     assert not (repos / "made").exists()
     assert os.listdir(repos) == []
@@ -215,5 +227,11 @@ def test_repositories_are_made_and_removed_with_mkdir_and_rmdir_and_every_errno(
     assert errno_of(os.link, fan / "tmp_obj_bad", fan / oid[2:]) == errno.EIO
     os.unlink(fan / "tmp_obj_bad")
     assert git("--git-dir", repos / "again", "fsck", "--full").returncode == 0
-    assert sorted(os.listdir(repos / "again")) == ["HEAD", "config", "objects", "refs"]
+    assert sorted(os.listdir(repos / "again")) == [
+        "HEAD",
+        "config",
+        "objects",
+        "packed-refs",
+        "refs",
+    ]
     assert mount.tracebacks() == []
