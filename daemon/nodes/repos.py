@@ -96,12 +96,14 @@ CONFIG = """\
 \tbare = true
 \tlogAllRefUpdates = false
 {extensions}# Maintenance inside the mount is the daemon's: no auto-gc, no packing of refs (they
-# are always listed in packed-refs here), no reflogs to expire.
+# are always listed in packed-refs here), no reflogs to expire, no commit-graph written
+# into objects/info (the mount's derived graph is the one git reads).
 [gc]
 \tauto = 0
 \tpackRefs = false
 \treflogExpire = never
 \treflogExpireUnreachable = never
+\twriteCommitGraph = false
 [maintenance]
 \tauto = false
 [receive]
@@ -266,6 +268,9 @@ class RepoDir(Dir):
     async def rename(
         self, name: bytes, new_parent: Node, new_name: bytes, flags: int, ctx: Any
     ) -> None:
+        if name in GC_FILES and new_name in GC_FILES and new_parent is self:
+            _move_gc_file(self, name, new_name)
+            return
         ref = _ROOT_LOCKS.get(name)
         lock = _lock_of(self, self.repo, ref)
         if lock is None or new_parent is not self or new_name != _ROOT_TARGET.get(name):
@@ -563,6 +568,10 @@ _ROOT_LOCKS = {
     b"packed-refs.lock": "packed-refs",
     b"packed-refs.new": "packed-refs.new",
 }
+# `git gc` keeps its pid (and a log of a failed detached run) in the top directory: small
+# in-memory files that live as long as the mount, like the locks. Nothing else is written.
+GC_FILES = frozenset({b"gc.pid", b"gc.pid.lock", b"gc.log", b"gc.log.lock"})
+_ROOT_LOCKS.update({n: n.decode() for n in GC_FILES})
 _ROOT_TARGET = {
     b"HEAD.lock": b"HEAD",
     b"packed-refs.lock": b"packed-refs",
@@ -576,6 +585,8 @@ def line_cap(ref: str, old: Any) -> int:
     """How many bytes a write handle of `ref` takes (EINVAL / ENAMETOOLONG beyond)."""
     if ref == "HEAD":
         return HEAD_LINE_MAX
+    if ref.startswith("gc."):
+        return 4096
     if ref.startswith("packed-refs"):  # git rewrites it whole: bounded per line of the snapshot
         n = len(old) if isinstance(old, dict) else 0
         return (n + 64) * (MAX_REF_NAME + 2 * 66 + 4)
@@ -779,6 +790,18 @@ def _new_lock(parent: Node, repo: Repo, ref: str, name: bytes, old: Any) -> Lock
     node = LockFile(parent.ctx, parent, repo, ref, name, old)
     w.locks[k] = node
     return node
+
+
+def _move_gc_file(repo_dir: RepoDir, name: bytes, new_name: bytes) -> None:
+    """rename of one gc file over another (git's gc.pid.lock -> gc.pid)."""
+    w = scratch.writes(repo_dir.ctx)
+    k = repo_key(repo_dir.repo)
+    node = w.locks.pop((k, name.decode()), None)
+    if not isinstance(node, LockFile):
+        fail(errno.ENOENT)
+    node.ref = new_name.decode()
+    node.name = new_name
+    w.locks[(k, node.ref)] = node
 
 
 def _drop_lock(ctx: Context, repo: Repo, ref: str | None) -> bool:

@@ -295,6 +295,7 @@ def test_config_is_a_minimal_bare_config_that_keeps_git_from_gc_and_maintenance(
             "gc.packrefs=false",
             "gc.reflogexpire=never",
             "gc.reflogexpireunreachable=never",
+            "gc.writecommitgraph=false",
             "maintenance.auto=false",
             "receive.autogc=false",
         ]
