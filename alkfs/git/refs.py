@@ -302,17 +302,14 @@ class Refs:
     def packed(self, repo_id: str) -> tuple[int, list[tuple[str, str, str | None]]]:
         """(version, [(name, oid, peeled or None)]) of every ref, in byte order of the
         names, as git's `packed-refs` lists them: the version is read before the refs, so
-        a change the list misses always moves it. Refs under `refs/tags/` that point at
-        annotated tags carry the id they peel to (the first non-tag object)."""
+        a change the list misses always moves it. Every ref that points at an annotated
+        tag carries the id it peels to (the first non-tag object): git's "fully-peeled"."""
         version = self.version(repo_id)
         self.repo(repo_id)
         rows = self.tables.read(
             "SELECT name, oid FROM git_refs WHERE repo = ? ORDER BY name", (repo_id,)
         )
-        return version, [
-            (name, oid, self.peel(oid) if name.startswith("refs/tags/") else None)
-            for name, oid in rows
-        ]
+        return version, [(name, oid, self.peel(oid)) for name, oid in rows]
 
     def peel(self, oid: str) -> str | None:
         """The id an annotated tag finally points at (None if `oid` is not a tag or is

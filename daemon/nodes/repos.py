@@ -474,13 +474,14 @@ def repo_key(repo: Repo) -> scratch.RepoKey:
 
 
 # -- packed-refs: every ref, in a new file per generation ----------------------------------
-PACKED_HEADER = b"# pack-refs with: peeled sorted \n"
+PACKED_HEADER = b"# pack-refs with: peeled fully-peeled sorted \n"
 QUOTE = 80  # characters of a refused value quoted in a log line
 
 
 class PackedRefsFile(File):
     """/repos/<id>/packed-refs: every ref of the repository in git's packed format (sorted,
-    annotated tags under refs/tags/ peeled). Each generation is its own inode with fixed
+    fully peeled: every ref to an annotated tag carries the id it peels to, so git never
+    reads an object to learn that a ref is not a tag). Each generation is its own inode with fixed
     content, so a file git opened (or mmapped) never changes under it; the entry is never
     cached, so the next lookup after a ref moved finds the new generation."""
 

@@ -92,13 +92,13 @@ def refs_of(gitdir) -> str:
 def test_packed_refs_is_what_git_pack_refs_writes_and_every_ref_resolves_by_path(served, tmp_path):
     m, small, _ = served
     repo = m.mnt / "repos" / "small"
-    # what git itself writes for the same refs (its header also claims fully-peeled)
+    # what git itself writes for the same refs
     native = tmp_path / "native.git"
     git("clone", "-q", "--mirror", small, native)
     git(f"--git-dir={native}", "pack-refs", "--all", "--prune")
     want = (native / "packed-refs").read_text().splitlines()[1:]
     got = (repo / "packed-refs").read_text().splitlines()
-    assert got[0] == "# pack-refs with: peeled sorted "
+    assert got[0] == "# pack-refs with: peeled fully-peeled sorted "
     assert got[1:] == want  # every ref, sorted, annotated tags peeled (tag of a tag too)
     assert any(line.startswith("^") for line in got)
     for line in got[1:]:
