@@ -214,7 +214,7 @@ class RepoDir(Dir):
         if name == b"objects":
             return RepoObjectsDir(self.ctx, self)
         if name == b"refs":
-            return RefDir(self.ctx, self, self.repo, "refs")
+            return FixedRefDir(self.ctx, self, self.repo, "refs")
         return None
 
     async def lookup(self, name: bytes, ctx: Any) -> Node:
@@ -835,7 +835,8 @@ class RefDir(Dir):
         return ("heads", "tags") if self.ref == "refs" else ()
 
     def _dir(self, name: str) -> RefDir:
-        return RefDir(self.ctx, self, self.repo, f"{self.ref}/{name}")
+        cls = FixedRefDir if name in self._always() else RefDir
+        return cls(self.ctx, self, self.repo, f"{self.ref}/{name}")
 
     def _made(self) -> set[str]:
         """Directories below refs/ made by mkdir that hold no ref yet (in memory)."""
@@ -954,6 +955,16 @@ class RefDir(Dir):
             return [(d.encode(), self._dir(d)) for d in sorted(dirs)]
 
         await readdir_snapshot(dh, start, emit, entries)
+
+
+class FixedRefDir(RefDir):
+    """refs/, refs/heads and refs/tags: they exist as long as the repository does, so their
+    entries are cached as long as the repository directory's (a second), which saves git
+    a lookup per path walk."""
+
+    entry_timeout = DYNAMIC_TIMEOUT
+    attr_timeout = DYNAMIC_TIMEOUT
+    __slots__ = ()
 
 
 class RepoObjectsDir(scratch.ScratchOverlay, Dir):
