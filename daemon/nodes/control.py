@@ -26,6 +26,7 @@ from alkfs.durations import parse_duration
 
 from ..context import DYNAMIC_TIMEOUT
 from ..errors import clip, fail
+from ..packs import repack_now
 from ..status import metrics_text, status_json
 from .base import BytesHandle, File, Handle, Node, StaticDir, wants_write
 
@@ -34,7 +35,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("alkfsd")
 
-USAGE = b"commands: sweep [WINDOW]   (e.g. sweep, sweep 0, sweep 1h)\n          verify\n"
+USAGE = (
+    b"commands: sweep [WINDOW]   (e.g. sweep, sweep 0, sweep 1h)\n"
+    b"          verify\n"
+    b"          repack     (build and publish the git views' derived packs now)\n"
+)
 MAX_LINES = 4  # complete lines (commands) one write may bring
 MAX_BYTES = 4096  # bytes one open of the control file takes in all
 
@@ -54,7 +59,7 @@ class AlkfsDir(StaticDir):
 
 
 class ControlFile(File):
-    """Write `sweep [WINDOW]` or `verify`; the write returns when the command is done."""
+    """Write `sweep [WINDOW]`, `verify` or `repack`; the write returns when it is done."""
 
     writable_when_read_only = True
     entry_timeout = DYNAMIC_TIMEOUT
@@ -145,6 +150,10 @@ class ControlHandle(Handle):
             await ctx.sweep(parse_duration(args[0]) if args else None)
         elif cmd == "verify":
             await ctx.verify()
+        elif cmd == "repack":
+            if ctx.read_only:
+                fail(errno.EROFS, "the mount is read-only: no repack")
+            log.info("repack: %s", await repack_now(ctx))
 
 
 def may_start(text: bytes) -> bool:
@@ -160,8 +169,8 @@ def may_start(text: bytes) -> bool:
     ended = line[-1].isspace()  # the last word is complete
     cmd = words[0]
     if len(words) == 1 and not ended:
-        return "sweep".startswith(cmd) or "verify".startswith(cmd)
-    if cmd == "verify":
+        return any(c.startswith(cmd) for c in ("sweep", "verify", "repack"))
+    if cmd in ("verify", "repack"):
         return len(words) == 1
     if cmd != "sweep" or len(words) > 2:
         return False
@@ -178,7 +187,7 @@ def may_start(text: bytes) -> bool:
 
 def parse(line: bytes) -> list[str]:
     """The words of one command line ([] for a blank one); EINVAL for anything but
-    `sweep [WINDOW]` and `verify`."""
+    `sweep [WINDOW]`, `verify` and `repack`."""
     try:
         words = line.decode("utf-8").split()
     except UnicodeDecodeError:
@@ -193,7 +202,7 @@ def parse(line: bytes) -> list[str]:
             except ValueError:
                 fail(errno.EINVAL, f"not a duration: {clip(repr(args[0]), 64)}")
         return words
-    if cmd == "verify" and not args:
+    if cmd in ("verify", "repack") and not args:
         return words
     fail(errno.EINVAL, f"unknown control command {clip(repr(' '.join(words)), 100)}")
 
