@@ -424,14 +424,8 @@ class MountTarget:
         repo = self.root / "repos" / repo_id
         with through(f"repo {repo_id}", ENOENT=f"no repository {repo_id!r}"):
             os.stat(repo)
-            refs = repo / "refs"
-            for top, dirs, files in os.walk(refs, topdown=False):
-                for name in files:
-                    os.unlink(os.path.join(top, name))
-                for name in dirs:
-                    os.rmdir(os.path.join(top, name))
-            with contextlib.suppress(FileNotFoundError):
-                os.rmdir(refs)
+            # every ref is listed in packed-refs (SPEC 3.3): removing it removes them all
+            os.unlink(repo / "packed-refs")
         with through(
             f"repo {repo_id}",
             ENOTEMPTY=f"repository {repo_id!r}: refs were written while it was removed",

@@ -112,7 +112,7 @@ def served(start_mount, tmp_path: Path):
                     objects[st.key] = Obj(st.key, st.size, st.tier, st.stored_ns, data)
                 after = page[-1].key
         pins = {p.name: (p.key, p.created_ns) for p in app.pins.list()}
-    m = start_mount(store, "--window", "1h")
+    m = start_mount(store, "--window", "1h", env={"ALKFS_PACKS": "off"})  # the loose views
     yield Served(m, objects, pins, sources)
     assert m.tracebacks() == []
 

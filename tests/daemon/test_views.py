@@ -32,6 +32,9 @@ from alkfs.git.objects import canonical, encode_loose, loose_size
 from alkfs.keys import Algorithm, Key
 from alkfs.store import Store
 
+# These tests check the loose views (the fan-out listings, the loose form, paging), so
+# their daemons serve no derived packs; tests/daemon/test_packs_mount.py covers packs.
+LOOSE_ONLY = {"ALKFS_PACKS": "off"}
 EXTRA_BLOBS = 300  # loose git blobs no repository references
 CROWDED = 20_000  # ~78 objects per prefix: most fan-out listings take more than one query
 TWO_BLOCKS = 100_000  # a kv object framed in two stored deflate blocks
@@ -146,7 +149,7 @@ def stored(tmp_path_factory: pytest.TempPathFactory) -> Stored:
 @pytest.fixture
 def served(stored: Stored, start_mount) -> Iterator[Served]:
     """A daemon over the module's store (`--window 1h`: no sweep deletes anything here)."""
-    m = start_mount(stored.path, "--window", "1h")
+    m = start_mount(stored.path, "--window", "1h", env=LOOSE_ONLY)
     yield Served(**vars(stored), m=m)
     assert m.tracebacks() == []
 
@@ -191,7 +194,7 @@ def test_crowded_fanout_dirs_list_every_object_once_across_pages(start_mount, tm
     with Alkfs.open(store) as app:
         for result in app.store.put_many([(b, Algorithm.GIT_SHA1, None) for b in blobs]):
             result.pin.release()
-    m = start_mount(store, "--window", "1h")
+    m = start_mount(store, "--window", "1h", env=LOOSE_ONLY)
     expected = {Key.derive(Algorithm.GIT_SHA1, b).hex for b in blobs}
     per_prefix = Counter(h[:2] for h in expected)
     assert sum(1 for n in per_prefix.values() if n > FIRST_PAGE) == 242  # more than one query
@@ -429,7 +432,7 @@ def test_a_swept_object_leaves_the_git_view_and_the_repositories(start_mount, tm
     with Alkfs.open(store) as app:
         import_repo(app, str(src), "one", progress=False)
         dead = app.store.add(dead_data, algo=Algorithm.GIT_SHA1)
-    m = start_mount(store, "--window", "0")
+    m = start_mount(store, "--window", "0", env=LOOSE_ONLY)
     hexdigest = dead.hex
     view = m.mnt / "git" / "sha1" / hexdigest[:2] / hexdigest[2:]
     in_repo = m.mnt / "repos" / "one" / "objects" / hexdigest[:2] / hexdigest[2:]
