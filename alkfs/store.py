@@ -553,7 +553,7 @@ class Store:
             )
             if not ok:
                 self._mark_corrupt(key)
-                raise Corrupt(f"{key}: stored bytes do not match its recorded size and chunks")
+                raise Corrupt(f"{key}: stored bytes do not hash to the key")
             return
         self._check(key, data)
         digester = ChunkDigester()
@@ -621,8 +621,9 @@ class Store:
         extra = 1 if i == rec.count - 1 else 0  # a byte past the size: the file grew
         data = os.pread(fd, end - start + extra, start)
         if not rec.matches(i, data):
+            self.log.warning("%s: bytes %d-%d are not its recorded chunk %d", key, start, end, i)
             self._mark_corrupt(key)
-            raise Corrupt(f"{key}: bytes {start}-{end} do not match their recorded chunk {i}")
+            raise Corrupt(f"{key}: stored bytes do not hash to the key")
         return data
 
     def _stream_large(
@@ -653,7 +654,7 @@ class Store:
                 keep(rec.span(i)[0], self.read_chunk(key, fd, rec, i))
             if rec.count == 0 and os.pread(fd, 1, 0):
                 self._mark_corrupt(key)
-                raise Corrupt(f"{key}: the file is longer than its recorded size")
+                raise Corrupt(f"{key}: stored bytes do not hash to the key")
         else:
             h = key.algo.hasher()
             digester = ChunkDigester()
