@@ -64,6 +64,8 @@ class Context:
         self.mountpoint: str | None = None
         # /repos/<id>/packed-refs: (repo id, created_ns) -> (refs version, content, made_ns)
         self.packed_refs: dict[tuple[str, int], tuple[int, bytes, int]] = {}
+        # /repos/<id>/objects/pack: stems of packs git moved in whose objects are stored
+        self.ingested_packs: dict[tuple[str, int], set[bytes]] = {}
         self.started_ns = time.time_ns()
         self.uid = os.getuid()
         self.gid = os.getgid()

@@ -1044,10 +1044,13 @@ class RepoFanoutDir(FanoutDir):
 
 
 class RepoPackDir(scratch.ScratchOverlay, Dir):
-    """/repos/<id>/objects/pack: empty, except while a push moves its pack in. When the
-    index arrives (git moves it after the pack) every object of the pack is verified and
-    stored, pinned for the push (scratch.ingest_pack); the files stay listed until git
-    removes the pack's `.keep`, i.e. until the push's refs are written."""
+    """/repos/<id>/objects/pack: lists nothing once a pack is in the store. When a pack's
+    index arrives (git moves it after the pack: a push, or `git repack` run here) every
+    object of the pack is verified and stored, pinned for the push (scratch.ingest_pack);
+    from then on its files still resolve by name for the git process that made them but
+    are no longer listed (every object is served by the store and the derived packs, so
+    a local clone or a later git never copies or re-reads this pack), and they go when git
+    removes the pack's `.keep` (a push's refs are written) or the files themselves."""
 
     __slots__ = ("repo",)
 
@@ -1063,7 +1066,12 @@ class RepoPackDir(scratch.ScratchOverlay, Dir):
         return node
 
     async def readdir(self, dh: DirHandle, start: int, emit: Emit) -> None:
-        await readdir_snapshot(dh, start, emit, lambda: scratch.entries_in(self))
+        def entries() -> Entries:
+            stored = self.ctx.ingested_packs.get(repo_key(self.repo), set())
+            listed = scratch.entries_in(self)
+            return [(n, node) for n, node in listed if n.partition(b".")[0] not in stored]
+
+        await readdir_snapshot(dh, start, emit, entries)
 
     async def link(self, name: bytes, node: Node, ctx: Any) -> Node:
         out = await super().link(name, node, ctx)
@@ -1084,6 +1092,8 @@ class RepoPackDir(scratch.ScratchOverlay, Dir):
         except BaseException:
             scratch.unlink_in(self, name)  # a refused pack: its index is not kept
             raise
+        stem = name.partition(b".")[0]  # pack-<hex>: its .pack, .idx, .rev, .bitmap, .keep
+        self.ctx.ingested_packs.setdefault(repo_key(self.repo), set()).add(stem)
 
     async def unlink(self, name: bytes, ctx: Any) -> None:
         if not scratch.unlink_in(self, name):

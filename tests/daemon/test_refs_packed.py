@@ -156,6 +156,26 @@ def test_git_pack_refs_and_gc_inside_the_repository_keep_every_ref(served):
     assert sorted(os.listdir(repo)) == ["HEAD", "config", "objects", "packed-refs", "refs"]
 
 
+def test_a_pack_git_repack_writes_in_a_repository_is_stored_and_no_longer_listed(served, tmp_path):
+    m, small, _ = served
+    repo = m.mnt / "repos" / "small"
+    env = {"GIT_DIR": str(repo)}
+    before = refs_of(repo)
+    git("repack", "-adf", "-q", env=env)  # a pack of every object, moved into objects/pack
+    assert os.listdir(repo / "objects" / "pack") == []
+    assert refs_of(repo) == before
+    # a local clone copies no pack of the store (its objects stay reachable in the mount)
+    clone = tmp_path / "clone"
+    git("clone", "-q", "--bare", repo, clone)
+    assert not [p for p in os.listdir(clone / "objects" / "pack") if p.endswith(".pack")]
+    check = subprocess.run(
+        ["git", "--git-dir", str(clone), "fsck", "--connectivity-only"],
+        capture_output=True,
+        env={**os.environ, **GIT_ENV},
+    )
+    assert check.returncode == 0, check.stderr
+
+
 def test_every_kind_of_git_deletion_deletes_exactly_its_ref(served, tmp_path):
     m, small, _ = served
     repo = m.mnt / "repos" / "small"
