@@ -462,6 +462,9 @@ class MountTarget:
         if head:
             with through(f"repos/{repo_id}/HEAD"):
                 (repo / "HEAD").write_text(f"ref: {head}\n")
+        # the import returns with its objects served from derived packs (SPEC 3.2)
+        with through("the control file's repack"):
+            (self.root / ".alkfs" / "control").write_text("repack\n")
 
     def control(self, command: str) -> None:
         with through(

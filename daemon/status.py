@@ -23,6 +23,10 @@ def figures(ctx: Context) -> dict[str, Any]:
     """SPEC §3.6's status (the library's, see Alkfs.status) plus where it is mounted."""
     fig = ctx.app.status()
     fig["mount"] = {"path": ctx.mountpoint, "read_only": ctx.read_only, "pid": os.getpid()}
+    # the git views' derived packs (daemon/packs.py keeps them on the context once started):
+    # per format, the published generation, its object and pack counts, bytes, build time
+    served = ctx.__dict__.get("_derived_packs")
+    fig["packs"] = served.status() if served is not None else {}
     return fig
 
 

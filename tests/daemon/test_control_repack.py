@@ -3,6 +3,7 @@ now: an object stored loose is inside a listed pack when the write returns."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 
@@ -37,4 +38,7 @@ def test_repack_through_the_control_file_packs_a_loose_object_at_once(mount):
     assert any(line.startswith(oid + " ") for line in listed.splitlines())
     assert oid[2:] not in os.listdir(fan)  # a packed object is no longer listed loose
     assert (fan / oid[2:]).exists()  # but still resolves by name
+    packs = json.loads((mount.mnt / ".alkfs" / "status").read_text())["packs"]
+    assert packs["sha1"]["objects"] == 1 and packs["sha1"]["packs"] >= 1
+    assert packs["sha1"]["generation"] is not None and packs["sha1"]["last_error"] is None
     assert mount.tracebacks() == []
