@@ -25,7 +25,8 @@ Here lives everything that is not yet a stored object:
   write of that process in that repository commits (git's receive-pack migrates the
   quarantine and writes the refs itself), or until any ref write in that repository
   commits once the writing process has exited, or until the grace period
-  (max(10 min, the sweep window), or alkfsd's `--push-grace`) passes. Objects written
+  (max(10 min, the sweep window), or alkfsd's `--push-grace`) has passed since the
+  writing process exited (a live writer keeps its pins however long it takes). Objects written
   through /git/<format>/ (by alternates users, whose refs live outside the mount) are not
   pinned: the window protects them, as it protects every object written before the ref
   that names it.
@@ -236,13 +237,18 @@ class Writes:
         """Release sessions older than the grace period; drop quarantines whose creator
         has exited (git removes its own; these are a killed push's)."""
         now = time.monotonic() if now is None else now
-        for k in [k for k, s in self.sessions.items() if now - s.since > self.grace_s]:
-            log.info(
-                "releasing %d pin(s) of repository %s after the grace period",
-                len(self.sessions[k].batch),
-                k[0][0],
-            )
-            self.sessions.pop(k).batch.release()
+        for k, session in list(self.sessions.items()):
+            if alive(k[1]):
+                # a writer that is still there (a push slower than any grace, a hung
+                # `git hash-object`) keeps its pins: the grace counts from its exit
+                session.since = now
+            elif now - session.since > self.grace_s:
+                log.info(
+                    "releasing %d pin(s) of repository %s after the grace period",
+                    len(session.batch),
+                    k[0][0],
+                )
+                self.sessions.pop(k).batch.release()
         for serial, q in list(self.quarantines.items()):
             if not alive(q.creator):
                 q.drop_from_host()

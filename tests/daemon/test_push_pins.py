@@ -1,6 +1,7 @@
 """The two push pins test_write_git.py leaves out, on real mounts with `--window 0`: the
-grace period (`alkfsd --push-grace`) after which the objects a writer stored through
-/repos/<id>/objects go although no ref write of it ever committed, and the pin a push
+grace period (`alkfsd --push-grace`), counted from the writer's exit, after which the
+objects a writer stored through /repos/<id>/objects go although no ref write of it ever
+committed (a live writer keeps them however long it takes), and the pin a push
 takes on an object it finds already stored and only touches (unpack-objects freshening
 it through the alternate), held until the push's ref commits.
 
@@ -23,6 +24,7 @@ from helpers import GIT_ENV, sweep
 from alkfs.git.objects import canonical, object_id
 
 GRACE = "3s"
+GRACE_S = 3.0
 WAIT_S = 60.0  # bound of every poll here
 RELEASED = "after the grace period"
 
@@ -79,7 +81,9 @@ def wait_for(what, why: str, *procs: subprocess.Popen) -> None:
         time.sleep(0.05)
 
 
-def test_pins_without_a_ref_write_go_after_the_push_grace(start_mount, tmp_path):
+def test_pins_without_a_ref_write_go_after_the_push_grace_counted_from_the_writers_exit(
+    start_mount, tmp_path
+):
     mount = start_mount(None, "--window", "0", "--push-grace", GRACE)
     os.mkdir(mount.path("repos", "g"))
     gitdir = mount.path("repos", "g")
@@ -106,17 +110,27 @@ def test_pins_without_a_ref_write_go_after_the_push_grace(start_mount, tmp_path)
         assert kept == [True, True]
         assert not loose(mount, free).exists()
 
-        # No ref write ever commits in g and the writer is still there: only the grace
-        # period lets the two sessions (the live writer's, git's) go.
-        wait_for(lambda: mount.log().count(RELEASED) >= 2, "release of both sessions", writer)
+        # No ref write ever commits in g. git hash-object has exited: its session goes
+        # after the grace. The writer is still there: its pins stay however long it lives.
+        wait_for(lambda: RELEASED in mount.log(), "release of git's session", writer)
+        time.sleep(3 * GRACE_S)  # several expiry rounds past the grace (not a timing assert)
+        assert mount.log().count(RELEASED) == 1
+        sweep(mount)
+        sweep(mount)
+        assert not loose(mount, by_git).exists()
+        assert loose(mount, alive).exists()  # a live writer's object outlives the grace
+        assert writer.poll() is None
+        # once the writer exits, the grace counts from there and its pins go
+        assert writer.stdin is not None
+        writer.stdin.close()
+        writer.wait(timeout=10)
+        wait_for(lambda: mount.log().count(RELEASED) >= 2, "release of the writer's session")
         assert "releasing 1 pin(s) of repository g after the grace period" in mount.log()
         sweep(mount)
         sweep(mount)
         assert not loose(mount, alive).exists()
-        assert not loose(mount, by_git).exists()
-        assert writer.poll() is None
     finally:
-        if writer.stdin is not None:
+        if writer.stdin is not None and not writer.stdin.closed:
             writer.stdin.close()
         try:
             writer.wait(timeout=10)
