@@ -83,7 +83,6 @@ if TYPE_CHECKING:
 
 Emit = Callable[[bytes, "Node", int], bool]
 FIRST_OFFSET = 3  # readdir offsets are never 0, 1 or 2 (NFS re-export reads those specially)
-WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_TRUNC
 # st_blksize: cp and cat size their buffers from it (at least 128 KiB). 1 MiB, the mount's
 # max_write, makes cp into the mount write 1 MiB at a time: 8x fewer WRITE requests and
 # 8x fewer security.capability getxattrs (the kernel asks before every write syscall).
@@ -91,7 +90,9 @@ BLKSIZE = 1 << 20
 
 
 def wants_write(flags: int) -> bool:
-    return bool(flags & (os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_TRUNC))
+    """Whether an open may change the file: a write access mode or O_TRUNC. O_APPEND alone
+    is not one (Linux opens O_RDONLY|O_APPEND for reading; its writes fail EBADF)."""
+    return (flags & os.O_ACCMODE) != os.O_RDONLY or bool(flags & os.O_TRUNC)
 
 
 class Handle:

@@ -120,3 +120,19 @@ def test_a_dead_mount_is_still_cleared_at_start(start_mount, tmp_path):
     assert os_errno(os.statvfs, m.mnt) == errno.ENOTCONN
     m.start()
     assert m.path("pins", "keep").read_bytes() == b"kept\n"
+
+
+def test_o_rdonly_o_append_reads_an_object_on_a_read_only_mount_too(
+    start_mount, populate, tmp_path
+):
+    store = tmp_path / "ro-store"
+    (key,) = populate(store, [b"read with O_APPEND\n"])
+    m = start_mount(store, "--read-only")
+    path = m.mnt / "objects" / "sha256" / key.hex
+    fd = os.open(path, os.O_RDONLY | os.O_APPEND)
+    try:
+        assert os.read(fd, 100) == b"read with O_APPEND\n"
+    finally:
+        os.close(fd)
+    assert os_errno(os.open, path, os.O_WRONLY | os.O_APPEND) == errno.EROFS
+    assert m.tracebacks() == []
