@@ -54,7 +54,7 @@ from crash_helpers import (
 pytestmark = pytest.mark.timeout(4 * 3600 if SOAK else 600)
 
 MIB = 1 << 20
-DEAD = 1500  # dead kv objects staged for each round of the sweep case
+DEAD = 2500  # dead kv objects staged for each round of the sweep case
 HEX40 = re.compile("[0-9a-f]{40}")
 
 
@@ -430,7 +430,7 @@ def test_crash_during_sweep_execute(start_mount, tmp_path):
             tmp_path / f"sweep-{i}",
             [["run", ["sh", "-c", 'echo sweep > "$0"', str(m.path(".alkfs", "control"))]]],
         )
-        kill_after(m, client, rng.uniform(0.0, 1.2))
+        kill_after(m, client, rng.uniform(0.0, 0.6))
         crash_restart(m, client)
         assert pin_listing(m) == {n: sha(d) for n, d in live.items()}
         for name, data in live.items():
