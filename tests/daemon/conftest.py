@@ -151,8 +151,9 @@ class Mount:
         return self
 
     def wait_mounted(self) -> None:
-        """Bounded poll: the mount entry is there and answers statvfs (a dead mount left
-        by a killed daemon is also listed, but answers ENOTCONN until it is replaced)."""
+        """Bounded poll: the mount entry is there, answers statvfs and is a mount point (a
+        dead mount left by a killed daemon is also listed, but answers ENOTCONN until it
+        is replaced)."""
         assert self.proc is not None
         deadline = time.monotonic() + MOUNT_TIMEOUT_S
         while True:
@@ -161,7 +162,11 @@ class Mount:
             if is_mounted(self.mnt):
                 try:
                     os.statvfs(self.mnt)
-                    return
+                    # a mount point, not the bare directory a cleared dead mount leaves
+                    # for a moment before the new daemon mounts (its entry may still be
+                    # listed when /proc/self/mounts is read)
+                    if os.stat(self.mnt).st_dev != os.stat(self.mnt.parent).st_dev:
+                        return
                 except OSError as exc:
                     if exc.errno != errno.ENOTCONN:
                         raise
