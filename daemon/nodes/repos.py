@@ -385,7 +385,8 @@ class HeadFile(RepoFile):
 
     async def open(self, flags: int, ctx: Any) -> Handle:
         if wants_write(flags):
-            return RefWriteHandle(self, self.repo, "HEAD", None, scratch.pid_of(ctx))
+            shown = b"" if flags & os.O_TRUNC else self.content()
+            return RefWriteHandle(self, self.repo, "HEAD", None, scratch.pid_of(ctx), shown)
         return await super().open(flags, ctx)
 
     async def setattr(self, attr: Any, fields: Any, handle: Handle | None, ctx: Any) -> Any:
@@ -423,7 +424,8 @@ class RefFile(RepoFile):
     async def open(self, flags: int, ctx: Any) -> Handle:
         if wants_write(flags):
             old = self.ctx.refs.get(self.repo.id, self.ref)
-            return RefWriteHandle(self, self.repo, self.ref, old, scratch.pid_of(ctx))
+            shown = b"" if flags & os.O_TRUNC or old is None else f"{old}\n".encode()
+            return RefWriteHandle(self, self.repo, self.ref, old, scratch.pid_of(ctx), shown)
         return await super().open(flags, ctx)
 
     async def setattr(self, attr: Any, fields: Any, handle: Handle | None, ctx: Any) -> Any:
@@ -456,6 +458,7 @@ def _truncate_only(node: RepoFile, fields: Any, handle: Handle | None) -> Any:
         fail(errno.EINVAL, f"{node.path}: a ref changes only by writing a new value into it")
     if fields.update_size and isinstance(handle, RefWriteHandle):
         del handle.buf[0:]
+        handle.shown = None
     return node.attr()
 
 
@@ -663,20 +666,26 @@ async def rewrite_packed(ctx: Context, repo: Repo, data: bytes, snapshot: Any) -
 
 class RefWriteHandle(Handle):
     """An open ref (or HEAD) for writing: the line is applied as one CAS against the value
-    at open, by the write that completes it (else at flush)."""
+    at open, by the write that completes it (else at flush). Until something is written
+    (or it is truncated), a read gives the value at open, as a file opened O_RDWR would."""
 
     direct_io = True
 
-    def __init__(self, node: RepoFile, repo: Repo, ref: str, old: str | None, pid: int) -> None:
+    def __init__(
+        self, node: RepoFile, repo: Repo, ref: str, old: str | None, pid: int, shown: bytes = b""
+    ) -> None:
         super().__init__(node)
         self.repo = repo
         self.ref = ref
         self.old = old if ref != "HEAD" else ANY
         self.pid = pid
         self.buf = bytearray()
+        self.shown: bytes | None = shown  # the value at open, until written or truncated
         self.applied = False
 
     async def read(self, off: int, size: int) -> bytes:
+        if self.shown is not None:
+            return self.shown[off : off + size]
         return bytes(self.buf[off : off + size])
 
     async def write(self, off: int, buf: bytes) -> int:
@@ -684,6 +693,7 @@ class RefWriteHandle(Handle):
             fail(errno.EINVAL, f"{self.node.path}: one line per open")
         end = off + len(buf)
         refuse_long(self.ref, self.node.path, end, line_cap(self.ref, None))
+        self.shown = None
         if len(self.buf) < end:
             self.buf.extend(bytes(end - len(self.buf)))
         self.buf[off:end] = buf

@@ -457,14 +457,6 @@ def test_every_open_flag_combination_on_every_view(mount):
     serves_on(m)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="SPEC is silent, so a Linux file's behaviour: a ref (or HEAD) opened O_RDWR "
-    "fstat()s at its size (41) but read() gives b'' (the write handle reads its own empty "
-    'buffer, daemon/nodes/repos.py RefWriteHandle.read): `python3 -c "import os; '
-    "fd = os.open('MNT/repos/r/refs/heads/main', os.O_RDWR); print(os.read(fd, 100))\"` "
-    "prints b''",
-)
 @pytest.mark.parametrize("view", ["ref", "HEAD"])
 def test_a_ref_opened_read_write_reads_its_value(mount, view):
     m = mount
