@@ -297,29 +297,7 @@ def ordered_objects(
         tree = commits[c][0]
         if tree is None or tree in seen or tree not in objects:
             continue
-        stack = [(tree, b"")]
-        while stack:
-            oid, path = stack.pop()
-            if oid in seen:
-                continue
-            seen.add(oid)
-            out.append((oid, path))
-            data = objects.get(oid)
-            if data is None or not data.startswith(b"tree "):
-                continue
-            nul = data.find(b"\0")
-            subtrees = []
-            for mode, name, child in entry.findall(data, nul + 1):
-                if mode == b"160000" or child in seen:
-                    continue
-                full = path + b"/" + name if path else name
-                if mode.lstrip(b"0") == b"40000":
-                    if child in objects:
-                        subtrees.append((child, full))
-                elif child in blob_set:
-                    seen.add(child)
-                    out.append((child, full))
-            stack.extend(reversed(subtrees))
+        _walk(tree, objects, blob_set, seen, out, entry)
     for d in sorted(objects.keys() - seen):
         out.append((d, b""))
     for d in sorted(blob_set - seen):
