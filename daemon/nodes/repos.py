@@ -655,13 +655,20 @@ async def rewrite_packed(ctx: Context, repo: Repo, data: bytes, snapshot: Any) -
     listed = parse_packed(data)
     before: dict[str, str] = snapshot if isinstance(snapshot, dict) else {}
     gone = [RefUpdate(name, None, oid) for name, oid in before.items() if name not in listed]
-    if not gone:
-        return
-    outcomes = await ctx.run_sync(ctx.refs.update, repo.id, gone, True)
-    bad = [o for o in outcomes if not o.ok and o.reason != Refusal.ATOMIC_SIBLING_FAILED]
-    if bad:
-        fail(errno.EAGAIN, f"{repo.id}: packed-refs rewrite: {bad[0].name}: {bad[0].reason}")
-    log.info("%s: packed-refs rewrite deleted %d ref(s)", repo.id, len(gone))
+    for _ in range(2):
+        if not gone:
+            return
+        outcomes = await ctx.run_sync(ctx.refs.update, repo.id, gone, True)
+        bad = [o for o in outcomes if not o.ok and o.reason != Refusal.ATOMIC_SIBLING_FAILED]
+        if not bad:
+            log.info("%s: packed-refs rewrite deleted %d ref(s)", repo.id, len(gone))
+            return
+        # a ref someone else deleted meanwhile is as the rewrite wants it: retry without
+        if any(o.reason != Refusal.MISSING_REF for o in bad):
+            break
+        missing = {o.name for o in bad}
+        gone = [u for u in gone if u.name not in missing]
+    fail(errno.EAGAIN, f"{repo.id}: packed-refs rewrite: {bad[0].name}: {bad[0].reason}")
 
 
 class RefWriteHandle(Handle):

@@ -264,6 +264,18 @@ def test_a_packed_refs_rewrite_deletes_only_what_it_left_out_and_never_a_ref_tha
     assert rewrite(edited) is None
     assert not (heads / "side").exists()
     assert (heads / "main").read_text() == f"{main}\n"
+    # a ref deleted by someone else after the lock, and left out: the rewrite succeeds
+    tag = repo / "refs" / "tags" / "light"
+    snap = (repo / "packed-refs").read_bytes()
+    lock = os.open(repo / "packed-refs.lock", os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o666)
+    os.unlink(tag)
+    new = os.open(repo / "packed-refs.new", os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o666)
+    os.write(new, b"".join(x for x in snap.splitlines(True) if b" refs/tags/light\n" not in x))
+    os.close(new)
+    assert errno_of(os.rename, repo / "packed-refs.new", repo / "packed-refs") is None
+    os.close(lock)
+    os.unlink(repo / "packed-refs.lock")
+    assert not tag.exists()
     assert rewrite(b"not a packed-refs line\n") == errno.EINVAL
     assert (heads / "main").read_text() == f"{main}\n"
 
