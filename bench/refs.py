@@ -206,13 +206,8 @@ def main() -> int:
         daemon.start()
         mrepo = mnt / "repos" / "big"
 
-        def pair(name, native_argv, mount_argv, target, cwd=None, runs=args.runs):
-            n, m = paired(
-                name,
-                lambda: timed(native_argv, cwd),
-                lambda: timed(mount_argv, cwd),
-                runs,
-            )
+        def report(name: str, n: float, m: float, target: float) -> None:
+            """Print one figure (native and mount medians, their ratio) and record it."""
             ratio = m / n
             ok = ratio <= target
             print(
@@ -223,6 +218,15 @@ def main() -> int:
             rows.append({"name": name, "native_s": n, "mount_s": m, "ratio": ratio})
             if not ok:
                 failed.append(name)
+
+        def pair(name, native_argv, mount_argv, target, cwd=None, runs=args.runs):
+            n, m = paired(
+                name,
+                lambda: timed(native_argv, cwd),
+                lambda: timed(mount_argv, cwd),
+                runs,
+            )
+            report(name, n, m, target)
             return n, m
 
         print(f"{args.refs} refs, medians of {args.runs} paired interleaved runs:")
@@ -286,17 +290,7 @@ def main() -> int:
                 for out, url in forder if i % 2 == 0 else reversed(forder):
                     out.append(timed(["git", "fetch", "-q", url, ref], cwd=reader))
             for name, xs, ys in ((label, a, b), (f"fetch after {label}", fa, fb)):
-                n, m = statistics.median(xs), statistics.median(ys)
-                ratio = m / n
-                ok = ratio <= 5
-                print(
-                    f"  {name:<34} native {n * 1e3:8.1f} ms | mount {m * 1e3:8.1f} ms | "
-                    f"{ratio:5.2f}x (target <= 5x) {'PASS' if ok else 'FAIL'}",
-                    flush=True,
-                )
-                rows.append({"name": name, "native_s": n, "mount_s": m, "ratio": ratio})
-                if not ok:
-                    failed.append(name)
+                report(name, statistics.median(xs), statistics.median(ys), 5)
     finally:
         for proc in gitds:
             proc.terminate()
