@@ -309,7 +309,8 @@ def test_verify_passes_a_clean_store_and_fails_listing_a_corrupt_object(store, f
     assert json.loads(ok("--store", store, "verify")) == {"corrupt": []}
     hexd = key.split("/")[1]
     backing = store / "large" / "sha256" / hexd[:2] / hexd
-    backing.write_bytes(b"x" + backing.read_bytes()[1:])
+    data = backing.read_bytes()
+    backing.write_bytes(bytes([data[0] ^ 0xFF]) + data[1:])  # always a changed byte
     done = run("--store", store, "verify")
     assert done.returncode == 1
     assert json.loads(done.stdout) == {"corrupt": [key]}
