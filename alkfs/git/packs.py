@@ -302,28 +302,7 @@ def ordered_objects(
         out.append((d, b""))
     for d in sorted(blob_set - seen):
         out.append((d, b""))
-    # commits whose ancestors are all here (else `commit-graph write` refuses)
-    ok: dict[bytes, bool] = {}
-    for c in commits:
-        stack = [c]
-        while stack:
-            x = stack[-1]
-            if x in ok:
-                stack.pop()
-                continue
-            info = commits.get(x)
-            if info is None:
-                ok[x] = False
-                stack.pop()
-                continue
-            pending = [p for p in info[1] if p not in ok]
-            if pending:
-                stack.extend(pending)
-                continue
-            ok[x] = all(ok[p] for p in info[1])
-            stack.pop()
-    graph = sorted(c for c in commits if ok.get(c))
-    return out, graph
+    return out, _graphable(commits)
 
 
 def _parse_commits(
