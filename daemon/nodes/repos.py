@@ -598,11 +598,17 @@ def line_cap(ref: str, old: Any) -> int:
 
 
 def refuse_long(ref: str, path: str, end: int, cap: int) -> None:
-    if end > cap:
-        code = errno.ENAMETOOLONG if ref == "HEAD" else errno.EFBIG
-        if ref != "HEAD" and not ref.startswith("packed-refs"):
-            code = errno.EINVAL
-        fail(code, f"{path}: {end} bytes; this file takes at most {cap}")
+    """A write reaching byte `end` of a file that takes `cap`: HEAD's is a ref name
+    (ENAMETOOLONG), packed-refs' a file (EFBIG), any other an invalid value (EINVAL)."""
+    if end <= cap:
+        return
+    if ref == "HEAD":
+        code = errno.ENAMETOOLONG
+    elif ref.startswith("packed-refs"):
+        code = errno.EFBIG
+    else:
+        code = errno.EINVAL
+    fail(code, f"{path}: {end} bytes; this file takes at most {cap}")
 
 
 async def write_ref(
@@ -612,8 +618,7 @@ async def write_ref(
     `old` (None: must not exist; ANY: whatever). EINVAL for bad content or a missing
     object, EAGAIN for a lost race. A committed write releases the writer's pins."""
     refs = ctx.refs
-    if ref == "HEAD":
-        refuse_long(ref, f"{repo.id}/HEAD", len(data), HEAD_LINE_MAX)
+    if ref == "HEAD":  # (its write handles took at most HEAD_LINE_MAX bytes)
         text = data.decode("utf-8", "replace")
         if not text.startswith("ref: ") or text.count("\n") != 1 or not text.endswith("\n"):
             fail(errno.EINVAL, f"{repo.id}: HEAD takes `ref: refs/...`, not {text[:QUOTE]!r}")
