@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from alkfsd.main import mounted_at
 
 from alkfs.keys import Algorithm, Key
 
@@ -38,30 +39,10 @@ STOP_TIMEOUT_S = 20.0
 DEFAULT_ARGS = ("--window", "0")
 
 
-def _unescape(field_: str) -> str:
-    """/proc/self/mounts escapes space, tab, newline and backslash as octal."""
-    out, i = [], 0
-    while i < len(field_):
-        code = field_[i + 1 : i + 4]
-        if field_[i] == "\\" and len(code) == 3 and all(c in "01234567" for c in code):
-            out.append(chr(int(code, 8)))
-            i += 4
-        else:
-            out.append(field_[i])
-            i += 1
-    return "".join(out)
-
-
 def mount_entry(mnt: str | os.PathLike[str]) -> tuple[str, str] | None:
-    """(source, fstype) of the mount at `mnt`, or None."""
-    target = os.path.abspath(mnt)
-    found = None
-    with open("/proc/self/mounts") as f:
-        for line in f:
-            parts = line.split()
-            if len(parts) >= 3 and _unescape(parts[1]) == target:
-                found = (_unescape(parts[0]), parts[2])  # the last one is on top
-    return found
+    """(source, fstype) of the topmost mount at `mnt`, or None (the daemon's own reader
+    of /proc/self/mounts, which it uses to refuse a live mountpoint)."""
+    return mounted_at(os.path.abspath(mnt))
 
 
 def is_mounted(mnt: str | os.PathLike[str]) -> bool:
