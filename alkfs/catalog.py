@@ -10,8 +10,7 @@ of the same content replaces it and a delete removes it. A file without a row (s
 before the catalog existed, or its row lost with the last commits of a power failure:
 `synchronous=NORMAL`) is verified whole at its first read or `verify`, which records it.
 
-This is the row a PostgreSQL engine holds too (`bytea` for the BLOBs, `bigint` for the
-integers); nothing here is sqlite-specific but the DDL.
+The table is `catalog` in alkfs/schema.py, the same on both engines.
 """
 
 from __future__ import annotations
@@ -28,26 +27,6 @@ CHUNK_SIZE = 1 << 20
 CHUNK_ALGO = Algorithm.BLAKE3
 DIGEST_LEN = 32  # BLAKE3 and SHA-256 alike
 
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS catalog (
-    -- the object's key: its algorithm byte followed by its digest (as blobs.key)
-    key BLOB PRIMARY KEY,
-    -- its exact length in bytes, recorded by the put: what stat shows and what every
-    -- read is checked against (a backing file of another size is corrupt)
-    size INTEGER NOT NULL,
-    -- when it was stored (ns since the epoch): the put's stamp, moved forward by a
-    -- freshen (a dedup re-put, touch); stat shows the later of it and the file's mtime
-    stored_ns INTEGER NOT NULL,
-    -- bytes per chunk (CHUNK_SIZE); chunk i is [i*chunk_size, min(size, (i+1)*chunk_size))
-    chunk_size INTEGER NOT NULL,
-    -- the algorithm byte of the chunk digests (keys.Algorithm: 2 = BLAKE3, 1 = SHA-256)
-    chunk_algo INTEGER NOT NULL,
-    -- the chunks' digests, DIGEST_LEN bytes each, concatenated in chunk order
-    -- (ceil(size / chunk_size) of them)
-    chunks BLOB NOT NULL
-)
-"""
-
 
 def chunk_digest(algo: int, data: bytes | bytearray | memoryview) -> bytes:
     if algo == Algorithm.BLAKE3.value:
@@ -59,7 +38,7 @@ def chunk_digest(algo: int, data: bytes | bytearray | memoryview) -> bytes:
 
 @dataclass(frozen=True, slots=True)
 class Record:
-    """One catalog row (see SCHEMA)."""
+    """One catalog row (alkfs/schema.py: catalog)."""
 
     key: bytes
     size: int
@@ -146,8 +125,6 @@ class Catalog:
 
     def __init__(self, db: Database) -> None:
         self.db = db
-        with db.tx() as conn:
-            conn.execute(SCHEMA)
 
     def get(self, key: bytes) -> Record | None:
         row = self.db.execute(
@@ -161,14 +138,16 @@ class Catalog:
     def put(self, rec: Record) -> None:
         """Record (or re-record) an object: one committed statement."""
         self.db.execute(
-            "INSERT OR REPLACE INTO catalog (key, size, stored_ns, chunk_size, chunk_algo, chunks)"
-            " VALUES (?, ?, ?, ?, ?, ?)",
+            "INSERT INTO catalog (key, size, stored_ns, chunk_size, chunk_algo, chunks)"
+            " VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (key) DO UPDATE SET size = excluded.size,"
+            " stored_ns = excluded.stored_ns, chunk_size = excluded.chunk_size,"
+            " chunk_algo = excluded.chunk_algo, chunks = excluded.chunks",
             (rec.key, rec.size, rec.stored_ns, rec.chunk_size, rec.chunk_algo, rec.chunks),
         )
 
     def freshen(self, key: bytes, now_ns: int) -> None:
         self.db.execute(
-            "UPDATE catalog SET stored_ns = max(stored_ns, ?) WHERE key = ?", (now_ns, key)
+            "UPDATE catalog SET stored_ns = greatest(stored_ns, ?) WHERE key = ?", (now_ns, key)
         )
 
     def delete(self, key: bytes) -> None:

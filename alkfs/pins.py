@@ -20,21 +20,13 @@ from .errors import Exists, Invalid, Missing
 from .git.closure import Walker, memo_contains
 from .git.tables import Tables
 from .keys import Key
+from .schema import PINS
 
 if TYPE_CHECKING:
     from .git.closure import RefClosure
     from .store import Store
 
 PIN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}\Z")
-
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS pins (
-    name TEXT PRIMARY KEY,
-    key BLOB NOT NULL,
-    created_ns INTEGER NOT NULL
-);
-CREATE INDEX IF NOT EXISTS pins_key ON pins (key);
-"""
 
 
 @dataclass(frozen=True)
@@ -53,7 +45,7 @@ class Pins:
 
     def __init__(self, store: Store, closure: RefClosure | Walker | None = None) -> None:
         self.store = store
-        self.tables = Tables(store, SCHEMA)
+        self.tables = Tables(store, (PINS,))
         if closure is None:
             self.walker = Walker(store)
         elif isinstance(closure, Walker):

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
+from .binding import DB_NAME as DB_NAME
+from .binding import open_database, settle
 from .catalog import Catalog, ChunkDigester, Record
 from .db import Database, now_ns
 from .errors import (
@@ -30,21 +32,20 @@ from .errors import (
 )
 from .gc.arbiter import Arbiter, LivenessSource, Pin, ProtectCallback
 from .gc.sweep import SweepReport, sweep
-from .gc.window import MemoryWindow, SqliteWindow
+from .gc.window import MemoryWindow, SqlWindow
 from .git.objects import MAX_HEADER, check_canonical
 from .keys import Algorithm, Key
 from .reserve import Reserve, is_no_space
 from .tiers import Entry
 from .tiers.local import LocalTier
 from .tiers.memory import MemoryTier
-from .tiers.sqlite import SqliteTier
+from .tiers.sql import SqlTier
 from .tiers.staging import StagingWriter
 
 DEFAULT_THRESHOLD = 131072
 DEFAULT_WINDOW_S = 3600
 CHUNK = 1 << 20
 MODES = ("dual-tier", "kv-only", "mem")
-DB_NAME = "store.db"
 LARGE_DIR = "large"
 LOCK_NAME = "alkfs.lock"
 
@@ -85,8 +86,16 @@ def _chunks(source: Source) -> Iterator[bytes]:
         raise StoreIO(f"the input stream failed: {exc}") from exc
 
 
+def _kv_tier(db: Database) -> SqlTier:
+    if db.engine == "postgresql":
+        from .tiers.postgres import PgTier
+
+        return PgTier(db)
+    return SqlTier(db)
+
+
 class Store:
-    """A content-addressed store: one sqlite file for small objects, a directory for large."""
+    """A content-addressed store: small objects in its database, large ones in a directory."""
 
     def __init__(
         self,
@@ -107,15 +116,15 @@ class Store:
         self.db = db
         self.log = logging.getLogger("alkfs.store")
         self.arbiter = Arbiter()
-        self.kv: SqliteTier | MemoryTier
+        self.kv: SqlTier | MemoryTier
         self.large: LocalTier | None = None
         self.catalog: Catalog | None = None
         if db is None:
             self.kv = MemoryTier()
-            self.window: SqliteWindow | MemoryWindow = MemoryWindow()
+            self.window: SqlWindow | MemoryWindow = MemoryWindow()
         else:
-            self.kv = SqliteTier(db)
-            self.window = SqliteWindow(db)
+            self.kv = _kv_tier(db)
+            self.window = SqlWindow(db)
             if mode == "dual-tier":
                 assert path is not None
                 self.large = LocalTier(path / LARGE_DIR, clear_staging=clear_staging)
@@ -139,8 +148,11 @@ class Store:
         window_s: float | None = None,
         lock: bool = True,
         create: bool = True,
+        database: str | None = None,
     ) -> Store:
-        """Open (creating on first use) the store at `path`. Settings given at creation stick."""
+        """Open (creating on first use) the store at `path`, its database in its sqlite
+        file or (`database`: a postgresql:// URI) in PostgreSQL. Settings given at
+        creation stick."""
         root = Path(path)
         if mode == "mem":
             return cls.memory(threshold or DEFAULT_THRESHOLD, window_s or 0)
@@ -151,8 +163,12 @@ class Store:
             root.mkdir(mode=0o700)  # the store is its owner's alone (alkfs/privacy.py)
         lock_fd = cls._take_lock(root) if lock else None
         try:
-            db = Database(root / DB_NAME)
-            meta = cls._meta(db, mode, threshold)
+            db = open_database(root, database, lock=lock)
+            try:
+                meta = settle(db, root, mode, threshold, DEFAULT_THRESHOLD)
+            except BaseException:
+                db.close()
+                raise
             store = cls(
                 root,
                 meta["mode"],
@@ -169,26 +185,15 @@ class Store:
         if lock:
             try:
                 store.reserve = Reserve(root)
-                db.on_full = store.reserve.hit
-                store.reserve.spare = store._db_spare
-                store.reserve.reclaim = store._db_reclaim
+                if db.engine == "sqlite":  # (PostgreSQL's disk is the server's)
+                    db.on_full = store.reserve.hit  # type: ignore[attr-defined]
+                store.reserve.spare = db.spare_bytes
+                store.reserve.reclaim = db.reclaim
                 store.reserve.open()
             except BaseException:
                 store.close()
                 raise
         return store
-
-    def _db_spare(self) -> int:
-        """Bytes of free pages inside store.db (what deleted rows left for new ones)."""
-        assert self.db is not None
-        pages = self.db.execute("PRAGMA freelist_count").fetchone()[0]
-        return int(pages) * int(self.db.execute("PRAGMA page_size").fetchone()[0])
-
-    def _db_reclaim(self) -> None:
-        """Checkpoint the WAL and truncate it (deletions grew it; the pages they freed
-        are already part of store.db, so this needs no new space)."""
-        assert self.db is not None
-        self.db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
 
     @classmethod
     def memory(cls, threshold: int = DEFAULT_THRESHOLD, window_s: float = 0) -> Store:
@@ -224,21 +229,6 @@ class Store:
             return True
         finally:
             os.close(fd)
-
-    @staticmethod
-    def _meta(db: Database, mode: str | None, threshold: int | None) -> dict[str, str]:
-        with db.tx() as conn:
-            conn.execute("CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT)")
-            rows = dict(conn.execute("SELECT name, value FROM meta").fetchall())
-            if not rows:
-                rows = {
-                    "mode": mode or "dual-tier",
-                    "threshold": str(threshold or DEFAULT_THRESHOLD),
-                }
-                if rows["mode"] not in ("dual-tier", "kv-only"):
-                    raise Invalid(f"unknown mode {rows['mode']!r}")
-                conn.executemany("INSERT INTO meta VALUES (?, ?)", rows.items())
-        return rows
 
     def close(self) -> None:
         if self.db is not None:
@@ -460,7 +450,7 @@ class Store:
 
     def iter_keys(self) -> Iterator[bytes]:
         """Every stored key (raw), unordered across tiers: the mark scan."""
-        if isinstance(self.kv, SqliteTier):
+        if isinstance(self.kv, SqlTier):
             yield from self.kv.iter_keys()
         else:
             yield from self.kv.keys()
@@ -469,12 +459,9 @@ class Store:
 
     def counts(self) -> dict[str, dict[str, int]]:
         out = {a.label: {"count": 0, "bytes": 0, "kv": 0, "large": 0} for a in Algorithm}
-        if isinstance(self.kv, SqliteTier):
-            rows = self.kv.db.execute(
-                "SELECT substr(key, 1, 1), count(*), coalesce(sum(size), 0) FROM blobs GROUP BY 1"
-            ).fetchall()
-            for b, n, size in rows:
-                c = out[Algorithm(b[0]).label]
+        if isinstance(self.kv, SqlTier):
+            for b, n, size in self.kv.counts():
+                c = out[Algorithm(b).label]
                 c["count"] += n
                 c["bytes"] += size
                 c["kv"] += n
@@ -770,6 +757,22 @@ class Store:
                 self.catalog.delete(key)
         return freed
 
+    def delete_staged(self, key: bytes, staged_ns: int) -> int | None | bool:
+        """The sweep's delete of a candidate staged at `staged_ns` (its delete marker
+        held): the bytes freed, None if it was absent, False if it was written since
+        (kept). A kv row is decided and deleted under its row lock."""
+        if isinstance(self.kv, SqlTier):
+            freed = self.kv.delete_unwritten(key, staged_ns)
+            if freed is not None:
+                return freed
+        elif self.kv.stat(key) is not None:
+            if self.written_since(key, staged_ns):
+                return False
+            return self.kv.delete(key)
+        if self.written_since(key, staged_ns):
+            return False
+        return self.engine_delete(key)
+
     def on_deleted(self, key: bytes) -> None:
         with self._vlock:
             self._verified.pop(key, None)
@@ -890,56 +893,16 @@ class Store:
             raise
         return [r for r in results if r is not None]
 
-    _KV_ROWS = 8191  # rows an INSERT statement: 4 parameters each, within sqlite's 32766
-
     def _kv_insert(self, raws: Sequence[bytes], datas: Sequence[bytes], stamp: int) -> list[bool]:
         """Insert (key, content) rows in one kv transaction, in the order given; rows
         already present keep their bytes and count as written now. Which rows created
-        their entry (of identical keys, only the first). The caller has pinned every key.
-
-        Multi-row INSERTs (sqlite releases the GIL once for thousands of rows, not once
-        a row) with the blobs bound as bytearray, which pysqlite binds directly (a bytes
-        parameter first goes through two failing adapter-protocol attribute lookups)."""
-        n = len(raws)
+        their entry (of identical keys, only the first). The caller has pinned every key."""
         kv = self.kv
-        if not isinstance(kv, SqliteTier):
-            created = [kv.put(raw, data, stamp) for raw, data in zip(raws, datas, strict=True)]
+        if isinstance(kv, SqlTier):
+            created = kv.insert_many(raws, datas, stamp)
         else:
-            created = [True] * n
-            inserted = 0
-            with kv.db.tx() as conn:
-                for j in range(0, n, self._KV_ROWS):
-                    part = datas[j : j + self._KV_ROWS]
-                    m = len(part)
-                    params: list[object] = [stamp] * (4 * m)
-                    params[0::4] = map(bytearray, raws[j : j + m])
-                    params[1::4] = map(len, part)
-                    params[3::4] = map(bytearray, part)
-                    inserted += conn.execute(
-                        "INSERT OR IGNORE INTO blobs (key, size, stored_ns, value) VALUES "
-                        + ",".join(["(?,?,?,?)"] * m),
-                        params,
-                    ).rowcount
-                if inserted != n:
-                    # Some were present: they keep their bytes and count as written now.
-                    old: set[bytes] = set()
-                    fresh = sorted(set(raws))
-                    for j in range(0, len(fresh), 500):
-                        chunk = list(map(bytearray, fresh[j : j + 500]))
-                        marks = ",".join("?" * len(chunk))
-                        old.update(
-                            bytes(k)
-                            for (k,) in conn.execute(
-                                f"SELECT key FROM blobs WHERE stored_ns != ? AND key IN ({marks})",
-                                (stamp, *chunk),
-                            )
-                        )
-                    conn.executemany(
-                        "UPDATE blobs SET stored_ns = ? WHERE key = ?",
-                        [(stamp, bytearray(raw)) for raw in sorted(old)],
-                    )
-                    created = [raw not in old for raw in raws]
-        if n != len(set(raws)):  # identical items: the first one created the entry
+            created = [kv.put(raw, data, stamp) for raw, data in zip(raws, datas, strict=True)]
+        if len(raws) != len(set(raws)):  # identical items: the first one created the entry
             seen: set[bytes] = set()
             created = [
                 c and raw not in seen and not seen.add(raw)

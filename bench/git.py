@@ -30,8 +30,6 @@ from alkfs.app import Alkfs  # noqa: E402
 from alkfs.git.closure import RefClosure  # noqa: E402
 from alkfs.git.importer import (  # noqa: E402
     PUT_BATCH_ITEMS,
-    WRITER_CACHE_KIB,
-    WRITER_CHECKPOINT_PAGES,
     import_repo,
 )
 
@@ -143,9 +141,7 @@ def sqlite_floor(repo: Path, runs: int) -> tuple[float, float]:
         for run in range(runs):
             store = Store.open(Path(scratch) / f"floor{run}", window_s=0)
             assert store.db is not None
-            conn = store.db.conn()
-            conn.execute(f"PRAGMA cache_size = -{WRITER_CACHE_KIB}")
-            conn.execute(f"PRAGMA wal_autocheckpoint = {WRITER_CHECKPOINT_PAGES}")
+            store.db.tune_bulk_writer()
             batches = [
                 store._digest_git(
                     Algorithm.GIT_SHA1,

@@ -140,21 +140,13 @@ class Served:
     def _left_out(self, d: Derived, gen: Generation) -> dict[int, list[bytes]]:
         """kv objects stored when `gen` was built that it does not hold (a thread)."""
         lo, hi = bytes([d.algo.value]), bytes([d.algo.value + 1])
-        conn = d.store.kv.db.conn()  # type: ignore[union-attr]
-        cur = conn.execute(
-            "SELECT key FROM blobs WHERE rowid <= ? AND key >= ? AND key < ?",
-            (int(gen.meta.get("max_rowid", 0)), lo, hi),
-        )
-        return self._by_prefix(digest for (k,) in cur if (digest := bytes(k[1:])) not in gen)
+        keys = d._kv().arrived(lo, hi, 0, upto=int(gen.meta.get("max_rowid", 0)))
+        return self._by_prefix(digest for k in keys if (digest := k[1:]) not in gen)
 
     def _stored_since(self, d: Derived, gen: Generation) -> dict[int, list[bytes]]:
         lo, hi = bytes([d.algo.value]), bytes([d.algo.value + 1])
-        conn = d.store.kv.db.conn()  # type: ignore[union-attr]
-        cur = conn.execute(
-            "SELECT key FROM blobs WHERE rowid > ? AND key >= ? AND key < ?",
-            (int(gen.meta.get("max_rowid", 0)), lo, hi),
-        )
-        return self._by_prefix(bytes(k[1:]) for (k,) in cur)
+        keys = d._kv().arrived(lo, hi, int(gen.meta.get("max_rowid", 0)))
+        return self._by_prefix(k[1:] for k in keys)
 
     # -- handles (trio thread and the publishing thread) ----------------------------------
     def acquire(self, fmt: str, number: int) -> bool:

@@ -81,7 +81,7 @@ def sweep(store: Store, window_ns: int | None = None) -> SweepReport:
         return report
     try:
         _run(store, report, store.window_ns if window_ns is None else window_ns)
-    except (OSError, AlkfsError, DatabaseError) as exc:
+    except (OSError, AlkfsError, *DatabaseError) as exc:
         # A sweep is never an error: a failing medium ends it as report data. Every
         # delete already done was arbitrated; untaken rows stay staged for the next one.
         store.log.error("sweep: the store failed mid-sweep, stopped: %s", exc)
@@ -133,14 +133,15 @@ def _run(store: Store, report: SweepReport, window_ns: int) -> None:
                     report.cancelled_by_arbitration += 1
                     continue
                 try:
-                    # Checked under the delete marker: a put that published before it is
-                    # seen here, and one after it waits for the delete and stores afresh.
-                    if store.written_since(key, staged_ns):
-                        report.cancelled_by_arbitration += 1
-                        continue
-                    freed = store.engine_delete(key)
+                    # Decided under the delete marker: a put that published before it is
+                    # seen as a write since staging, one after it waits for the delete
+                    # and stores afresh.
+                    freed = store.delete_staged(key, staged_ns)
                 finally:
                     arbiter.conclude(key)
+                if freed is False:
+                    report.cancelled_by_arbitration += 1
+                    continue
                 report.deleted += 1
                 report.bytes_freed += freed or 0
                 if freed is not None:

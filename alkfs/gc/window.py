@@ -2,8 +2,8 @@
 
 Staging is idempotent and forward-only (a re-stage never moves a deadline
 earlier); a take is bounded and removes what it returns (`visible_after <= now`).
-The durable form lives in the store's sqlite file; mem mode keeps the same
-schedule in memory.
+The durable form lives in the store's database (either engine); mem mode keeps the
+same schedule in memory.
 """
 
 from __future__ import annotations
@@ -15,20 +15,12 @@ from ..db import Database
 
 TAKE_BATCH = 1024
 
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS gc_window (
-    key BLOB PRIMARY KEY,
-    visible_after INTEGER NOT NULL,
-    staged_ns INTEGER NOT NULL
-) WITHOUT ROWID;
-CREATE INDEX IF NOT EXISTS gc_window_visible ON gc_window (visible_after);
-"""
 
+class SqlWindow:
+    """The window's table (alkfs/schema.py: gc_window)."""
 
-class SqliteWindow:
     def __init__(self, db: Database) -> None:
         self.db = db
-        db.conn().executescript(SCHEMA)
 
     def stage(self, rows: Iterable[tuple[bytes, int]], staged_ns: int) -> int:
         """Stage (key, visible_after) rows in one transaction; returns how many."""
@@ -39,7 +31,7 @@ class SqliteWindow:
             conn.executemany(
                 "INSERT INTO gc_window (key, visible_after, staged_ns) VALUES (?, ?, ?) "
                 "ON CONFLICT(key) DO UPDATE SET "
-                "visible_after = max(visible_after, excluded.visible_after)",
+                "visible_after = greatest(gc_window.visible_after, excluded.visible_after)",
                 params,
             )
         return len(params)
@@ -56,11 +48,7 @@ class SqliteWindow:
         return sorted((bytes(k), s) for k, s in rows)
 
     def staged_keys(self) -> set[bytes]:
-        cur = self.db.conn().execute("SELECT key FROM gc_window")
-        out: set[bytes] = set()
-        while rows := cur.fetchmany(8192):
-            out.update(k for (k,) in rows)
-        return out
+        return {k for (k,) in self.db.stream("SELECT key FROM gc_window")}
 
     def rows(self) -> int:
         return self.db.execute("SELECT count(*) FROM gc_window").fetchone()[0]

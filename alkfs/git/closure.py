@@ -31,14 +31,13 @@ from typing import TYPE_CHECKING
 
 from ..errors import AlkfsError
 from ..keys import Algorithm, Key
-from ..tiers.sqlite import SqliteTier
+from ..tiers.sql import SqlTier
 from .objects import ID_ONLY, MAX_HEADER, WALK_ENTRY, parse_header
 from .refs import Refs, oid_key
 
 if TYPE_CHECKING:
     from ..store import Store
 
-FETCH_BATCH = 500
 SCAN_MAX = 1_000_000
 _FORMAT = {Algorithm.GIT_SHA1: "sha1", Algorithm.GIT_SHA256: "sha256"}
 
@@ -56,22 +55,14 @@ class Walker:
         out: dict[bytes, bytes] = {}
         hasher = algo.hasher
         kv = store.kv
-        if isinstance(kv, SqliteTier):
-            conn = kv.db.conn()
-            for i in range(0, len(ids), FETCH_BATCH):
-                chunk = ids[i : i + FETCH_BATCH]
-                marks = ",".join("?" * len(chunk))
-                rows = conn.execute(
-                    f"SELECT key, value FROM blobs WHERE key IN ({marks})",
-                    [prefix + x for x in chunk],
-                ).fetchall()
-                for key, value in rows:
-                    h = hasher()
-                    h.update(value)
-                    if h.digest() == key[1:]:
-                        out[key[1:]] = bytes(value)
-                    else:
-                        self._get(Key(bytes(key)))  # records the corruption
+        if isinstance(kv, SqlTier):
+            for key, value in kv.values([prefix + x for x in ids]):
+                h = hasher()
+                h.update(value)
+                if h.digest() == key[1:]:
+                    out[key[1:]] = value
+                else:
+                    self._get(Key(key))  # records the corruption
         missing = [x for x in ids if x not in out]
         for x in missing:
             data = self._get(Key(prefix + x))
@@ -126,29 +117,18 @@ class Walker:
         of as many random lookups. None (walk by batched lookups) on a mem store or
         when the format has more than SCAN_MAX objects."""
         kv = self.store.kv
-        if not isinstance(kv, SqliteTier):
+        if not isinstance(kv, SqlTier):
             return None
-        conn = kv.db.conn()
         lo, hi = bytes([algo.value]), bytes([algo.value + 1])
-        (n,) = conn.execute(
-            "SELECT count(*) FROM (SELECT 1 FROM blobs WHERE key >= ? AND key < ? LIMIT ?)",
-            (lo, hi, SCAN_MAX + 1),
-        ).fetchone()
-        if n > SCAN_MAX:
+        if kv.count_range(lo, hi, SCAN_MAX + 1) > SCAN_MAX:
             return None
-        cur = conn.execute(
-            "SELECT key, CASE WHEN substr(value, 1, 5) != x'626c6f6220' THEN value END "  # "blob "
-            "FROM blobs NOT INDEXED WHERE key >= ? AND key < ?",
-            (lo, hi),
-        )
         objects: dict[bytes, bytes] = {}
         blobs: set[bytes] = set()
-        while rows := cur.fetchmany(8192):
-            for key, value in rows:
-                if value is None:
-                    blobs.add(key[1:])
-                else:
-                    objects[key[1:]] = value
+        for key, value in kv.git_range(lo, hi):
+            if value is None:
+                blobs.add(key[1:])
+            else:
+                objects[key[1:]] = value
         return objects, blobs
 
     def _walk(self, algo: Algorithm, tips: set[bytes], missing: list[int]) -> set[bytes]:

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 
 from ..errors import Exists, Invalid, Missing, Refused, Stale, StoreIO, Verification
 from ..keys import Algorithm, Key
-from ..tiers.sqlite import SqliteTier
+from ..tiers.sql import SqlTier
 from .objects import FORMATS, MAX_HEADER
 from .refs import Outcome, RefUpdate, algo_of, valid_ref_name, valid_repo_id
 
@@ -42,9 +42,6 @@ if TYPE_CHECKING:
 PUT_BATCH_ITEMS = 8192
 PUT_BATCH_BYTES = 16 << 20
 MAX_INFLIGHT = 2
-WRITER_CACHE_KIB = 65536
-WRITER_CHECKPOINT_PAGES = 2048  # 8 MiB of WAL at the default page size
-CHECK_BATCH = 8000  # keys a presence query (within sqlite's 32766 parameters)
 SAMPLE = 256  # ids looked up first: none present means a first import
 READ = 1 << 20  # bytes a read of git's pipe
 PIPE_SIZE = 1 << 20  # git's pipe, enlarged where the system allows
@@ -66,7 +63,6 @@ class ImportResult:
 
 _WRITER: concurrent.futures.ThreadPoolExecutor | None = None
 _WRITER_LOCK = threading.Lock()
-_CONFIGURED = threading.local()  # the writer's connection last given the import's pragmas
 
 
 def _writer() -> concurrent.futures.ThreadPoolExecutor:
@@ -89,11 +85,7 @@ def _prepare(store: Store) -> None:
     thread's, the refs) copies the whole import at once, serially (about 90 ms here).
     In between, they happen here, while the main thread parses the next batch."""
     if store.db is not None:
-        conn = store.db.conn()
-        if getattr(_CONFIGURED, "conn", None) is not conn:
-            conn.execute(f"PRAGMA cache_size = -{WRITER_CACHE_KIB}")
-            conn.execute(f"PRAGMA wal_autocheckpoint = {WRITER_CHECKPOINT_PAGES}")
-            _CONFIGURED.conn = conn
+        store.db.tune_bulk_writer()
 
 
 def _put(store: Store, batch: Store._Digested) -> list[bool]:
@@ -144,30 +136,9 @@ def _present(
     the kv lacks that `sizes` (of the indexes the kv lacks) says are large; without
     `sizes`, the kv only."""
     kv = store.kv
-    if not isinstance(kv, SqliteTier):
+    if not isinstance(kv, SqlTier):
         return [store.has(Key(raw)) for raw in raws]
-    have: set[bytes] = set()
-    conn = kv.db.conn()
-    top = conn.execute("SELECT max(rowid) FROM blobs").fetchone()[0] or 0  # >= the rows
-    if raws and top <= 2 * len(raws):
-        # most of the table: one pass over the key index's range of these keys is
-        # cheaper than as many lookups (and holds at most twice as many keys)
-        lo, hi = bytearray(min(raws)), bytearray(max(raws))
-        have.update(
-            bytes(k)
-            for (k,) in conn.execute("SELECT key FROM blobs WHERE key >= ? AND key <= ?", (lo, hi))
-        )
-        raws_left: list[bytes] = []
-    else:
-        raws_left = raws
-    for i in range(0, len(raws_left), CHECK_BATCH):
-        # bytearray parameters: pysqlite binds them directly (bytes go through its adapters)
-        chunk = list(map(bytearray, raws_left[i : i + CHECK_BATCH]))
-        marks = ",".join("?" * len(chunk))
-        have.update(
-            bytes(k)
-            for (k,) in conn.execute(f"SELECT key FROM blobs WHERE key IN ({marks})", chunk)
-        )
+    have = kv.present(raws)
     out = [raw in have for raw in raws]
     large = store.large
     rest = [i for i, p in enumerate(out) if not p]

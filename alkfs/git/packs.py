@@ -64,7 +64,7 @@ from typing import TYPE_CHECKING
 
 from ..errors import StoreIO
 from ..keys import Algorithm
-from ..tiers.sqlite import SqliteTier
+from ..tiers.sql import SqlTier
 
 if TYPE_CHECKING:
     from ..store import Store
@@ -77,7 +77,6 @@ FORMATS = {"sha1": Algorithm.GIT_SHA1, "sha256": Algorithm.GIT_SHA256}
 TYPE_CODES = {b"commit": 1, b"tree": 2, b"blob": 3, b"tag": 4}
 LOOSE_NEW_MAX = 20_000  # new objects written loose for an incremental build (else a raw pack)
 MAX_PACKS = 12  # packs in a set before an intake consolidates them into one
-SCAN_ROWS = 4096
 KEEP_TEXT = b"alkfs: derived pack, owned by the store's daemon\n"
 _GEN = re.compile(r"gen-(\d+)")
 
@@ -545,9 +544,9 @@ class Derived:
         return gone
 
     # -- the store's objects -------------------------------------------------------------
-    def _kv(self) -> SqliteTier:
+    def _kv(self) -> SqlTier:
         kv = self.store.kv
-        if not isinstance(kv, SqliteTier):
+        if not isinstance(kv, SqlTier):
             raise StoreIO("derived packs need a store on disk")
         return kv
 
@@ -555,83 +554,56 @@ class Derived:
         return bytes([self.algo.value]), bytes([self.algo.value + 1])
 
     def max_rowid(self) -> int:
-        conn = self._kv().db.conn()
-        return conn.execute("SELECT coalesce(max(rowid), 0) FROM blobs").fetchone()[0]
+        return self._kv().high_water()
 
     def new_since(self, gen: Generation | None) -> int:
-        """How many kv objects of the format arrived after `gen` was built (by row id)."""
+        """How many kv objects of the format arrived after `gen` was built."""
         lo, hi = self._range()
         after = 0 if gen is None else int(gen.meta.get("max_rowid", 0))
-        conn = self._kv().db.conn()
-        return conn.execute(
-            "SELECT count(*) FROM blobs WHERE rowid > ? AND key >= ? AND key < ?",
-            (after, lo, hi),
-        ).fetchone()[0]
+        return self._kv().count_arrived(lo, hi, after)
 
     def _scan(self) -> tuple[dict[bytes, bytes], list[bytes], int]:
         """Every non-blob of the format (verified, digest -> bytes), the blob digests, and
         the highest row id seen (read in the same transaction)."""
         lo, hi = self._range()
-        conn = self._kv().db.conn()
+        kv = self._kv()
         digest = _hash(self.fmt)
         objects: dict[bytes, bytes] = {}
         blobs: list[bytes] = []
-        conn.execute("BEGIN")
-        try:
-            top = conn.execute("SELECT coalesce(max(rowid), 0) FROM blobs").fetchone()[0]
-            cur = conn.execute(
-                "SELECT key, CASE WHEN substr(value, 1, 5) != x'626c6f6220' THEN value END "
-                "FROM blobs WHERE key >= ? AND key < ?",
-                (lo, hi),
-            )
-            while rows := cur.fetchmany(SCAN_ROWS):
-                for key, value in rows:
-                    d = bytes(key[1:])
-                    if value is None:
-                        blobs.append(d)
-                    elif digest(value).digest() == d:
-                        objects[d] = bytes(value)
-                    else:
-                        log.error("derived %s: corrupt object %s left out", self.fmt, d.hex())
-        finally:
-            conn.execute("COMMIT")
+        with kv.db.snapshot() as conn:
+            top = kv.high_water(conn)
+            for key, value in kv.git_range(lo, hi, conn):
+                d = key[1:]
+                if value is None:
+                    blobs.append(d)
+                elif digest(value).digest() == d:
+                    objects[d] = value
+                else:
+                    log.error("derived %s: corrupt object %s left out", self.fmt, d.hex())
         return objects, blobs, top
 
     def _scan_kinds(self) -> tuple[dict[bytes, bytes], int]:
         """digest -> the first two bytes of the type ("co", "tr", "bl", "ta") of every kv
         object of the format, and the highest row id, read in one transaction."""
         lo, hi = self._range()
-        conn = self._kv().db.conn()
+        kv = self._kv()
         kinds: dict[bytes, bytes] = {}
-        conn.execute("BEGIN")
-        try:
-            top = conn.execute("SELECT coalesce(max(rowid), 0) FROM blobs").fetchone()[0]
-            cur = conn.execute(
-                "SELECT key, substr(value, 1, 2) FROM blobs WHERE key >= ? AND key < ?", (lo, hi)
-            )
-            while rows := cur.fetchmany(SCAN_ROWS):
-                for key, kind in rows:
-                    kinds[bytes(key[1:])] = bytes(kind)
-        finally:
-            conn.execute("COMMIT")
+        with kv.db.snapshot() as conn:
+            top = kv.high_water(conn)
+            for key, kind in kv.kinds_range(lo, hi, conn):
+                kinds[key[1:]] = kind
         return kinds, top
 
     def _read_many(self, digests: list[bytes]) -> Iterator[tuple[bytes, bytes]]:
         """(digest, verified canonical bytes) for these kv objects (corrupt/absent skipped)."""
-        conn = self._kv().db.conn()
         prefix = bytes([self.algo.value])
         digest = _hash(self.fmt)
-        for i in range(0, len(digests), 500):
-            chunk = [bytearray(prefix + d) for d in digests[i : i + 500]]
-            marks = ",".join("?" * len(chunk))
-            for key, value in conn.execute(
-                f"SELECT key, value FROM blobs WHERE key IN ({marks})", chunk
-            ):
-                d = bytes(key[1:])
-                if digest(value).digest() == d:
-                    yield d, bytes(value)
-                else:
-                    log.error("derived %s: corrupt object %s left out", self.fmt, d.hex())
+        for key, value in self._kv().values([prefix + d for d in digests]):
+            d = key[1:]
+            if digest(value).digest() == d:
+                yield d, value
+            else:
+                log.error("derived %s: corrupt object %s left out", self.fmt, d.hex())
 
     # -- git ---------------------------------------------------------------------------
     def _git(
@@ -785,30 +757,22 @@ class Derived:
         if any(d in prev for d in staged):
             return None
         lo, hi = self._range()
-        conn = self._kv().db.conn()
+        kv = self._kv()
         digest = _hash(self.fmt)
         after = int(prev.meta.get("max_rowid", 0))
         new: dict[bytes, bytes] = {}
-        conn.execute("BEGIN")
-        try:
-            top = conn.execute("SELECT coalesce(max(rowid), 0) FROM blobs").fetchone()[0]
-            cur = conn.execute(
-                "SELECT key, value FROM blobs WHERE rowid > ? AND key >= ? AND key < ?",
-                (after, lo, hi),
-            )
-            while rows := cur.fetchmany(SCAN_ROWS):
-                for key, value in rows:
-                    d = bytes(key[1:])
-                    if d in staged or d in prev:
-                        continue
-                    if digest(value).digest() != d:
-                        log.error("derived %s: corrupt object %s left out", self.fmt, d.hex())
-                        continue
-                    new[d] = bytes(value)
+        with kv.db.snapshot() as conn:
+            top = kv.high_water(conn)
+            for key, value in kv.arrived_values(lo, hi, after, conn):
+                d = key[1:]
+                if d in staged or d in prev:
+                    continue
+                if digest(value).digest() != d:
+                    log.error("derived %s: corrupt object %s left out", self.fmt, d.hex())
+                    continue
+                new[d] = value
                 if len(new) > LOOSE_NEW_MAX:
                     return None
-        finally:
-            conn.execute("COMMIT")
         counts = sorted(idx.count for idx in prev.indexes)
         if 2 * (sum(counts[:-1]) + len(new)) > counts[-1]:
             return None
@@ -1090,7 +1054,7 @@ def derived_for(store: Store, fmt: str) -> Derived | None:
     """The store's derived packs of `fmt`: None for a store without a directory, and for
     one opened beside its lock holder (`Store.open(lock=False)`): the sets are the lock
     holder's alone (it builds, publishes and removes them)."""
-    if store.path is None or not isinstance(store.kv, SqliteTier):
+    if store.path is None or not isinstance(store.kv, SqlTier):
         return None
     if getattr(store, "_lock_fd", None) is None:
         return None

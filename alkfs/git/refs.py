@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 from ..db import now_ns
 from ..errors import Exists, Invalid, Missing, NotEmpty, Verification
 from ..keys import Algorithm, Key, is_hex
+from ..schema import REFS, REPOS
 from .objects import FORMATS, parse_header, parse_tag
 from .tables import Tables
 
@@ -29,21 +30,6 @@ DEFAULT_HEAD = "refs/heads/main"
 MAX_REF_NAME = 1024  # bytes of UTF-8: a ref name longer than this is refused (git has no cap)
 MAX_REF_PART = 255  # bytes: a component is a file name in the mount
 PEEL_DEPTH = 8  # tags of tags followed when peeling
-
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS git_repos (
-    id TEXT PRIMARY KEY,
-    object_format TEXT NOT NULL,
-    head TEXT NOT NULL,
-    created_ns INTEGER NOT NULL
-);
-CREATE TABLE IF NOT EXISTS git_refs (
-    repo TEXT NOT NULL,
-    name TEXT NOT NULL,
-    oid TEXT NOT NULL,
-    PRIMARY KEY (repo, name)
-) WITHOUT ROWID;
-"""
 
 
 class _Any(enum.Enum):
@@ -154,7 +140,7 @@ class Refs:
 
     def __init__(self, store: Store) -> None:
         self.store = store
-        self.tables = Tables(store, SCHEMA)
+        self.tables = Tables(store, (REPOS, REFS))
         self.write_counter = 0
         self._versions: dict[str, int] = {}
         self._counter_lock = threading.Lock()
@@ -180,8 +166,8 @@ class Refs:
         repo = Repo(repo_id, object_format, now_ns())
         with self.tables.tx() as conn:
             cur = conn.execute(
-                "INSERT OR IGNORE INTO git_repos (id, object_format, head, created_ns) "
-                "VALUES (?, ?, ?, ?)",
+                "INSERT INTO git_repos (id, object_format, head, created_ns) "
+                "VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING",
                 (repo.id, repo.object_format, DEFAULT_HEAD, repo.created_ns),
             )
             if cur.rowcount != 1:

@@ -1,37 +1,39 @@
-"""Co-tenant tables in the store's sqlite file (a private in-memory database in mem mode).
+"""Co-tenant tables in the store's database (a private in-memory sqlite one in mem mode).
 
 Refs, repositories and durable pins live beside the kv blobs and the delete
-window, so each of their changes is one transaction of the store's own file.
+window, so each of their changes is one transaction of the store's own database.
 """
 
 from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any
 
 import pysqlite3.dbapi2 as sqlite3
+
+from ..schema import Table, ddl
 
 if TYPE_CHECKING:
     from ..store import Store
 
 
 class Tables:
-    """`tx()` is one write transaction (BEGIN IMMEDIATE); `read(sql, params)` a consistent read."""
+    """`tx()` is one write transaction; `read(sql, params)` a consistent read."""
 
-    def __init__(self, store: Store, schema: str) -> None:
-        self._db = store.db
+    def __init__(self, store: Store, tables: Sequence[Table]) -> None:
+        self._db = store.db  # (its tables were created at open: alkfs/schema.py)
         self._mem: sqlite3.Connection | None = None
         self._lock = threading.RLock()
         if self._db is None:
             self._mem = sqlite3.connect(":memory:", isolation_level=None, check_same_thread=False)
-            self._mem.executescript(schema)
-        else:
-            self._db.conn().executescript(schema)
+            for table in tables:
+                for sql in ddl(table, "sqlite"):
+                    self._mem.execute(sql)
 
     @contextlib.contextmanager
-    def tx(self) -> Iterator[sqlite3.Connection]:
+    def tx(self) -> Iterator[Any]:
         if self._db is not None:
             with self._db.tx() as conn:
                 yield conn

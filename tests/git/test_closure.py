@@ -7,7 +7,7 @@ import threading
 import pytest
 
 from alkfs.app import Alkfs
-from alkfs.db import Database
+from alkfs.db.sqlite import SqliteDatabase as Database
 from alkfs.git.importer import import_repo
 from alkfs.git.objects import canonical
 from alkfs.git.refs import RefUpdate

@@ -2,7 +2,8 @@
 
 Every conformance row runs against one or more *columns*: a freshly opened store
 of one mode over a private tmp directory (dual-tier sqlite+local, kv-only
-sqlite, mem), plus medium oracles that look at the backing media directly (a
+sqlite, mem, and the two on-disk modes with their database in PostgreSQL: a
+fresh database on the session's throwaway server), plus medium oracles that look at the backing media directly (a
 separate sqlite connection counting rows, a walk of the large-tier directory)
 so placement and residue are observed without trusting the facade.
 """
@@ -112,6 +113,16 @@ class Column:
     name: str
     store: Store
     root: Path | None
+    database: str | None = None  # a PostgreSQL column's URI
+
+    @property
+    def engine(self) -> str:
+        return "mem" if self.store.db is None else self.store.db.engine
+
+    def reopen(self) -> Column:
+        """The same store opened again (after `store.close()`)."""
+        assert self.root is not None
+        return open_column(self.name, self.root.parent, self.threshold, self.database)
 
     @property
     def threshold(self) -> int:
@@ -140,6 +151,13 @@ class Column:
     # -- the medium oracles ---------------------------------------------------
     def _sql(self, query: str) -> int:
         assert self.root is not None
+        if self.database is not None:
+            import psycopg
+
+            with psycopg.connect(self.database) as pg:
+                row = pg.execute(query).fetchone()
+                assert row is not None
+                return row[0]
         conn = oracle_connect(self.root)
         try:
             return conn.execute(query).fetchone()[0]
@@ -180,26 +198,48 @@ class Column:
         return self.pool_rows(), self.large_files()
 
 
-def open_column(kind: str, base: Path, threshold: int = TUNED_THRESHOLD) -> Column:
+PG = "pg-"  # a column kind's prefix: its database in PostgreSQL
+
+
+def open_column(
+    kind: str, base: Path, threshold: int = TUNED_THRESHOLD, database: str | None = None
+) -> Column:
+    """A fresh store of `kind` ("dual-tier", "kv-only", "mem", or one of the first two
+    prefixed with "pg-", whose `database` is a PostgreSQL URI)."""
     if kind == "mem":
         return Column(kind, Store.memory(threshold, window_s=0), None)
     root = base / f"store-{kind}"
-    store = Store.open(root, mode=kind, threshold=threshold, window_s=0)
-    return Column(kind, store, root)
+    mode = kind.removeprefix(PG)
+    if kind.startswith(PG):
+        assert database is not None
+    else:
+        database = None
+    store = Store.open(root, mode=mode, threshold=threshold, window_s=0, database=database)
+    return Column(kind, store, root, database)
 
 
-@pytest.fixture(params=["dual-tier", "kv-only", "mem"])
+def _open(request: pytest.FixtureRequest, tmp_path: Path) -> Column:
+    kind = request.param
+    uri = request.getfixturevalue("pg_uri") if kind.startswith(PG) else None
+    return open_column(kind, tmp_path, database=uri)
+
+
+DURABLE = ["dual-tier", "kv-only", "pg-dual-tier", "pg-kv-only"]
+
+
+@pytest.fixture(params=["dual-tier", "kv-only", "mem", "pg-dual-tier", "pg-kv-only"])
 def column(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Column]:
-    """Every mode: dual-tier sqlite+local, kv-only sqlite, mem."""
-    col = open_column(request.param, tmp_path)
+    """Every mode: dual-tier sqlite+local, kv-only sqlite, mem, and both on PostgreSQL."""
+    col = _open(request, tmp_path)
     yield col
     col.store.close()
 
 
-@pytest.fixture(params=["dual-tier", "kv-only"])
+@pytest.fixture(params=DURABLE)
 def sqlite_column(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Column]:
-    """The modes backed by a sqlite file (the window is durable there)."""
-    col = open_column(request.param, tmp_path)
+    """The modes backed by a database (the window is durable there): sqlite's file or
+    PostgreSQL."""
+    col = _open(request, tmp_path)
     yield col
     col.store.close()
 

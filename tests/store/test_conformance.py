@@ -494,7 +494,7 @@ def test_stat_reports_size_algorithm_and_tier_without_reading_content(column: Co
     blake = b"stat of a blake3 object"
     for content, algo in ((small, Algorithm.SHA256), (large, Algorithm.SHA256), (blake, None)):
         key = store.add(content, algo=algo or Algorithm.BLAKE3)
-        if column.root is not None:
+        if column.engine == "sqlite":  # (sqlite's statement trace)
             statements: list[str] = []
             conn = store.db.conn()
             conn.set_trace_callback(statements.append)
@@ -543,9 +543,8 @@ def test_reads_of_a_virgin_store_are_no_ops(column: Column) -> None:
 
 
 def test_reopening_a_virgin_store_file_is_still_a_no_op(sqlite_column: Column) -> None:
-    root = sqlite_column.root
     sqlite_column.store.close()
-    col = open_column(sqlite_column.mode, root.parent)
+    col = sqlite_column.reopen()
     try:
         assert col.store.mode == sqlite_column.mode
         assert col.store.list() == []

@@ -29,7 +29,14 @@ def assert_refused_as_corrupt(col: Column, key: Key, length: int) -> None:
 
 
 def edit_kv_row(col: Column, key: Key, value: bytes) -> None:
-    """Rewrite the row's value through a separate sqlite connection."""
+    """Rewrite the row's value through a separate connection to the store's database."""
+    if col.database is not None:
+        import psycopg
+
+        with psycopg.connect(col.database) as pg:
+            cur = pg.execute("UPDATE blobs SET value = %s WHERE key = %s", (value, key.raw))
+            assert cur.rowcount == 1
+        return
     conn = oracle_connect(col.root)
     try:
         conn.execute("UPDATE blobs SET value = ? WHERE key = ?", (value, key.raw))

@@ -9,7 +9,7 @@ import pytest
 from alkfs.errors import Refused
 from alkfs.keys import Key
 
-from .conftest import Column, SetProtect, open_column, patterned, register
+from .conftest import Column, SetProtect, patterned, register
 
 HOUR_NS = 3600 * 10**9
 
@@ -44,7 +44,7 @@ def test_staged_candidates_survive_a_reopen_and_the_next_sweep_executes_them(
     assert store.sweep().candidates_staged == 2
     store.close()
 
-    col = open_column(sqlite_column.mode, tmp_path)
+    col = sqlite_column.reopen()
     try:
         assert col.window_rows() == 2
         register(col.store)

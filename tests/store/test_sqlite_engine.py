@@ -11,11 +11,12 @@ from pathlib import Path
 import pysqlite3.dbapi2 as sqlite3
 import pytest
 
-from alkfs.db import Database
+from alkfs.db.sqlite import SqliteDatabase as Database
 from alkfs.errors import Invalid
-from alkfs.gc.window import TAKE_BATCH, MemoryWindow, SqliteWindow
+from alkfs.gc.window import TAKE_BATCH, MemoryWindow, SqlWindow
+from alkfs.schema import statements
 from alkfs.store import DB_NAME, Store
-from alkfs.tiers.sqlite import SqliteTier
+from alkfs.tiers.sql import SqlTier
 
 from .conftest import oracle_connect, sha256_key
 
@@ -96,12 +97,13 @@ def test_a_finished_threads_connection_is_closed_with_it(tmp_path: Path) -> None
 @pytest.fixture
 def db(tmp_path: Path) -> Iterator[Database]:
     database = Database(tmp_path / DB_NAME)
+    database.create(statements("sqlite"))
     yield database
     database.close()
 
 
 def test_size_is_exact_and_served_by_the_key_index(db: Database) -> None:
-    tier = SqliteTier(db)
+    tier = SqlTier(db)
     key = sha256_key(b"size probe").raw
     value = b"\xab" * (256 * 1024)
     assert tier.put(key, value, 1) is True
@@ -127,7 +129,7 @@ def test_size_is_exact_and_served_by_the_key_index(db: Database) -> None:
 
 
 def test_the_first_writer_wins_and_a_re_put_only_freshens(db: Database) -> None:
-    tier = SqliteTier(db)
+    tier = SqlTier(db)
     key = sha256_key(b"first").raw
     assert tier.put(key, b"first", 10) is True
     assert tier.put(key, b"a different value under the same key", 20) is False
@@ -142,7 +144,7 @@ def test_the_first_writer_wins_and_a_re_put_only_freshens(db: Database) -> None:
 
 
 def test_an_empty_value_round_trips(db: Database) -> None:
-    tier = SqliteTier(db)
+    tier = SqlTier(db)
     key = sha256_key(b"").raw
     assert tier.put(key, b"", 1) is True
     assert tier.read(key) == b""
@@ -154,11 +156,11 @@ def test_an_empty_value_round_trips(db: Database) -> None:
 
 
 @pytest.fixture(params=["sqlite", "memory"])
-def window(request: pytest.FixtureRequest, db: Database) -> SqliteWindow | MemoryWindow:
-    return SqliteWindow(db) if request.param == "sqlite" else MemoryWindow()
+def window(request: pytest.FixtureRequest, db: Database) -> SqlWindow | MemoryWindow:
+    return SqlWindow(db) if request.param == "sqlite" else MemoryWindow()
 
 
-def rows_of(window: SqliteWindow | MemoryWindow, keys: list[bytes]) -> list[tuple[bytes, int]]:
+def rows_of(window: SqlWindow | MemoryWindow, keys: list[bytes]) -> list[tuple[bytes, int]]:
     return sorted((k, window.visible_after(k)) for k in keys if window.visible_after(k) is not None)
 
 

@@ -1,4 +1,4 @@
-"""The store's sqlite file: one connection per thread, the durability posture verified.
+"""The sqlite engine: the store's file, one connection per thread, the posture verified.
 
 Every table of the store (kv blobs, the delete window, repositories, refs, pins)
 lives in this one file, so a multi-row change is one transaction.
@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
-import time
 import weakref
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -17,9 +16,11 @@ from typing import NoReturn
 
 import pysqlite3.dbapi2 as sqlite3
 
-from .errors import Busy, Invalid, NoSpace, StoreIO
+from ..errors import Busy, Invalid, NoSpace, StoreIO
 
 BUSY_TIMEOUT_MS = 5000
+WRITER_CACHE_KIB = 65536  # a bulk writer's page cache (see tune_bulk_writer)
+WRITER_CHECKPOINT_PAGES = 2048  # 8 MiB of WAL at the default page size
 FILE_MODE = 0o600  # the database and (as sqlite does) its -wal and -shm
 
 # sqlite's primary result codes (the low byte of `sqlite_errorcode`) the store answers
@@ -28,12 +29,12 @@ SQLITE_BUSY, SQLITE_LOCKED, SQLITE_IOERR, SQLITE_FULL = 5, 6, 10, 13
 SQLITE_IOERR_SHMSIZE = SQLITE_IOERR | (19 << 8)  # the -shm could not grow: no space
 
 
-def now_ns() -> int:
-    return time.time_ns()
-
-
-class Database:
+class SqliteDatabase:
     """A sqlite file in WAL mode, `synchronous=NORMAL`, `busy_timeout=5000`, checked at open."""
+
+    engine = "sqlite"
+    arrival = "rowid"
+    full_scan = "NOT INDEXED"  # (the range is read whole: the table, not the key index)
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         text = os.fspath(path)
@@ -78,6 +79,8 @@ class Database:
         if str(mode).lower() != "wal":
             conn.close()
             raise StoreIO(f"sqlite: journal_mode is {mode}, WAL unavailable at {self.path}")
+        # PostgreSQL's greatest(), so one dialect serves both engines (alkfs/db/__init__.py)
+        conn.create_function("greatest", 2, max, deterministic=True)
         conn.execute("PRAGMA synchronous = NORMAL")
         conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
         if self.pragma_of(conn, "synchronous") != 1 or (
@@ -178,6 +181,57 @@ class Database:
         except sqlite3.Error as exc:
             self._raise(exc)
 
+    @contextlib.contextmanager
+    def snapshot(self) -> Iterator[sqlite3.Connection]:
+        """A read transaction: its statements see one state of the file."""
+        conn = self.conn()
+        if conn.in_transaction:  # (inside this thread's tx: that one is consistent already)
+            yield conn
+            return
+        try:
+            conn.execute("BEGIN")
+        except sqlite3.Error as exc:
+            self._raise(exc)
+        try:
+            yield conn
+        finally:
+            with contextlib.suppress(sqlite3.Error):
+                conn.execute("COMMIT")
+
+    def stream(self, sql: str, params: tuple | list = (), batch: int = 8192) -> Iterator[tuple]:
+        """The rows of one query, fetched `batch` at a time."""
+        cur = self.execute(sql, params)
+        while rows := cur.fetchmany(batch):
+            yield from rows
+
+    def create(self, statements: list[str]) -> None:
+        """Run DDL statements in one transaction."""
+        with self.tx() as conn:
+            for sql in statements:
+                conn.execute(sql)
+
+    def spare_bytes(self) -> int:
+        """Bytes of free pages inside the file (what deleted rows left for new ones)."""
+        pages = self.execute("PRAGMA freelist_count").fetchone()[0]
+        return int(pages) * int(self.execute("PRAGMA page_size").fetchone()[0])
+
+    def reclaim(self) -> None:
+        """Checkpoint the WAL and truncate it (deletions grew it; the pages they freed
+        are already part of the file, so this needs no new space)."""
+        self.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+
+    def tune_bulk_writer(self) -> None:
+        """This thread's connection as a bulk writer's (alkfs/git/importer.py): a page
+        cache that keeps the key index warm, a checkpoint every WRITER_CHECKPOINT_PAGES."""
+        conn = self.conn()
+        if getattr(self._local, "tuned", None) is not conn:
+            conn.execute(f"PRAGMA cache_size = -{WRITER_CACHE_KIB}")
+            conn.execute(f"PRAGMA wal_autocheckpoint = {WRITER_CHECKPOINT_PAGES}")
+            self._local.tuned = conn
+
+    def describe(self) -> str:
+        return str(self.path)
+
     def close(self) -> None:
         with self._lock:
             self._closed = True
@@ -194,6 +248,3 @@ class _Slot:
 
     def __init__(self, conn: sqlite3.Connection) -> None:
         self.conn = conn
-
-
-Error = sqlite3.Error

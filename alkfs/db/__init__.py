@@ -1,0 +1,95 @@
+"""The store's database: one seam, two engines (a sqlite file, a PostgreSQL database).
+
+Everything above this package (`store`, `gc`, `catalog`, `git/refs`, `pins`) writes one
+dialect: `?` placeholders, `INSERT ... ON CONFLICT`, `RETURNING`, `greatest()`, and the
+column names of `alkfs/schema.py`. Each engine runs it with the same semantics:
+
+- `tx()`: one write transaction; write transactions of a store run one at a time (sqlite's
+  `BEGIN IMMEDIATE`; PostgreSQL: a transaction-scoped advisory lock), all or nothing.
+- `execute(sql, params)`: one statement on its own (inside a `tx()` of the same thread,
+  part of it); `fetchone`/`fetchall`/iteration/`rowcount` on what it returns.
+- `snapshot()`: a read-only transaction whose statements see one state of the database.
+- `stream(sql, params)`: the rows of a big query, fetched in batches.
+- failures that are not bugs leave as the store's errors (`translate`): `NoSpace`,
+  `Busy`, `StoreIO` (a lost connection is `StoreIO`: EIO through the mount).
+
+The kv tier's fast paths (`alkfs/tiers/sql.py`, `alkfs/tiers/postgres.py`) are the only
+SQL that differs between the engines.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import AbstractContextManager
+from typing import Any, Protocol
+
+import pysqlite3.dbapi2 as sqlite3
+
+
+def now_ns() -> int:
+    return time.time_ns()
+
+
+class Rows(Protocol):
+    rowcount: int
+
+    def fetchone(self) -> Any: ...
+
+    def fetchall(self) -> list[Any]: ...
+
+    def fetchmany(self, size: int = ...) -> list[Any]: ...
+
+    def __iter__(self) -> Iterator[Any]: ...
+
+
+class Conn(Protocol):
+    """A connection inside a transaction (what `tx()` and `snapshot()` yield)."""
+
+    def execute(self, sql: str, params: Any = ()) -> Rows: ...
+
+    def executemany(self, sql: str, params: Any) -> Rows: ...
+
+
+class Database(Protocol):
+    engine: str  # "sqlite" | "postgresql"
+    arrival: str  # the kv column giving arrival order ("rowid" | "seq")
+    full_scan: str  # a FROM-clause hint that a query reads the whole range
+
+    def tx(self) -> AbstractContextManager[Conn]: ...
+
+    def snapshot(self) -> AbstractContextManager[Conn]: ...
+
+    def execute(self, sql: str, params: Any = ()) -> Rows: ...
+
+    def stream(self, sql: str, params: Any = (), batch: int = 8192) -> Iterator[Any]: ...
+
+    def create(self, statements: list[str]) -> None: ...
+
+    def translate(self, exc: BaseException) -> Exception | None: ...
+
+    def spare_bytes(self) -> int: ...
+
+    def reclaim(self) -> None: ...
+
+    def tune_bulk_writer(self) -> None: ...
+
+    def describe(self) -> str: ...
+
+    def close(self) -> None: ...
+
+
+def errors() -> tuple[type[BaseException], ...]:
+    """The exception classes of every engine's driver (what a sweep ends on as report data)."""
+    out: list[type[BaseException]] = [sqlite3.Error]
+    try:
+        import psycopg
+        import psycopg_pool
+
+        out += [psycopg.Error, psycopg_pool.PoolTimeout]
+    except ImportError:  # (the PostgreSQL engine is optional)
+        pass
+    return tuple(out)
+
+
+Error = errors()

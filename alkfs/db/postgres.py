@@ -1,0 +1,260 @@
+"""The PostgreSQL engine: the store's tables in a PostgreSQL database (psycopg 3).
+
+psycopg's synchronous API with a `psycopg_pool.ConnectionPool`, called from worker
+threads as the rest of the library is. The semantics are the sqlite engine's:
+
+- write transactions run one at a time: each takes a transaction-scoped advisory lock
+  (`pg_advisory_xact_lock`) first, as sqlite's `BEGIN IMMEDIATE` takes the file's write
+  lock, so the read-check-write steps of refs, pins and the window need nothing more;
+- a thread inside a `tx()` or `snapshot()` runs its other statements on the same
+  connection (as sqlite's per-thread connection does);
+- `?` placeholders are rewritten to psycopg's `%s` once per statement text;
+- a lost connection is `StoreIO` (EIO through the mount) and the pool reconnects;
+- one store per database at a time: a session advisory lock on a connection of its own
+  (`pg_try_advisory_lock`), held while the store is open with `lock=True`.
+
+A password in the URI is never shown: every message names the database by `redact(uri)`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import psycopg_pool
+from psycopg import errors as pgerrors
+
+from ..errors import Busy, Invalid, NoSpace, StoreIO, StoreLocked
+from .uri import redact
+
+WRITER_LOCK = 0x616C6B66_73777274  # "alkfswrt": every write transaction takes it
+STORE_LOCK = 0x616C6B66_73746F72  # "alkfstor": held by the one daemon (or CLI) of the store
+POOL_MAX = 24  # above the daemon's 16 worker threads, the importer's writer and the sweep
+CONNECT_TIMEOUT_S = 10
+
+
+class _Result:
+    """The rows of one statement run outside a transaction (fetched whole; the
+    connection went back to the pool)."""
+
+    __slots__ = ("rows", "rowcount", "_i")
+
+    def __init__(self, rows: list[Any], rowcount: int) -> None:
+        self.rows = rows
+        self.rowcount = rowcount
+        self._i = 0
+
+    def fetchone(self) -> Any:
+        if self._i >= len(self.rows):
+            return None
+        self._i += 1
+        return self.rows[self._i - 1]
+
+    def fetchall(self) -> list[Any]:
+        out = self.rows[self._i :]
+        self._i = len(self.rows)
+        return out
+
+    def fetchmany(self, size: int = 8192) -> list[Any]:
+        out = self.rows[self._i : self._i + size]
+        self._i += len(out)
+        return out
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self.fetchall())
+
+
+_SQL: dict[str, str] = {}
+
+
+def pg_sql(sql: str) -> str:
+    """A statement in the store's dialect (`?` placeholders) as psycopg takes it."""
+    out = _SQL.get(sql)
+    if out is None:
+        if "%" in sql:
+            raise Invalid("a store statement may not contain '%'")
+        out = _SQL[sql] = sql.replace("?", "%s")
+    return out
+
+
+class _Conn:
+    """A pooled connection inside a transaction, taking the store's dialect."""
+
+    __slots__ = ("raw", "_named", "_n")
+
+    def __init__(self, raw: psycopg.Connection, named: bool) -> None:
+        self.raw = raw
+        self._named = named  # a snapshot: SELECTs stream through server-side cursors
+        self._n = 0
+
+    def execute(self, sql: str, params: Any = ()) -> Any:
+        if self._named and sql.lstrip()[:6].upper() == "SELECT":
+            self._n += 1
+            cur = self.raw.cursor(name=f"alkfs_{self._n}")
+            cur.itersize = 8192
+            return cur.execute(pg_sql(sql), params or None)
+        return self.raw.execute(pg_sql(sql), params or None)
+
+    def executemany(self, sql: str, params: Any) -> Any:
+        cur = self.raw.cursor()
+        cur.executemany(pg_sql(sql), params)
+        return cur
+
+
+class PostgresDatabase:
+    engine = "postgresql"
+    arrival = "seq"
+    full_scan = ""
+
+    def __init__(self, uri: str, *, lock: bool = True, pool_max: int = POOL_MAX) -> None:
+        self.uri = uri
+        self.name = redact(uri)
+        self._local = threading.local()
+        self._holder: psycopg.Connection | None = None
+        self.on_full = None  # (the server's disk is not the store's: nothing to tell)
+        try:
+            self.pool = psycopg_pool.ConnectionPool(
+                uri,
+                min_size=1,
+                max_size=pool_max,
+                kwargs={"autocommit": True, "connect_timeout": CONNECT_TIMEOUT_S},
+                timeout=CONNECT_TIMEOUT_S,
+                open=False,
+                name="alkfs",
+            )
+            self.pool.open(wait=True, timeout=CONNECT_TIMEOUT_S)
+        except (psycopg.Error, psycopg_pool.PoolTimeout) as exc:
+            with contextlib.suppress(Exception):
+                self.pool.close()
+            raise StoreIO(f"postgresql: cannot connect to {self.name}: {_why(exc)}") from None
+        if lock:
+            try:
+                self._take_store_lock()
+            except BaseException:
+                self.pool.close()
+                raise
+
+    def _take_store_lock(self) -> None:
+        try:
+            conn = psycopg.connect(self.uri, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S)
+        except psycopg.Error as exc:
+            raise StoreIO(f"postgresql: cannot connect to {self.name}: {_why(exc)}") from None
+        got = conn.execute("SELECT pg_try_advisory_lock(%s)", (STORE_LOCK,)).fetchone()
+        if not got or not got[0]:
+            conn.close()
+            raise StoreLocked(
+                f"the database {self.name} is held by another alkfs process "
+                "(one daemon per store until a fleet is supported)"
+            )
+        self._holder = conn
+
+    # -- errors ---------------------------------------------------------------------
+    def translate(self, exc: BaseException) -> Exception | None:
+        if isinstance(exc, psycopg_pool.PoolTimeout):
+            return StoreIO(f"postgresql: no connection to {self.name}: {_why(exc)}")
+        if not isinstance(exc, psycopg.Error):
+            return None
+        if isinstance(exc, pgerrors.DiskFull):
+            return NoSpace(f"postgresql: the server of {self.name} is out of space")
+        if isinstance(exc, (pgerrors.LockNotAvailable, pgerrors.DeadlockDetected)):
+            return Busy(f"postgresql: {self.name}: {_why(exc)}; try again")
+        if isinstance(exc, (psycopg.OperationalError, psycopg.InterfaceError)) or (
+            exc.sqlstate or ""
+        ).startswith(("08", "57P", "53")):
+            return StoreIO(f"postgresql: {self.name}: {_why(exc)}")
+        return None
+
+    def _raise(self, exc: BaseException) -> Any:
+        err = self.translate(exc)
+        if err is None:
+            raise exc
+        raise err from None
+
+    # -- statements -----------------------------------------------------------------
+    @contextlib.contextmanager
+    def _transaction(self, write: bool) -> Iterator[_Conn]:
+        inner = getattr(self._local, "conn", None)
+        if inner is not None:  # nested: part of this thread's transaction
+            yield inner
+            return
+        try:
+            with self.pool.connection() as raw, raw.transaction():
+                if write:
+                    raw.execute("SELECT pg_advisory_xact_lock(%s)", (WRITER_LOCK,))
+                else:
+                    raw.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
+                conn = _Conn(raw, named=not write)
+                self._local.conn = conn
+                try:
+                    yield conn
+                finally:
+                    self._local.conn = None
+        except (psycopg.Error, psycopg_pool.PoolTimeout) as exc:
+            self._raise(exc)
+
+    def tx(self) -> contextlib.AbstractContextManager[_Conn]:
+        """One write transaction: all of it commits or none; one at a time per store."""
+        return self._transaction(write=True)
+
+    def snapshot(self) -> contextlib.AbstractContextManager[_Conn]:
+        """A read-only transaction (REPEATABLE READ): one state of the database."""
+        return self._transaction(write=False)
+
+    def execute(self, sql: str, params: Any = ()) -> Any:
+        inner = getattr(self._local, "conn", None)
+        try:
+            if inner is not None:
+                return inner.execute(sql, params)
+            with self.pool.connection() as raw:
+                cur = raw.execute(pg_sql(sql), params or None)
+                rows = cur.fetchall() if cur.description is not None else []
+                return _Result(rows, cur.rowcount)
+        except (psycopg.Error, psycopg_pool.PoolTimeout) as exc:
+            self._raise(exc)
+
+    def stream(self, sql: str, params: Any = (), batch: int = 8192) -> Iterator[Any]:
+        """The rows of one query through a server-side cursor, `batch` at a time."""
+        try:
+            with self.pool.connection() as raw, raw.transaction():
+                with raw.cursor(name="alkfs_stream") as cur:
+                    cur.itersize = batch
+                    cur.execute(pg_sql(sql), params or None)
+                    while rows := cur.fetchmany(batch):
+                        yield from rows
+        except (psycopg.Error, psycopg_pool.PoolTimeout) as exc:
+            self._raise(exc)
+
+    def create(self, statements: list[str]) -> None:
+        with self.tx() as conn:
+            for sql in statements:
+                conn.execute(sql)
+
+    # -- the engine's own -----------------------------------------------------------
+    def spare_bytes(self) -> int:
+        return 0  # (the database's space is the server's, not the store directory's)
+
+    def reclaim(self) -> None:
+        pass
+
+    def tune_bulk_writer(self) -> None:
+        pass
+
+    def describe(self) -> str:
+        return self.name
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self.pool.close()
+        if self._holder is not None:
+            with contextlib.suppress(Exception):
+                self._holder.close()
+            self._holder = None
+
+
+def _why(exc: BaseException) -> str:
+    """The first line of a driver message (they can be long; never the URI itself)."""
+    text = str(exc).strip().splitlines()
+    return (text[0] if text else type(exc).__name__)[:300]
