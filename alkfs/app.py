@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import functools
 import os
 from typing import Any
 
 from . import __version__, privacy
+from .git import packs
 from .git.closure import RefClosure
 from .git.refs import Refs
 from .keys import Key
@@ -22,6 +24,7 @@ class Alkfs:
         self.closure = RefClosure(store, self.refs)
         self.pins = Pins(store, closure=self.closure)
         self._tokens = [store.register_source(self.closure), store.register_source(self.pins)]
+        store.delete_guards.append(functools.partial(packs.guard_deletes, store))
 
     @classmethod
     def open(
@@ -32,10 +35,13 @@ class Alkfs:
         threshold: int | None = None,
         window_s: float | None = None,
         lock: bool = True,
+        database: str | None = None,
     ) -> Alkfs:
         if mode != "mem":
             privacy.prepare(path)  # the store is its owner's alone
-        store = Store.open(path, mode=mode, threshold=threshold, window_s=window_s, lock=lock)
+        store = Store.open(
+            path, mode=mode, threshold=threshold, window_s=window_s, lock=lock, database=database
+        )
         try:
             return cls(store)
         except BaseException:
@@ -59,6 +65,9 @@ class Alkfs:
                 "threshold": store.threshold,
                 "window_s": int(window_s) if window_s.is_integer() else window_s,
             },
+            "database": None
+            if store.db is None
+            else {"engine": store.db.engine, "name": store.db.describe()},
             "objects": store.counts(),
             "pins": len(self.pins.list()),
             "repos": len(self.refs.repos()),

@@ -201,15 +201,16 @@ class Target(Protocol):
 class StoreTarget:
     """The library on a store directory, holding its lock."""
 
-    def __init__(self, path: str, create: bool) -> None:
+    def __init__(self, path: str, create: bool, database: str | None = None) -> None:
         from .app import Alkfs
+        from .binding import BINDING_NAME
         from .store import DB_NAME
 
         root = Path(path)
-        if not create and not (root / DB_NAME).exists():
+        if not create and not any((root / n).exists() for n in (DB_NAME, BINDING_NAME)):
             raise Missing(f"no store at {root}")
         self.root = root
-        self.app = Alkfs.open(root)
+        self.app = Alkfs.open(root, database=database)
         self.store = self.app.store
 
     def close(self) -> None:
@@ -607,6 +608,36 @@ def cmd_verify(t: Target, a: argparse.Namespace) -> int:
 cmd_status = shows("status")
 
 
+def cmd_migrate(t: Target, a: argparse.Namespace) -> int:
+    raise Usage("migrate works on a store directory: give --store DIR")  # (see main)
+
+
+def run_migrate(path: str, database: str | None, a: argparse.Namespace) -> int:
+    """`migrate`: sqlite -> PostgreSQL (`--database URI`), or back (`--to-sqlite`)."""
+    from . import migrate
+
+    if database is None:
+        raise Usage("migrate needs --database URI (or $ALKFS_DATABASE)")
+    bar = None
+
+    def progress(done: int, total: int) -> None:
+        nonlocal bar
+        if bar is None:
+            bar = progress_bar("migrate", total)
+            bar.unit = "row"
+        bar.n = done
+        bar.refresh()
+
+    step = migrate.to_sqlite if a.to_sqlite else migrate.to_postgresql
+    try:
+        summary = step(path, database, progress if sys.stderr.isatty() else None)
+    finally:
+        if bar is not None:
+            bar.close()
+    print(json.dumps(summary), flush=True)
+    return 0
+
+
 # -- parsing --------------------------------------------------------------------------------
 
 
@@ -621,6 +652,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="DIR",
         default=argparse.SUPPRESS,
         help="work on a store no daemon holds",
+    )
+    group.add_argument(
+        "--database",
+        metavar="URI",
+        default=argparse.SUPPRESS,
+        help="with --store: the store's PostgreSQL database (default: $ALKFS_DATABASE)",
     )
 
     p = argparse.ArgumentParser(
@@ -675,6 +712,18 @@ def build_parser() -> argparse.ArgumentParser:
     c = command(sub, "sweep", cmd_sweep, "run a sweep; print its report as JSON")
     c.add_argument("--window", type=duration_arg, metavar="DURATION", help="e.g. 0, 90s, 1h")
 
+    c = command(
+        sub,
+        "migrate",
+        cmd_migrate,
+        "move the store's database into PostgreSQL (--database URI), or back (--to-sqlite)",
+    )
+    c.add_argument(
+        "--to-sqlite",
+        action="store_true",
+        help="move a PostgreSQL-backed store back into its sqlite file STORE/store.db",
+    )
+
     command(sub, "verify", cmd_verify, "re-hash every object; list corrupt ones")
     command(sub, "status", cmd_status, "the store's status as JSON")
     return p
@@ -725,6 +774,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         check_usage(a)
         kind, path = resolve_target(a)
+        if kind == "mount" and getattr(a, "database", None):
+            raise Usage("--database goes with --store (a mount's daemon has its own)")
+        if kind == "mount" and a.command == "migrate":
+            raise Usage("migrate works on a store no daemon holds: give --store DIR, not --mount")
     except Usage as exc:
         usage(str(exc))
     target: Target | None = None
@@ -732,7 +785,10 @@ def main(argv: list[str] | None = None) -> int:
         if kind == "mount":
             target = MountTarget(path)
         else:
-            target = StoreTarget(path, create=name in CREATING)
+            database = getattr(a, "database", None) or os.environ.get("ALKFS_DATABASE") or None
+            if a.command == "migrate":  # (opens the store itself, holding its lock)
+                return run_migrate(path, database, a)
+            target = StoreTarget(path, create=name in CREATING, database=database)
         return a.handler(target, a)
     except Usage as exc:
         usage(str(exc))

@@ -32,6 +32,8 @@ from typing import Any
 import pyfuse3
 import trio
 
+from alkfs.db.uri import check as check_uri
+from alkfs.db.uri import has_password
 from alkfs.durations import parse_duration
 from alkfs.errors import AlkfsError, StoreLocked
 
@@ -47,6 +49,7 @@ MAX_TASKS = 64
 READ_AHEAD_KB = 1024  # the kernel's default for a FUSE mount is 128 (one request per 128 KiB)
 CONFIG_KEYS = {
     "store",
+    "database",
     "mountpoint",
     "threshold",
     "window",
@@ -76,6 +79,12 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--read-only", action="store_true", default=None, help="refuse every change")
     p.add_argument("--allow-other", action="store_true", default=None, help="let other users in")
+    p.add_argument(
+        "--database",
+        metavar="URI",
+        help="keep the store's database in PostgreSQL (postgresql://...; default: "
+        "$ALKFS_DATABASE); the large tier stays in STORE",
+    )
     p.add_argument("--config", help="TOML file with the same keys")
     p.add_argument("--demo", action="store_true", default=None, help="fill a fresh store")
     return p
@@ -97,10 +106,22 @@ def settings(argv: list[str] | None) -> dict[str, Any]:
             if key not in CONFIG_KEYS:
                 raise Usage(f"unknown key {k!r} in {args.config}")
             out[key] = v
+        if has_password(str(out.get("database", ""))) and _readable_by_others(args.config):
+            raise Usage(
+                f"{args.config} holds a database password and others may read it: "
+                f"chmod 600 {args.config}"
+            )
     for key in CONFIG_KEYS:
         v = getattr(args, key)
         if v is not None:
             out[key] = v
+    if out.get("database") is None and os.environ.get("ALKFS_DATABASE"):
+        out["database"] = os.environ["ALKFS_DATABASE"]
+    if out.get("database") is not None:
+        try:
+            check_uri(str(out["database"]))
+        except AlkfsError as exc:
+            raise Usage(str(exc)) from None
     if not out.get("store") or not out.get("mountpoint"):
         raise Usage("STORE and MOUNTPOINT are required (on the command line or in --config)")
     try:
@@ -192,11 +213,39 @@ def clear_stale_mount(mnt: str) -> None:
         subprocess.run(["fusermount3", "-uz", mnt], check=False, capture_output=True)
 
 
+def _readable_by_others(path: str) -> bool:
+    try:
+        return bool(os.stat(path).st_mode & 0o077)
+    except OSError:
+        return False
+
+
+def hide_password(argv: list[str]) -> None:
+    """A password given with --database on the command line would show in `ps` (the
+    process title is the command line): start again with the URI in the environment
+    (/proc/PID/environ is the owner's alone) and the option left out."""
+    out: list[str] = []
+    uri: str | None = None
+    it = iter(argv)
+    for arg in it:
+        if arg == "--database":
+            uri = next(it, "")
+        elif arg.startswith("--database="):
+            uri = arg.split("=", 1)[1]
+        else:
+            out.append(arg)
+    if uri is None or not has_password(uri):
+        return
+    env = {**os.environ, "ALKFS_DATABASE": uri}
+    os.execve(sys.executable, [sys.executable, "-m", "alkfsd.main", *out], env)
+
+
 def open_app(store: str, conf: dict[str, Any]) -> tuple[Any, Any]:
     kw = {
         "mode": "kv-only" if conf.get("kv_only") else None,
         "threshold": conf.get("threshold"),
         "window_s": conf.get("window"),
+        "database": conf.get("database"),
     }
     try:
         from alkfs.app import Alkfs
@@ -303,6 +352,8 @@ def main(argv: list[str] | None = None) -> int:
     handler.setFormatter(ClipFormatter("%(asctime)s alkfsd[%(process)d] %(levelname)s %(message)s"))
     logging.basicConfig(level=logging.INFO, handlers=[handler])
     logging.getLogger("pyfuse3").setLevel(logging.WARNING)
+    if argv is None:
+        hide_password(sys.argv[1:])
     try:
         conf = settings(argv)
     except Usage as exc:
@@ -355,9 +406,10 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         mounted = True
         log.info(
-            "mounted %s at %s (mode %s, threshold %d, window %ss%s)",
+            "mounted %s at %s (database %s, mode %s, threshold %d, window %ss%s)",
             store_path,
             mnt,
+            "sqlite" if store.db is None else store.db.describe(),
             store.mode,
             store.threshold,
             store.window_ns / 1e9,
