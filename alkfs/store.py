@@ -11,6 +11,7 @@ import logging
 import os
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
@@ -132,6 +133,9 @@ class Store:
         self.last_sweep: SweepReport | None = None
         self.corrupt: set[bytes] = set()
         self.deleted_hooks: list[Callable[[bytes], None]] = []
+        # Held around each batch of a sweep's deletions (the layers above register them:
+        # alkfs/app.py adds the derived packs' guard).
+        self.delete_guards: list[Callable[[list[bytes]], AbstractContextManager[object]]] = []
         self._verified: dict[bytes, tuple[int, int, int, int]] = {}
         self._lock_fd: int | None = None
         self._vlock = threading.Lock()

@@ -5,6 +5,7 @@ A sweep is never an error: every outcome, aborts included, is a SweepReport.
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import gc
 import json
@@ -93,12 +94,6 @@ def sweep(store: Store, window_ns: int | None = None) -> SweepReport:
     return report
 
 
-def _packs_guard(store: Store, raws: list[bytes]):
-    from ..git.packs import guard_deletes
-
-    return guard_deletes(store, raws)
-
-
 def _run(store: Store, report: SweepReport, window_ns: int) -> None:
     arbiter = store.arbiter
     sources = arbiter.sources()
@@ -120,8 +115,11 @@ def _run(store: Store, report: SweepReport, window_ns: int) -> None:
     window = store.window
     while batch := window.take(now_ns()):
         report.taken += len(batch)
-        # derived packs: none published after these deletes lists them (alkfs/git/packs.py)
-        with _packs_guard(store, [key for key, _ in batch]):
+        # e.g. derived packs: none published after these deletes lists them (git/packs.py)
+        with contextlib.ExitStack() as guards:
+            raws = [key for key, _ in batch]
+            for guard in store.delete_guards:
+                guards.enter_context(guard(raws))
             try:
                 protected_now = _protected_set(store)
             except Exception:
