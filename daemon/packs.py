@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
+from alkfs.errors import AlkfsError
 from alkfs.git.packs import FORMATS, Derived, Generation, derived_for
 from alkfs.keys import Key
 from alkfs.store import ObjectStat
@@ -257,7 +258,12 @@ async def run(ctx: Context) -> None:
     poll = _env_float("ALKFS_PACK_POLL", min(every, 5.0))
     window_rows = 0
     while True:
-        rows = await ctx.run_sync(ctx.store.window.rows)
+        try:
+            rows = await ctx.run_sync(ctx.store.window.rows)
+        except AlkfsError as exc:  # the database is away (StoreIO): the mount lives on
+            log.warning("derived packs: cannot read the window (%s); again in %gs", exc, poll)
+            await trio.sleep(poll)
+            continue
         staging, window_rows = rows > window_rows, rows  # a sweep staged candidates
         for fmt, d in s.derived.items():
             try:

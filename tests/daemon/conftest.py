@@ -15,6 +15,12 @@ Use:
         m.restart()                            # SIGTERM, wait, start again (same flags)
         m.restart(kill=True)                   # SIGKILL: leaves a dead mount to clear
         m.stop()                               # -> exit code
+
+    def test_z(pg_mount):                     # a fresh store kept in PostgreSQL (pg_uri)
+        pg_mount.database                      # its URI (`--database` is in its args)
+
+    def test_w(start_pg_mount, pg_server):    # your own store and flags, on PostgreSQL
+        m = start_pg_mount(store, "--window", "0")   # database=pg_uri unless given
 """
 
 from __future__ import annotations
@@ -97,6 +103,17 @@ class Mount:
     env: dict[str, str] | None = None  # extra environment for the daemon
     starts: int = 0
     logs: list[Path] = field(default_factory=list)
+
+    @property
+    def database(self) -> str | None:
+        """The `--database` URI the daemon was started with, if any."""
+        args = list(self.args)
+        for i, arg in enumerate(args):
+            if arg == "--database" and i + 1 < len(args):
+                return args[i + 1]
+            if arg.startswith("--database="):
+                return arg.split("=", 1)[1]
+        return None
 
     @property
     def pid(self) -> int:
@@ -257,7 +274,37 @@ def mount(start_mount) -> Mount:
     return start_mount()
 
 
+@pytest.fixture
+def start_pg_mount(pg_uri: str, start_mount):
+    """start_mount for a store kept in PostgreSQL: start_pg_mount(store=None, *args, mnt=None,
+    env=None, database=None) -> Mount, the daemon given `--database` (this test's fresh
+    database `pg_uri` unless `database` is given) after `args` (`--window 0` without args).
+    The URI is also `start_pg_mount.uri`. (pg_uri is set up before start_mount, so the
+    daemons are stopped before their database is dropped.)"""
+
+    def start(
+        store: str | os.PathLike[str] | None = None,
+        *args: str,
+        mnt=None,
+        env=None,
+        database: str | None = None,
+    ) -> Mount:
+        uri = database if database is not None else pg_uri
+        return start_mount(store, *(args or DEFAULT_ARGS), "--database", uri, mnt=mnt, env=env)
+
+    start.uri = pg_uri  # type: ignore[attr-defined]
+    return start
+
+
+@pytest.fixture
+def pg_mount(start_pg_mount) -> Mount:
+    """A daemon on a fresh store kept in this test's fresh PostgreSQL database, `--window 0`."""
+    return start_pg_mount()
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
-        if {"mount", "start_mount"} & set(getattr(item, "fixturenames", ())):
+        if {"mount", "start_mount", "pg_mount", "start_pg_mount"} & set(
+            getattr(item, "fixturenames", ())
+        ):
             item.add_marker(pytest.mark.mount)

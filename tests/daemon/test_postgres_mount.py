@@ -1,0 +1,307 @@
+"""Real mounts on a store kept in PostgreSQL (`alkfsd STORE MNT --database URI`, a throwaway
+server from tests/pgserver.py): reads and writes of both tiers, git pushes and clones, refs
+CAS, sweeps, restarts, a server outage mid-mount (EIO, the daemon lives on, nothing lost),
+the starts the daemon refuses, and a password that is never shown.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from helpers import GIT_ENV, sha
+
+ALKFSD = str(Path(sys.executable).with_name("alkfsd"))
+SMALL = b"a small object kept in PostgreSQL\n"
+LARGE = bytes(range(256)) * 4096 + b"tail"  # 1 MiB + 4 bytes: above the 128 KiB threshold
+
+
+def git(*args, cwd=None, check=True, input=None) -> subprocess.CompletedProcess:
+    done = subprocess.run(
+        ["git", *map(str, args)],
+        cwd=cwd,
+        env={**os.environ, **GIT_ENV},
+        capture_output=True,
+        input=input,
+        timeout=300,
+    )
+    if check:
+        assert done.returncode == 0, (args, done.stderr.decode(errors="replace"))
+    return done
+
+
+def cp(src: Path, dst: Path) -> None:
+    done = subprocess.run(["cp", str(src), str(dst)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+
+
+def cat(path: Path) -> bytes:
+    done = subprocess.run(["cat", str(path)], capture_output=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def status(m) -> dict:
+    return json.loads(m.path(".alkfs", "status").read_text())
+
+
+def sweep(m) -> dict:
+    m.path(".alkfs", "control").write_text("sweep\n")
+    return status(m)["last_sweep"]
+
+
+def put(m, data: bytes) -> str:
+    """Write a new object through /objects/sha256 (stored at close); its hex."""
+    tmp = m.path("objects", "sha256", f"new-{time.monotonic_ns()}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        os.write(fd, data)
+    finally:
+        os.close(fd)
+    return sha(data)
+
+
+def small_repo(path: Path) -> Path:
+    """A real non-bare repository made by git: three commits on main, a tag."""
+    git("init", "-q", "-b", "main", path)
+    for i in range(3):
+        (path / f"f{i}.txt").write_text(f"file {i}\n" * (i + 1))
+        git("-C", path, "add", ".")
+        git("-C", path, "commit", "-q", "-m", f"commit {i}")
+    git("-C", path, "tag", "-a", "-m", "first", "v1", "HEAD~1")
+    return path
+
+
+def run_alkfsd(*args: str, env: dict[str, str] | None = None, timeout: float = 60):
+    return subprocess.run(
+        [ALKFSD, *args],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+    )
+
+
+# -- 1. reads and writes ----------------------------------------------------------------------
+def test_small_and_large_files_go_in_and_come_back_byte_identical(pg_mount, tmp_path):
+    m = pg_mount
+    assert status(m)["database"]["engine"] == "postgresql"
+    small, large = tmp_path / "small", tmp_path / "large"
+    small.write_bytes(SMALL)
+    large.write_bytes(LARGE)
+    cp(small, m.path("pins", "small-one"))
+    cp(large, m.path("objects", "sha256", "anything"))
+    assert cat(m.path("pins", "small-one")) == SMALL
+    assert cat(m.path("objects", "sha256", sha(SMALL))) == SMALL
+    assert cat(m.path("objects", "sha256", sha(LARGE))) == LARGE
+    assert os.readlink(m.path("pins", "small-one")) == f"../objects/sha256/{sha(SMALL)}"
+    assert sorted(os.listdir(m.path("objects", "sha256"))) == sorted([sha(SMALL), sha(LARGE)])
+    assert os.getxattr(m.path("objects", "sha256", sha(LARGE)), "user.alkfs.tier") == b"large"
+    assert os.getxattr(m.path("objects", "sha256", sha(SMALL)), "user.alkfs.tier") == b"kv"
+    counts = status(m)["objects"]["sha256"]
+    assert (counts["count"], counts["kv"], counts["large"]) == (2, 1, 1)
+    assert counts["bytes"] == len(SMALL) + len(LARGE)
+    assert m.tracebacks() == []
+
+
+# -- 2. git -----------------------------------------------------------------------------------
+def test_a_push_clones_back_fsck_clean_and_refs_are_compare_and_swap(pg_mount, tmp_path):
+    m = pg_mount
+    src = small_repo(tmp_path / "src")
+    os.mkdir(m.path("repos", "r1"))
+    git("-C", src, "push", "-q", m.path("repos", "r1"), "main", "--tags")
+    gitdir = m.path("repos", "r1")
+    git(f"--git-dir={gitdir}", "fsck", "--full", "--no-dangling")
+
+    clone = tmp_path / "clone"
+    git("clone", "-q", "--no-local", gitdir, clone)
+    git("-C", clone, "fsck", "--full")
+    head = git("-C", src, "rev-parse", "main").stdout.decode().strip()
+    assert git("-C", clone, "rev-parse", "HEAD").stdout.decode().strip() == head
+    assert git("-C", clone, "log", "--format=%s").stdout.decode().split("\n")[:3] == [
+        "commit 2",
+        "commit 1",
+        "commit 0",
+    ]
+    tags = git("-C", clone, "for-each-ref", "--format=%(objectname)", "refs/tags").stdout
+    assert tags.decode().strip() == git("-C", src, "rev-parse", "v1").stdout.decode().strip()
+
+    # compare-and-swap: a wrong old value fails and changes nothing; the right one moves it
+    first = git("-C", src, "rev-parse", "main~2").stdout.decode().strip()
+    wrong = git("-C", src, "rev-parse", "main~1").stdout.decode().strip()
+    done = git(f"--git-dir={gitdir}", "update-ref", "refs/heads/main", first, wrong, check=False)
+    assert done.returncode != 0
+    assert (gitdir / "refs" / "heads" / "main").read_text() == f"{head}\n"
+    git(f"--git-dir={gitdir}", "update-ref", "refs/heads/main", first, head)
+    assert (gitdir / "refs" / "heads" / "main").read_text() == f"{first}\n"
+    assert m.tracebacks() == []
+
+
+# -- 3. sweeps --------------------------------------------------------------------------------
+def test_two_sweeps_with_window_0_delete_the_unreferenced_and_keep_pins_and_refs(
+    pg_mount, tmp_path
+):
+    m = pg_mount
+    src = small_repo(tmp_path / "src")
+    os.mkdir(m.path("repos", "r1"))
+    git("-C", src, "push", "-q", m.path("repos", "r1"), "main")
+    (tmp_path / "kept").write_bytes(b"pinned, so kept\n")
+    cp(tmp_path / "kept", m.path("pins", "kept"))
+    dead = put(m, b"nobody keeps this one\n")
+    dead_large = put(m, b"L" * 300_000)
+    oids = git("-C", src, "rev-list", "--objects", "main").stdout.decode().split()
+    oids = [o for o in oids if len(o) == 40]
+
+    sweep(m)
+    report = sweep(m)
+    assert report is not None
+    for hexd in (dead, dead_large):
+        with pytest.raises(OSError) as caught:
+            os.stat(m.path("objects", "sha256", hexd))
+        assert caught.value.errno == errno.ENOENT
+    assert cat(m.path("pins", "kept")) == b"pinned, so kept\n"
+    gitdir = m.path("repos", "r1")
+    for oid in oids:
+        git(f"--git-dir={gitdir}", "cat-file", "-e", oid)
+    git(f"--git-dir={gitdir}", "fsck", "--full", "--no-dangling")
+    assert status(m)["objects"]["sha256"]["count"] == 1
+    assert m.tracebacks() == []
+
+
+# -- 4. restart durability --------------------------------------------------------------------
+def test_a_restart_on_the_same_store_and_database_finds_everything(pg_mount, tmp_path):
+    m = pg_mount
+    src = small_repo(tmp_path / "src")
+    os.mkdir(m.path("repos", "r1"))
+    git("-C", src, "push", "-q", m.path("repos", "r1"), "main", "--tags")
+    (tmp_path / "large").write_bytes(LARGE)
+    cp(tmp_path / "large", m.path("pins", "big"))
+    small = put(m, SMALL)
+    refs = git(f"--git-dir={m.path('repos', 'r1')}", "for-each-ref").stdout
+    before = status(m)
+
+    m.restart()
+    assert m.database is not None
+    after = status(m)
+    assert after["objects"] == before["objects"]
+    assert (after["pins"], after["repos"]) == (before["pins"], before["repos"]) == (1, 1)
+    assert after["database"] == before["database"]
+    assert git(f"--git-dir={m.path('repos', 'r1')}", "for-each-ref").stdout == refs
+    git(f"--git-dir={m.path('repos', 'r1')}", "fsck", "--full", "--no-dangling")
+    assert cat(m.path("pins", "big")) == LARGE
+    assert cat(m.path("objects", "sha256", small)) == SMALL
+    assert m.tracebacks() == []
+
+
+# -- 5. server outage -------------------------------------------------------------------------
+def test_a_server_outage_is_eio_the_daemon_lives_and_recovers_with_nothing_lost(
+    start_pg_mount, pg_server, tmp_path
+):
+    # the derived packs' intake polls every 0.2 s: it meets the outage many times
+    m = start_pg_mount(env={"ALKFS_PACK_POLL": "0.2"})
+    unread_small = put(m, b"written before the outage, never read\n")
+    unread_large = put(m, b"G" * 400_000)
+    kept = put(m, SMALL)
+    assert cat(m.path("objects", "sha256", kept)) == SMALL
+    before = status(m)["objects"]
+
+    pg_server.stop_now()
+    try:
+        timings = {}
+        for name, hexd in (("small", unread_small), ("large", unread_large)):
+            t0 = time.monotonic()
+            with pytest.raises(OSError) as caught:
+                with open(m.path("objects", "sha256", hexd), "rb") as f:
+                    f.read()
+            timings[f"read {name}"] = time.monotonic() - t0
+            assert caught.value.errno == errno.EIO, (name, caught.value)
+        t0 = time.monotonic()
+        with pytest.raises(OSError) as caught:
+            put(m, b"written during the outage\n")
+        timings["write"] = time.monotonic() - t0
+        assert caught.value.errno == errno.EIO, caught.value
+        time.sleep(1.0)  # the background tasks (packs intake) meet the outage too
+        os.kill(m.pid, 0)  # the daemon lives
+        assert m.mounted()
+        assert m.proc.poll() is None
+        os.stat(m.mnt)
+        print(f"outage timings (s): { {k: round(v, 2) for k, v in timings.items()} }")
+    finally:
+        pg_server.start_again()
+
+    assert (
+        cat(m.path("objects", "sha256", unread_small)) == b"written before the outage, never read\n"
+    )
+    assert cat(m.path("objects", "sha256", unread_large)) == b"G" * 400_000
+    after_write = put(m, b"written after the outage\n")
+    assert cat(m.path("objects", "sha256", after_write)) == b"written after the outage\n"
+    now = status(m)["objects"]["sha256"]
+    assert now["count"] == before["sha256"]["count"] + 1
+    assert m.proc.poll() is None
+    assert m.tracebacks() == []
+
+
+# -- 6. refused starts ------------------------------------------------------------------------
+def refused(done: subprocess.CompletedProcess, mnt: Path, code: int = 1) -> str:
+    """The one-line message of a start refused with `code`, nothing mounted at `mnt`."""
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == code, done.stderr
+    assert len(lines) == 1 and lines[0].startswith("alkfsd: "), done.stderr
+    assert not os.path.ismount(mnt)
+    from alkfsd.main import mounted_at
+
+    assert mounted_at(str(mnt)) is None
+    return lines[0]
+
+
+def test_a_postgresql_store_started_without_database_is_refused(start_pg_mount, tmp_path):
+    m = start_pg_mount(tmp_path / "store")
+    assert m.stop() == 0
+    mnt = tmp_path / "other"
+    mnt.mkdir()
+    env = {"ALKFS_DATABASE": ""}
+    msg = refused(run_alkfsd(str(m.store_path), str(mnt), "--window", "0", env=env), mnt)
+    assert "--database" in msg and "PostgreSQL" in msg, msg
+
+
+def test_a_sqlite_store_started_with_database_is_refused(populate, pg_uri, tmp_path):
+    store = tmp_path / "store"
+    populate(store, [b"kept in sqlite"])
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    msg = refused(run_alkfsd(str(store), str(mnt), "--database", pg_uri), mnt)
+    assert "sqlite" in msg.lower() or "migrate" in msg, msg
+
+
+def test_a_second_daemon_on_the_same_database_is_refused(pg_mount, tmp_path):
+    uri = pg_mount.database
+    for n, store in enumerate((pg_mount.store_path, tmp_path / "another-store")):
+        mnt = tmp_path / f"second{n}"
+        mnt.mkdir()
+        msg = refused(run_alkfsd(str(store), str(mnt), "--database", uri), mnt)
+        print(msg)
+    assert pg_mount.proc.poll() is None
+    assert cat(pg_mount.path(".alkfs", "status"))
+
+
+UNREACHABLE = "postgresql://someone:hunter2-secret@/nodb?host=/nonexistent/socket-dir"
+
+
+def test_an_unreachable_database_is_refused_naming_the_uri_without_its_password(tmp_path):
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    t0 = time.monotonic()
+    done = run_alkfsd(str(tmp_path / "store"), str(mnt), "--database", UNREACHABLE)
+    took = time.monotonic() - t0
+    print(f"unreachable database refused in {took:.2f} s")
+    assert "hunter2" not in done.stderr + done.stdout
+    msg = refused(done, mnt)
+    assert msg.startswith("alkfsd: cannot open the store "), msg
+    assert "postgresql://someone@/nodb?host=/nonexistent/socket-dir" in msg, msg
