@@ -34,6 +34,7 @@ WRITER_LOCK = 0x616C6B66_73777274  # "alkfswrt": every write transaction takes i
 STORE_LOCK = 0x616C6B66_73746F72  # "alkfstor": held by the one daemon (or CLI) of the store
 POOL_MAX = 24  # above the daemon's 16 worker threads, the importer's writer and the sweep
 CONNECT_TIMEOUT_S = 10
+QUICK_S = 1.0  # how long a statement waits for a pooled connection before its own
 
 
 class _Result:
@@ -115,6 +116,12 @@ class PostgresDatabase:
         self._local = threading.local()
         self._holder: psycopg.Connection | None = None
         self.on_full = None  # (the server's disk is not the store's: nothing to tell)
+        # A connection of its own first: a server that is not there (or refuses) fails
+        # at once with its own reason, not after the pool's timeout as "incomplete".
+        if lock:
+            self._take_store_lock()
+        else:
+            self._connect().close()
         try:
             self.pool = psycopg_pool.ConnectionPool(
                 uri,
@@ -122,6 +129,7 @@ class PostgresDatabase:
                 max_size=pool_max,
                 kwargs={"autocommit": True, "connect_timeout": CONNECT_TIMEOUT_S},
                 timeout=CONNECT_TIMEOUT_S,
+                check=psycopg_pool.ConnectionPool.check_connection,  # (none dead after a restart)
                 open=False,
                 name="alkfs",
             )
@@ -129,19 +137,46 @@ class PostgresDatabase:
         except (psycopg.Error, psycopg_pool.PoolTimeout) as exc:
             with contextlib.suppress(Exception):
                 self.pool.close()
+            self._release_store_lock()
             raise StoreIO(f"postgresql: cannot connect to {self.name}: {_why(exc)}") from None
-        if lock:
-            try:
-                self._take_store_lock()
-            except BaseException:
-                self.pool.close()
-                raise
 
-    def _take_store_lock(self) -> None:
+    def _connect(self) -> psycopg.Connection:
         try:
-            conn = psycopg.connect(self.uri, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S)
+            return psycopg.connect(self.uri, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S)
         except psycopg.Error as exc:
             raise StoreIO(f"postgresql: cannot connect to {self.name}: {_why(exc)}") from None
+
+    def _release_store_lock(self) -> None:
+        if self._holder is not None:
+            with contextlib.suppress(Exception):
+                self._holder.close()
+            self._holder = None
+
+    @contextlib.contextmanager
+    def _connection(self) -> Iterator[psycopg.Connection]:
+        """A pooled connection; when none comes within QUICK_S, one of its own. The pool
+        hands out none while the server is down (each caller would wait out the pool's
+        timeout) nor for a while after it is back (its reconnection attempts back off
+        exponentially): a connection of its own fails at once with the server's reason,
+        or works. (Bounded: the pool is larger than the threads that use it.)"""
+        try:
+            raw = self.pool.getconn(timeout=QUICK_S)
+        except psycopg_pool.PoolTimeout:
+            raw = None
+        if raw is not None:
+            try:
+                yield raw
+            finally:
+                self.pool.putconn(raw)
+            return
+        own = self._connect()
+        try:
+            yield own
+        finally:
+            own.close()
+
+    def _take_store_lock(self) -> None:
+        conn = self._connect()
         got = conn.execute("SELECT pg_try_advisory_lock(%s)", (STORE_LOCK,)).fetchone()
         if not got or not got[0]:
             conn.close()
@@ -181,7 +216,7 @@ class PostgresDatabase:
             yield inner
             return
         try:
-            with self.pool.connection() as raw, raw.transaction():
+            with self._connection() as raw, raw.transaction():
                 if write:
                     raw.execute("SELECT pg_advisory_xact_lock(%s)", (WRITER_LOCK,))
                 else:
@@ -208,7 +243,7 @@ class PostgresDatabase:
         try:
             if inner is not None:
                 return inner.execute(sql, params)
-            with self.pool.connection() as raw:
+            with self._connection() as raw:
                 cur = raw.execute(pg_sql(sql), params or None)
                 rows = cur.fetchall() if cur.description is not None else []
                 return _Result(rows, cur.rowcount)
@@ -218,7 +253,7 @@ class PostgresDatabase:
     def stream(self, sql: str, params: Any = (), batch: int = 8192) -> Iterator[Any]:
         """The rows of one query through a server-side cursor, `batch` at a time."""
         try:
-            with self.pool.connection() as raw, raw.transaction():
+            with self._connection() as raw, raw.transaction():
                 with raw.cursor(name="alkfs_stream") as cur:
                     cur.itersize = batch
                     cur.execute(pg_sql(sql), params or None)
@@ -248,10 +283,7 @@ class PostgresDatabase:
     def close(self) -> None:
         with contextlib.suppress(Exception):
             self.pool.close()
-        if self._holder is not None:
-            with contextlib.suppress(Exception):
-                self._holder.close()
-            self._holder = None
+        self._release_store_lock()
 
 
 def _why(exc: BaseException) -> str:
