@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, urlencode, urlsplit
 
 from ..errors import Invalid
 
@@ -41,7 +41,9 @@ def redact(uri: str) -> str:
         [(k, "***" if k.lower() in _SECRET_PARAMS else v) for k, v in parse_qsl(parts.query)],
         safe="/",
     )
-    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+    # (not urlunsplit: it drops the "//" of an empty host, postgresql:///db?host=/run/pg)
+    out = f"{parts.scheme}://{netloc}{parts.path}"
+    return out + (f"?{query}" if query else "") + (f"#{parts.fragment}" if parts.fragment else "")
 
 
 def has_password(uri: str) -> bool:
