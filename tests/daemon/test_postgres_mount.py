@@ -305,3 +305,70 @@ def test_an_unreachable_database_is_refused_naming_the_uri_without_its_password(
     msg = refused(done, mnt)
     assert msg.startswith("alkfsd: cannot open the store "), msg
     assert "postgresql://someone@/nodb?host=/nonexistent/socket-dir" in msg, msg
+
+
+# -- 7. a password is never shown -------------------------------------------------------------
+PASSWORD = "sekr3t-pw"
+
+
+@pytest.fixture
+def alk_uri(pg_server, pg_uri) -> str:
+    """pg_uri's database owned by a role `alk` with a password, as a URI holding it (trust
+    auth: the password is accepted, never checked)."""
+    import psycopg
+    from psycopg import sql
+    from psycopg.conninfo import conninfo_to_dict
+
+    dbname = str(conninfo_to_dict(pg_uri)["dbname"])
+    with psycopg.connect(pg_server.uri("postgres"), autocommit=True) as conn:
+        exists = conn.execute("SELECT 1 FROM pg_roles WHERE rolname = 'alk'").fetchone()
+        if not exists:
+            conn.execute(f"CREATE ROLE alk LOGIN PASSWORD '{PASSWORD}'")
+        conn.execute(sql.SQL("ALTER DATABASE {} OWNER TO alk").format(sql.Identifier(dbname)))
+    return pg_uri.replace("postgresql://postgres@", f"postgresql://alk:{PASSWORD}@", 1)
+
+
+def assert_no_password(m) -> None:
+    cmdline = Path(f"/proc/{m.pid}/cmdline").read_bytes()
+    assert b"postgresql://" not in cmdline, cmdline  # re-executed with the URI in the environment
+    assert PASSWORD.encode() not in cmdline
+    assert PASSWORD not in m.all_logs()
+    st = m.path(".alkfs", "status").read_text()
+    assert PASSWORD not in st
+    assert json.loads(st)["database"]["engine"] == "postgresql"
+    assert PASSWORD not in m.path(".alkfs", "metrics").read_text()
+    binding = (m.store_path / "database").read_text()
+    assert PASSWORD not in binding and "alk@" in binding, binding
+
+
+def test_a_password_on_the_command_line_is_never_shown(start_pg_mount, alk_uri, tmp_path):
+    m = start_pg_mount(database=alk_uri)
+    assert f"--database={alk_uri}" not in m.command()  # (it was given: --database URI)
+    assert alk_uri in m.command()
+    put(m, SMALL)
+    assert cat(m.path("objects", "sha256", sha(SMALL))) == SMALL
+    assert_no_password(m)
+    m.restart()
+    assert_no_password(m)
+    assert cat(m.path("objects", "sha256", sha(SMALL))) == SMALL
+    assert m.stop() == 0
+    assert PASSWORD not in m.all_logs()
+
+
+def test_a_config_holding_a_password_must_be_private(start_mount, alk_uri, tmp_path):
+    store, mnt = tmp_path / "store", tmp_path / "mnt"
+    mnt.mkdir()
+    cfg = tmp_path / "alkfsd.toml"
+    cfg.write_text(f'store = "{store}"\nmountpoint = "{mnt}"\ndatabase = "{alk_uri}"\n')
+    os.chmod(cfg, 0o644)
+    done = run_alkfsd("--config", str(cfg))
+    msg = refused(done, mnt, code=2)
+    assert f"chmod 600 {cfg}" in msg, msg
+    assert PASSWORD not in done.stderr
+    assert not store.exists()
+
+    os.chmod(cfg, 0o600)
+    m = start_mount(store, "--window", "0", "--config", str(cfg), mnt=mnt)
+    assert_no_password(m)
+    put(m, SMALL)
+    assert cat(m.path("objects", "sha256", sha(SMALL))) == SMALL
