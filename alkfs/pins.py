@@ -9,6 +9,7 @@ landed after the memo was built.
 
 from __future__ import annotations
 
+import builtins
 import hashlib
 import re
 import threading
@@ -128,7 +129,7 @@ class Pins:
         rows = self.tables.read("SELECT name, key, created_ns FROM pins WHERE name = ?", (name,))
         return None if not rows else PinRecord(rows[0][0], Key(bytes(rows[0][1])), rows[0][2])
 
-    def names_for(self, key: Key) -> list[str]:
+    def names_for(self, key: Key) -> builtins.list[str]:
         rows = self.tables.read("SELECT name FROM pins WHERE key = ? ORDER BY name", (key.raw,))
         return [n for (n,) in rows]
 

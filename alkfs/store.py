@@ -5,6 +5,7 @@ Thread-safe and synchronous: the daemon calls it from worker threads.
 
 from __future__ import annotations
 
+import builtins
 import fcntl
 import hashlib
 import logging
@@ -632,7 +633,7 @@ class Store:
         a row or when `full` (verify), against its key, the row being recorded (or
         corrected) from the same pass. Corrupt (marked) on any mismatch."""
         rec = None if full else self.record(key)
-        parts: list[bytes] = []
+        parts: builtins.list[bytes] = []
         end = offset + length
 
         def keep(pos: int, chunk: bytes) -> None:
@@ -697,7 +698,7 @@ class Store:
         rec = self.record(key)
         if rec is None:
             return self._stream_large(key, fd, st, offset=offset, length=length)
-        parts: list[bytes] = []
+        parts: builtins.list[bytes] = []
         for i in rec.covering(offset, length):
             start, end = rec.span(i)
             chunk = self.read_chunk(key, fd, rec, i)
@@ -705,12 +706,12 @@ class Store:
             parts.append(chunk[lo - start : hi - start])
         return b"".join(parts)
 
-    def verify(self, progress: Callable[[int], None] | None = None) -> list[Key]:
+    def verify(self, progress: Callable[[int], None] | None = None) -> builtins.list[Key]:
         """Re-hash every object against its key (ignoring what was remembered); a large
         object's catalog row is recorded or corrected from the same pass. Returns the
         corrupt ones."""
         self._verified.clear()
-        bad: list[Key] = []
+        bad: builtins.list[Key] = []
         for n, raw in enumerate(self.iter_keys(), 1):
             key = Key(raw)
             try:
@@ -810,7 +811,9 @@ class Store:
         return freed is not None
 
     # -- batched puts (many small objects in one transaction) -----------------------
-    def put_many(self, items: list[tuple[bytes, Algorithm, Key | bytes | None]]) -> list[PutResult]:
+    def put_many(
+        self, items: builtins.list[tuple[bytes, Algorithm, Key | bytes | None]]
+    ) -> builtins.list[PutResult]:
         """Store many (content, algo, expected key) at once, each like `put`: the small
         ones share one kv transaction. Every item is checked before anything is stored
         (a bad one raises and stores nothing of the small ones); each result carries
@@ -838,9 +841,9 @@ class Store:
 
         if self.reserve is not None:
             self.reserve.admit()  # (a full disk: nothing of the batch is stored)
-        checked: list[tuple[bytes, bytes, int]] = []  # (raw key, data, index)
-        keys: list[Key | None] = [None] * len(items)
-        big: list[int] = []
+        checked: builtins.list[tuple[bytes, bytes, int]] = []  # (raw key, data, index)
+        keys: builtins.list[Key | None] = [None] * len(items)
+        big: builtins.list[int] = []
         limit = self.threshold if self.mode != "mem" else None
         tags = {a: bytes([a.value]) for a in Algorithm}
         hashers = {a: _one_call_hasher(a) for a in Algorithm}
@@ -874,15 +877,15 @@ class Store:
             checked.append((raw, bytes(data), i))
         checked.sort()  # key order: the kv index is written where it is already warm
         pins = self.pin_many([raw for raw, _, _ in checked])  # pin before publish
-        results: list[PutResult | None] = [None] * len(items)
+        results: builtins.list[PutResult | None] = [None] * len(items)
         try:
             created = self._kv_insert(
                 [raw for raw, _, _ in checked], [data for _, data, _ in checked], now_ns()
             )
-            for (_, _, i), pin, made in zip(checked, pins, created, strict=True):
-                key = keys[i]
-                assert key is not None
-                results[i] = PutResult(key, pin, made)
+            for (_, _, i), pin, was_made in zip(checked, pins, created, strict=True):
+                k = keys[i]
+                assert k is not None
+                results[i] = PutResult(k, pin, was_made)
             for i in big:
                 data, algo, expect = items[i]
                 if expect is not None and not isinstance(expect, Key):
@@ -897,7 +900,9 @@ class Store:
             raise
         return [r for r in results if r is not None]
 
-    def _kv_insert(self, raws: Sequence[bytes], datas: Sequence[bytes], stamp: int) -> list[bool]:
+    def _kv_insert(
+        self, raws: Sequence[bytes], datas: Sequence[bytes], stamp: int
+    ) -> builtins.list[bool]:
         """Insert (key, content) rows in one kv transaction, in the order given; rows
         already present keep their bytes and count as written now. Which rows created
         their entry (of identical keys, only the first). The caller has pinned every key."""
@@ -908,13 +913,14 @@ class Store:
             created = [kv.put(raw, data, stamp) for raw, data in zip(raws, datas, strict=True)]
         if len(raws) != len(set(raws)):  # identical items: the first one created the entry
             seen: set[bytes] = set()
-            created = [
-                c and raw not in seen and not seen.add(raw)
-                for raw, c in zip(raws, created, strict=True)
-            ]
+            first = []
+            for raw, c in zip(raws, created, strict=True):
+                first.append(c and raw not in seen)
+                seen.add(raw)
+            created = first
         return created
 
-    def pin_many(self, raws: list[bytes]) -> list[Pin]:
+    def pin_many(self, raws: builtins.list[bytes]) -> builtins.list[Pin]:
         """In-process pins on many keys (raw bytes) in one locked step: `pin` for each,
         with the same waits for in-flight deletes and the same counts."""
         self._pin_raws(raws)
@@ -925,7 +931,7 @@ class Store:
         """pin_many without a Pin object each; give them back with `_unpin_raws`."""
         self.arbiter.acquire_counts(raws)
 
-    def _unpin_raws(self, raws: list[bytes]) -> None:
+    def _unpin_raws(self, raws: builtins.list[bytes]) -> None:
         self.arbiter.release_counts(raws)
 
     # -- the git import's fast path: hashed on the caller's thread, stored on another ----
@@ -936,6 +942,10 @@ class Store:
         be paired with content other than the content that hashed to it."""
 
         __slots__ = ("algo", "raws", "datas", "big")
+        algo: Algorithm
+        raws: tuple[bytes, ...]
+        datas: tuple[bytes, ...]
+        big: tuple[int, ...]
 
         def __init__(
             self, algo: Algorithm, raws: tuple[bytes, ...], datas: tuple[bytes, ...], big: tuple
@@ -946,7 +956,9 @@ class Store:
         def __setattr__(self, name: str, value: object) -> None:
             raise AttributeError("a digested batch is immutable")
 
-    def _digest_git(self, algo: Algorithm, kinds: list[bytes], bodies: list[bytes]) -> _Digested:
+    def _digest_git(
+        self, algo: Algorithm, kinds: builtins.list[bytes], bodies: Sequence[bytes | bytearray]
+    ) -> _Digested:
         """The canonical git objects of (kind, body) pairs, "<kind> <size>\\0<body>",
         each hashed here. The caller compares `.raws` (algorithm byte + digest, in input
         order) with the ids it expects; `_put_digested` stores them under exactly these."""
@@ -976,7 +988,7 @@ class Store:
                 raise TooLarge(f"{len(datas[big[0]])} bytes is over the kv-only threshold {limit}")
         return Store._Digested(algo, raws, datas, big)
 
-    def _put_digested(self, batch: _Digested) -> list[bool]:
+    def _put_digested(self, batch: _Digested) -> builtins.list[bool]:
         """Store a `_digest_git` batch under its keys (small objects in one kv transaction,
         in the batch's order), each pinned before it is published: which ones were
         created, in the batch's order. The pins stay until the caller's `_unpin_raws(batch.raws)`

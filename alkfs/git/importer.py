@@ -235,6 +235,7 @@ def import_repo(
             return hexes if first[0] else None
 
         proc, stream = stream, None
+        assert proc is not None
         try:
             # A first import: store everything in git's own order. Whatever is present
             # after all is deduplicated (and freshened) by the put, which pins it too.
@@ -425,7 +426,7 @@ def _store_objects(
     # the batch being parsed (reused: _digest_git copies what it keeps)
     oids: list[bytes] = []
     kinds: list[bytes] = []
-    bodies: list[bytes] = []
+    bodies: list[bytes | bytearray] = []
     add_oid, add_kind, add_body = oids.append, kinds.append, bodies.append
 
     def flush() -> None:

@@ -23,6 +23,7 @@ import os
 import queue
 import threading
 from pathlib import Path
+from typing import Any
 
 from ..catalog import ChunkDigester
 
@@ -31,7 +32,7 @@ QUEUE_CHUNKS = 8  # chunks waiting for the thread (1 MiB each from a mount's wri
 SYNC_FILE_RANGE_WRITE = 2
 
 
-def _sync_file_range() -> ctypes._CFuncPtr | None:
+def _sync_file_range() -> Any:
     with contextlib.suppress(OSError, AttributeError):
         libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
         fn = libc.sync_file_range
