@@ -352,6 +352,7 @@ def main(argv: list[str] | None = None) -> int:
     handler.setFormatter(ClipFormatter("%(asctime)s alkfsd[%(process)d] %(levelname)s %(message)s"))
     logging.basicConfig(level=logging.INFO, handlers=[handler])
     logging.getLogger("pyfuse3").setLevel(logging.WARNING)
+    logging.getLogger("psycopg.pool").setLevel(logging.ERROR)  # (its retries: one line each)
     if argv is None:
         hide_password(sys.argv[1:])
     try:

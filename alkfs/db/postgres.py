@@ -19,6 +19,8 @@ A password in the URI is never shown: every message names the database by `redac
 from __future__ import annotations
 
 import contextlib
+import logging
+import select
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -35,6 +37,8 @@ STORE_LOCK = 0x616C6B66_73746F72  # "alkfstor": held by the one daemon (or CLI) 
 POOL_MAX = 24  # above the daemon's 16 worker threads, the importer's writer and the sweep
 CONNECT_TIMEOUT_S = 10
 QUICK_S = 1.0  # how long a statement waits for a pooled connection before its own
+
+log = logging.getLogger("alkfs.db")
 
 
 class _Result:
@@ -115,6 +119,8 @@ class PostgresDatabase:
         self.name = redact(uri)
         self._local = threading.local()
         self._holder: psycopg.Connection | None = None
+        self._lost: str | None = None  # why the store is not this process's any more
+        self._lock_mutex = threading.Lock()
         self.on_full = None  # (the server's disk is not the store's: nothing to tell)
         # A connection of its own first: a server that is not there (or refuses) fails
         # at once with its own reason, not after the pool's timeout as "incomplete".
@@ -186,6 +192,41 @@ class PostgresDatabase:
             )
         self._holder = conn
 
+    def _check_store_lock(self) -> None:
+        """The store's lock is a session's: a server restart (or a terminated backend)
+        ends it. Its connection's socket turns readable then (the server's goodbye, or
+        EOF), seen here with one poll before each statement; the lock is taken again
+        at once, and if another process took it meanwhile every statement fails from
+        then on (the store is someone else's now)."""
+        holder = self._holder
+        if holder is None:
+            if self._lost is not None:
+                raise StoreLocked(self._lost)
+            return
+        try:
+            ready = select.select([holder.fileno()], [], [], 0)[0]
+        except (OSError, ValueError, psycopg.Error):
+            ready = [True]
+        if not ready and not holder.closed:
+            return
+        with self._lock_mutex:
+            if self._holder is not holder:
+                return  # (another thread took it again already)
+            self._release_store_lock()
+            try:
+                self._take_store_lock()
+            except StoreLocked:
+                self._lost = (
+                    f"the database {self.name} was taken by another alkfs process while "
+                    "its connection was lost: this one stops using it"
+                )
+                log.error("%s", self._lost)
+                raise StoreLocked(self._lost) from None
+            except StoreIO:
+                self._holder = holder  # (down: checked again by the next statement)
+                raise
+            log.warning("postgresql: %s: the store's lock was lost and taken again", self.name)
+
     # -- errors ---------------------------------------------------------------------
     def translate(self, exc: BaseException) -> Exception | None:
         if isinstance(exc, psycopg_pool.PoolTimeout):
@@ -215,6 +256,7 @@ class PostgresDatabase:
         if inner is not None:  # nested: part of this thread's transaction
             yield inner
             return
+        self._check_store_lock()
         try:
             with self._connection() as raw, raw.transaction():
                 if write:
@@ -243,6 +285,7 @@ class PostgresDatabase:
         try:
             if inner is not None:
                 return inner.execute(sql, params)
+            self._check_store_lock()
             with self._connection() as raw:
                 cur = raw.execute(pg_sql(sql), params or None)
                 rows = cur.fetchall() if cur.description is not None else []

@@ -535,15 +535,28 @@ def test_redact_and_has_password(uri: str, shown: str, secret: bool) -> None:
             assert word not in redact(uri)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known bug: the store lock is a session advisory lock on an idle connection of "
-    "its own; a server restart ends that session and nothing takes the lock again",
-)
 def test_the_store_lock_survives_a_server_restart(tmp_path, pg_uri, pg_server) -> None:
+    """The lock's session ends with the restart; the next statement takes it again."""
     with Store.open(tmp_path / "s", mode="kv-only", database=pg_uri) as store:
         pg_server.stop_now()
         pg_server.start_again()
         assert store.get(store.add(b"after the restart")) == b"after the restart"
         with pytest.raises(StoreLocked):
             PostgresDatabase(pg_uri, lock=True).close()
+
+
+def test_a_store_whose_lock_was_taken_meanwhile_stops_using_the_database(
+    tmp_path, pg_uri, pg_server
+) -> None:
+    with Store.open(tmp_path / "s", mode="kv-only", database=pg_uri) as store:
+        key = store.add(b"before")
+        pg_server.stop_now()
+        pg_server.start_again()
+        other = PostgresDatabase(pg_uri, lock=True)  # (first after the restart)
+        try:
+            with pytest.raises(StoreLocked, match="taken by another alkfs process"):
+                store.get(key)
+            with pytest.raises(StoreLocked):
+                store.add(b"after")
+        finally:
+            other.close()
