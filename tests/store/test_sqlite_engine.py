@@ -1,4 +1,8 @@
-"""The sqlite kv engine and the delete window: the posture, the key index, stage/take."""
+"""The SQL kv engine and the delete window: the posture, the key index, stage/take.
+
+The kv and window rows run on both engines (a sqlite file, a PostgreSQL database on
+the session's throwaway server); the posture rows are sqlite's (their PostgreSQL
+counterparts are in test_postgres_engine.py)."""
 
 from __future__ import annotations
 
@@ -7,10 +11,11 @@ import re
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
-import pysqlite3.dbapi2 as sqlite3
 import pytest
 
+from alkfs.db import Error as DriverError
 from alkfs.db.sqlite import SqliteDatabase as Database
 from alkfs.errors import Invalid
 from alkfs.gc.window import TAKE_BATCH, MemoryWindow, SqlWindow
@@ -94,19 +99,46 @@ def test_a_finished_threads_connection_is_closed_with_it(tmp_path: Path) -> None
 # -- the kv engine --------------------------------------------------------------------
 
 
-@pytest.fixture
-def db(tmp_path: Path) -> Iterator[Database]:
-    database = Database(tmp_path / DB_NAME)
-    database.create(statements("sqlite"))
+@pytest.fixture(params=["sqlite", "postgresql"])
+def db(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
+    if request.param == "postgresql":
+        from alkfs.db.postgres import PostgresDatabase
+
+        database: Any = PostgresDatabase(request.getfixturevalue("pg_uri"))
+    else:
+        database = Database(tmp_path / DB_NAME)
+    database.create(statements(database.engine))
     yield database
     database.close()
 
 
+def kv_tier(db: Any) -> SqlTier:
+    if db.engine == "postgresql":
+        from alkfs.tiers.postgres import PgTier
+
+        return PgTier(db)
+    return SqlTier(db)
+
+
 def test_size_is_exact_and_served_by_the_key_index(db: Database) -> None:
-    tier = SqlTier(db)
+    tier = kv_tier(db)
     key = sha256_key(b"size probe").raw
     value = b"\xab" * (256 * 1024)
     assert tier.put(key, value, 1) is True
+    if db.engine == "postgresql":
+        entry = tier.stat(key)
+        assert (entry.size, entry.stored_ns) == (len(value), 1)
+        assert tier.stat(sha256_key(b"absent").raw) is None
+        with db.snapshot() as conn:  # (one state, planned without the table's statistics)
+            conn.execute("SET LOCAL enable_seqscan = off")
+            plan = " ".join(
+                r[0]
+                for r in conn.execute(
+                    "EXPLAIN SELECT size, stored_ns FROM blobs WHERE key = ?", (key,)
+                ).fetchall()
+            )
+        assert "blobs_pkey" in plan and "Seq Scan" not in plan, plan
+        return
     statements: list[str] = []
     conn = db.conn()
     conn.set_trace_callback(statements.append)
@@ -129,7 +161,7 @@ def test_size_is_exact_and_served_by_the_key_index(db: Database) -> None:
 
 
 def test_the_first_writer_wins_and_a_re_put_only_freshens(db: Database) -> None:
-    tier = SqlTier(db)
+    tier = kv_tier(db)
     key = sha256_key(b"first").raw
     assert tier.put(key, b"first", 10) is True
     assert tier.put(key, b"a different value under the same key", 20) is False
@@ -144,7 +176,7 @@ def test_the_first_writer_wins_and_a_re_put_only_freshens(db: Database) -> None:
 
 
 def test_an_empty_value_round_trips(db: Database) -> None:
-    tier = SqlTier(db)
+    tier = kv_tier(db)
     key = sha256_key(b"").raw
     assert tier.put(key, b"", 1) is True
     assert tier.read(key) == b""
@@ -155,9 +187,9 @@ def test_an_empty_value_round_trips(db: Database) -> None:
 # -- the delete window: the durable and the in-memory form share one contract ----------
 
 
-@pytest.fixture(params=["sqlite", "memory"])
+@pytest.fixture(params=["database", "memory"])
 def window(request: pytest.FixtureRequest, db: Database) -> SqlWindow | MemoryWindow:
-    return SqlWindow(db) if request.param == "sqlite" else MemoryWindow()
+    return SqlWindow(db) if request.param == "database" else MemoryWindow()
 
 
 def rows_of(window: SqlWindow | MemoryWindow, keys: list[bytes]) -> list[tuple[bytes, int]]:
@@ -188,7 +220,7 @@ def test_a_stage_call_failing_mid_way_stages_nothing(window) -> None:
     prior = b"\x01window-prior"
     window.stage([(prior, 1_000_000_000)], staged_ns=1)
     bad_rows = [(b"\x01window-aborted-a", 2_000_000_000), (b"\x01window-aborted-b", None)]
-    with pytest.raises((sqlite3.IntegrityError, TypeError)):
+    with pytest.raises((*DriverError, TypeError)):  # (either engine's integrity error)
         window.stage(bad_rows, staged_ns=2)
     assert window.staged_keys() == {prior}
     assert window.rows() == 1
