@@ -135,7 +135,6 @@ class PostgresDatabase:
                 max_size=pool_max,
                 kwargs={"autocommit": True, "connect_timeout": CONNECT_TIMEOUT_S},
                 timeout=CONNECT_TIMEOUT_S,
-                check=psycopg_pool.ConnectionPool.check_connection,  # (none dead after a restart)
                 open=False,
                 name="alkfs",
             )
@@ -165,9 +164,17 @@ class PostgresDatabase:
         timeout) nor for a while after it is back (its reconnection attempts back off
         exponentially): a connection of its own fails at once with the server's reason,
         or works. (Bounded: the pool is larger than the threads that use it.)"""
-        try:
-            raw = self.pool.getconn(timeout=QUICK_S)
-        except psycopg_pool.PoolTimeout:
+        raw = None
+        for _ in range(POOL_MAX + 1):
+            try:
+                raw = self.pool.getconn(timeout=QUICK_S)
+            except psycopg_pool.PoolTimeout:
+                raw = None
+                break
+            if not _gone(raw):
+                break
+            raw.close()  # (a session the server ended: the pool discards it)
+            self.pool.putconn(raw)
             raw = None
         if raw is not None:
             try:
@@ -203,11 +210,7 @@ class PostgresDatabase:
             if self._lost is not None:
                 raise StoreLocked(self._lost)
             return
-        try:
-            ready = select.select([holder.fileno()], [], [], 0)[0]
-        except (OSError, ValueError, psycopg.Error):
-            ready = [True]
-        if not ready and not holder.closed:
+        if not _gone(holder):
             return
         with self._lock_mutex:
             if self._holder is not holder:
@@ -327,6 +330,18 @@ class PostgresDatabase:
         with contextlib.suppress(Exception):
             self.pool.close()
         self._release_store_lock()
+
+
+def _gone(conn: psycopg.Connection) -> bool:
+    """Whether an idle connection's session has ended (a server restart, a terminated
+    backend): its socket is readable (the server's goodbye, or EOF) while nothing was
+    asked. One poll, no round trip (the pool's own check costs one per checkout)."""
+    if conn.closed:
+        return True
+    try:
+        return bool(select.select([conn.fileno()], [], [], 0)[0])
+    except (OSError, ValueError, psycopg.Error):
+        return True
 
 
 def _why(exc: BaseException) -> str:

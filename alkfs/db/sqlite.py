@@ -148,18 +148,26 @@ class SqliteDatabase:
 
     @contextlib.contextmanager
     def tx(self) -> Iterator[sqlite3.Connection]:
-        """One write transaction (BEGIN IMMEDIATE): all of it commits or none of it.
+        """One write transaction (BEGIN IMMEDIATE): all of it commits or none of it. A
+        tx() inside another of the same thread is part of it.
 
         A failing COMMIT is rolled back too (a full disk must not leave the thread's
         connection inside a transaction), and sqlite's failures leave as the store's
         errors (`translate`)."""
         conn = self.conn()
+        if getattr(self._local, "in_tx", False):  # nested: part of this thread's transaction
+            yield conn
+            return
         try:
             conn.execute("BEGIN IMMEDIATE")
         except sqlite3.Error as exc:
             self._raise(exc)
+        self._local.in_tx = True
         try:
-            yield conn
+            try:
+                yield conn
+            finally:
+                self._local.in_tx = False
         except BaseException as exc:
             if conn.in_transaction:  # (sqlite may have rolled back itself: SQLITE_FULL)
                 with contextlib.suppress(sqlite3.Error):

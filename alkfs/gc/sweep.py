@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from ..store import Store
 
 STAGE_BATCH = 10_000
+DELETE_TX = 128  # deletions a transaction (a put of one of them waits for its commit)
 SCAN_CHUNK = 65_536  # keys taken from the mark scan at a time (set operations run in C)
 
 
@@ -94,6 +95,38 @@ def sweep(store: Store, window_ns: int | None = None) -> SweepReport:
     return report
 
 
+def _delete(
+    store: Store, report: SweepReport, part: list[tuple[bytes, int]], protected: set[bytes]
+) -> None:
+    """Delete what of `part` arbitration lets go, in one database transaction (one
+    commit, not one a key); the deletion hooks run once it committed."""
+    arbiter = store.arbiter
+    gone: list[tuple[bytes, int | None]] = []
+    cancelled = 0
+    with store.db.tx() if store.db is not None else contextlib.nullcontext():
+        for key, staged_ns in part:
+            if not arbiter.arbitrate(key, protected):
+                cancelled += 1
+                continue
+            try:
+                # Decided under the delete marker and the row's lock: a put that published
+                # before is a write since staging; one after waits for the delete (for the
+                # marker, then for the transaction) and stores afresh.
+                freed = store.delete_staged(key, staged_ns)
+            finally:
+                arbiter.conclude(key)
+            if freed is False:
+                cancelled += 1
+                continue
+            gone.append((key, freed))
+    report.cancelled_by_arbitration += cancelled
+    for key, freed in gone:
+        report.deleted += 1
+        report.bytes_freed += freed or 0
+        if freed is not None:
+            store.on_deleted(key)
+
+
 def _run(store: Store, report: SweepReport, window_ns: int) -> None:
     arbiter = store.arbiter
     sources = arbiter.sources()
@@ -126,24 +159,8 @@ def _run(store: Store, report: SweepReport, window_ns: int) -> None:
                 store.log.exception("sweep: protect failed at delete time; batch cancelled")
                 report.cancelled_by_arbitration += len(batch)
                 continue
-            for key, staged_ns in batch:
-                if not arbiter.arbitrate(key, protected_now):
-                    report.cancelled_by_arbitration += 1
-                    continue
-                try:
-                    # Decided under the delete marker: a put that published before it is
-                    # seen as a write since staging, one after it waits for the delete
-                    # and stores afresh.
-                    freed = store.delete_staged(key, staged_ns)
-                finally:
-                    arbiter.conclude(key)
-                if freed is False:
-                    report.cancelled_by_arbitration += 1
-                    continue
-                report.deleted += 1
-                report.bytes_freed += freed or 0
-                if freed is not None:
-                    store.on_deleted(key)
+            for i in range(0, len(batch), DELETE_TX):
+                _delete(store, report, batch[i : i + DELETE_TX], protected_now)
 
     # Mark and stage. It makes no reference cycles, so the cyclic collector is paused
     # meanwhile: the window's row tuples would otherwise trigger collections that walk

@@ -410,8 +410,11 @@ def test_a_lost_server_is_store_io_and_the_store_recovers(tmp_path, pg_uri, pg_s
 
 
 def test_a_sweep_whose_connection_is_cut_aborts_and_the_next_completes(
-    tmp_path, pg_uri, pg_server
+    tmp_path, pg_uri, pg_server, monkeypatch
 ) -> None:
+    import alkfs.gc.sweep
+
+    monkeypatch.setattr(alkfs.gc.sweep, "DELETE_TX", 1)  # (a commit a deletion: cut between)
     with Store.open(tmp_path / "s", mode="kv-only", window_s=0, database=pg_uri) as store:
         keep = store.add(b"live")
         for i in range(5):
