@@ -3,11 +3,13 @@ the options, the one helper for blocking work, the inode table and the invalidat
 
 from __future__ import annotations
 
+import grp
 import logging
 import os
+import pwd
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import trio
@@ -32,12 +34,64 @@ INVALIDATE_WAIT_S = 10.0  # how long a sweep request waits for the kernel to dro
 DeletionView = Callable[[Key], Iterable[tuple[int, bytes, int]]]
 
 
+# Per-user bounds of a shared mount (--allow-other or --owner): open write handles and
+# bytes written through them not yet released, per uid other than root's (fs.py).
+MAX_WRITE_HANDLES = 64
+MAX_SPOOL_BYTES = 1 << 30
+
+
+def _env_int(name: str, default: int) -> int:
+    try:
+        return int(os.environ.get(name, "") or default)
+    except ValueError:
+        return default
+
+
 @dataclass
 class Options:
     read_only: bool = False
     allow_other: bool = False
     threads: int = 16
     push_grace_s: float | None = None  # None: max(10 min, the window) (scratch.Writes)
+    # --owner USER[:GROUP]: the tree shows as theirs and they may change it as root can
+    # (but the control file, root's alone). None: the daemon's own user.
+    owner_uid: int | None = None
+    owner_gid: int | None = None
+    # per-uid bounds when the mount is shared (ALKFS_MAX_WRITE_HANDLES / _SPOOL_BYTES)
+    max_write_handles: int = field(
+        default_factory=lambda: _env_int("ALKFS_MAX_WRITE_HANDLES", MAX_WRITE_HANDLES)
+    )
+    max_spool_bytes: int = field(
+        default_factory=lambda: _env_int("ALKFS_MAX_SPOOL_BYTES", MAX_SPOOL_BYTES)
+    )
+
+    @property
+    def shared(self) -> bool:
+        """Other users reach the mount (the kernel is given allow_other): the daemon
+        makes every permission decision itself (fs.py)."""
+        return self.allow_other or self.owner_uid is not None
+
+
+def parse_owner(text: str) -> tuple[int, int]:
+    """`USER[:GROUP]` (names or numbers) -> (uid, gid); GROUP defaults to USER's group.
+    ValueError with a sentence when either is unknown."""
+    user, _, group = str(text).partition(":")
+    try:
+        pw = pwd.getpwuid(int(user)) if user.isdigit() else pwd.getpwnam(user)
+        uid, gid = pw.pw_uid, pw.pw_gid
+    except KeyError:
+        if not user.isdigit():
+            raise ValueError(f"--owner: no user {user!r}") from None
+        uid, gid = int(user), int(user)
+    if group:
+        if group.isdigit():
+            gid = int(group)
+        else:
+            try:
+                gid = grp.getgrnam(group).gr_gid
+            except KeyError:
+                raise ValueError(f"--owner: no group {group!r}") from None
+    return uid, gid
 
 
 class Context:
@@ -67,8 +121,11 @@ class Context:
         # /repos/<id>/objects/pack: stems of packs git moved in whose objects are stored
         self.ingested_packs: dict[tuple[str, int], set[bytes]] = {}
         self.started_ns = time.time_ns()
-        self.uid = os.getuid()
-        self.gid = os.getgid()
+        self.daemon_uid = os.getuid()  # who may do anything (with root)
+        self.daemon_gid = os.getgid()
+        o = self.options
+        self.uid = o.owner_uid if o.owner_uid is not None else self.daemon_uid  # shown
+        self.gid = o.owner_gid if o.owner_gid is not None else self.daemon_gid
         store.deleted_hooks.append(self._on_deleted)
 
     @property

@@ -4,6 +4,16 @@ Dispatch only. Every handler wears `fuse_op` (errors.py): library errors become
 their errno in one place, anything unexpected is logged with its traceback and
 answered with EIO, so no request can take the mount down.
 
+Who may do what is decided here too, on a shared mount (`--allow-other` or `--owner`,
+where the kernel is not given `default_permissions` and every user's request comes in):
+root and the daemon's own user may do anything a node allows; the `--owner` user too,
+but for the control file (`root_only`); any other user only reads (by the mode bits the
+nodes show) and sets the times of objects (`times_by_anyone`: a freshen), and is refused
+every other change with EACCES (without --allow-other, with --owner only, such a user is
+refused everything). No one creates a name a directory lists in `never_written` (EPERM).
+Users but root have per-uid bounds: open write handles (EMFILE past
+`max_write_handles`) and bytes written through them (ENOSPC past `max_spool_bytes`).
+
 Bad input refused here, before any node sees it: a name longer than NAME_MAX bytes
 (ENAMETOOLONG, for every operation that takes a name; the kernel lets FUSE names of up
 to 1024 bytes through) and an extended attribute value over XATTR_VALUE_MAX bytes
@@ -31,6 +41,10 @@ log = logging.getLogger("alkfsd")
 # pyfuse3 with it). With it, closing a file whose handle has nothing to flush (every
 # read-only open) costs no FLUSH round trip; a stock pyfuse3 still works, with the trip.
 NOFLUSH = hasattr(pyfuse3.FileInfo(), "noflush")
+
+ROOT, OWNER, OTHER = 0, 1, 2  # who a request comes from (Operations.who)
+TIME_FIELDS = ("update_atime", "update_mtime", "update_ctime")
+OTHER_FIELDS = ("update_mode", "update_uid", "update_gid", "update_size")
 
 NAME_MAX = 255  # bytes of one name (statfs says so too), as on every Linux file system
 XATTR_VALUE_MAX = 4096  # bytes of an extended attribute's value (user.alkfs.* take a word)
@@ -86,6 +100,103 @@ class Operations(pyfuse3.Operations):
         self._next_fh = 1
         self.log_limit = RateLimit()  # refusal lines per (op, errno) and second (errors.py)
         self.readdir_reply = pyfuse3.readdir_reply  # replaced by the direct-call tests
+        self.shared = ctx.options.shared
+        self.bound: dict[int, list[int]] = {}  # fh -> [uid, bytes counted] (bounded users)
+        self.open_writes: dict[int, int] = {}  # uid -> open write handles
+        self.spooled: dict[int, int] = {}  # uid -> bytes counted for its open handles
+
+    # -- who may do what (a shared mount only; see the module docstring) ------------------
+    def who(self, rctx: Any) -> int:
+        """ROOT, OWNER or OTHER; EACCES for a user a mount without --allow-other keeps out."""
+        uid = getattr(rctx, "uid", None)
+        if uid is None or uid == 0 or uid == self.ctx.daemon_uid:
+            return ROOT
+        if uid == self.ctx.options.owner_uid:
+            return OWNER
+        if not self.ctx.options.allow_other:
+            fail(errno.EACCES, f"uid {uid}: the mount is not shared (no --allow-other)")
+        return OTHER
+
+    def _seen(self, rctx: Any) -> int:
+        return self.who(rctx) if self.shared else ROOT
+
+    def _may_change(self, rctx: Any, *nodes: Node) -> None:
+        """EACCES unless the requester may change what is under (or is) `nodes`."""
+        if not self.shared:
+            return
+        who = self.who(rctx)
+        if who == ROOT:
+            return
+        uid = getattr(rctx, "uid", "?")
+        if who == OTHER:
+            fail(errno.EACCES, f"uid {uid} may only read (and freshen objects) here")
+        for node in nodes:
+            if node.root_only:
+                fail(errno.EACCES, f"uid {uid}: {node.path} is root's alone")
+
+    def _may_access(self, rctx: Any, node: Node, want: int) -> bool:
+        """The mode bits the node shows, for a user but root (want: R_OK|W_OK|X_OK bits)."""
+        a = node.attr()
+        mode = a.st_mode
+        uid, gid = getattr(rctx, "uid", None), getattr(rctx, "gid", None)
+        if uid == a.st_uid:
+            bits = (mode >> 6) & 7
+        elif gid == a.st_gid:
+            bits = (mode >> 3) & 7
+        else:
+            bits = mode & 7
+        return want & bits == want
+
+    def _may_read(self, rctx: Any, node: Node, want: int = os.R_OK) -> None:
+        if self.shared and self.who(rctx) != ROOT and not self._may_access(rctx, node, want):
+            fail(errno.EACCES, f"uid {getattr(rctx, 'uid', '?')}: mode bits of {node.path}")
+
+    @staticmethod
+    def _refuse_never_written(parent: Node, name: bytes) -> None:
+        if name in parent.never_written:
+            fail(errno.EPERM, f"{parent.path}/{name.decode(errors='replace')} is never written")
+
+    # -- per-user bounds ---------------------------------------------------------------------
+    def _bounded_uid(self, rctx: Any) -> int | None:
+        """The uid a new write handle counts against (None: root, or a private mount);
+        EMFILE when that uid holds max_write_handles already."""
+        if not self.shared or self.who(rctx) == ROOT:
+            return None
+        uid = int(rctx.uid)
+        cap = self.ctx.options.max_write_handles
+        if self.open_writes.get(uid, 0) >= cap:
+            fail(errno.EMFILE, f"uid {uid} holds {cap} open write handles (the per-user bound)")
+        return uid
+
+    def _count_open(self, fh: int, uid: int | None) -> None:
+        if uid is not None:
+            self.bound[fh] = [uid, 0]
+            self.open_writes[uid] = self.open_writes.get(uid, 0) + 1
+
+    def _count_bytes(self, fh: int, off: int, n: int) -> None:
+        b = self.bound.get(fh)
+        if b is None:
+            return
+        grow = off + n - b[1]
+        if grow <= 0:
+            return
+        uid = b[0]
+        held = self.spooled.get(uid, 0)
+        cap = self.ctx.options.max_spool_bytes
+        if held + grow > cap:
+            fail(errno.ENOSPC, f"uid {uid}: {held} bytes in open files, bound {cap}")
+        self.spooled[uid] = held + grow
+        b[1] = off + n
+
+    def _uncount(self, fh: int) -> None:
+        b = self.bound.pop(fh, None)
+        if b is not None:
+            uid = b[0]
+            self.open_writes[uid] -= 1
+            self.spooled[uid] = self.spooled.get(uid, 0) - b[1]
+            if not self.open_writes[uid]:
+                self.open_writes.pop(uid, None)
+                self.spooled.pop(uid, None)
 
     # -- helpers ------------------------------------------------------------------
     def count_error(self, op: str, code: int) -> None:
@@ -117,6 +228,7 @@ class Operations(pyfuse3.Operations):
     async def lookup(self, parent_inode: int, name: bytes, ctx: Any) -> pyfuse3.EntryAttributes:
         check_name(name)
         parent = self.node(parent_inode)
+        self._may_read(ctx, parent, os.X_OK)
         if name == b".":
             child = parent
         elif name == b"..":
@@ -134,6 +246,7 @@ class Operations(pyfuse3.Operations):
 
     @fuse_op(_ino)
     async def getattr(self, inode: int, ctx: Any) -> pyfuse3.EntryAttributes:
+        self._seen(ctx)  # (EACCES for a user a mount without --allow-other keeps out)
         return await self.node(inode).getattr(ctx)
 
     @fuse_op(_ino)
@@ -142,11 +255,18 @@ class Operations(pyfuse3.Operations):
     ) -> pyfuse3.EntryAttributes:
         node = self.node(inode)
         self._mutating(node)
+        if self.shared and not (
+            node.times_by_anyone
+            and self.who(ctx) == OTHER
+            and not any(getattr(fields, f, False) for f in OTHER_FIELDS)
+        ):
+            self._may_change(ctx, node)  # (anyone may freshen an object: set its times)
         handle = self.handles.get(fh) if fh is not None else None
         return await node.setattr(attr, fields, handle, ctx)
 
     @fuse_op(_ino)
     async def readlink(self, inode: int, ctx: Any) -> bytes:
+        self._seen(ctx)
         return await self.node(inode).readlink(ctx)
 
     @fuse_op(_child)
@@ -155,7 +275,10 @@ class Operations(pyfuse3.Operations):
     ) -> pyfuse3.EntryAttributes:
         check_name(name)
         self._mutating()
-        return self._entry(await self.node(parent_inode).mknod(name, mode, rdev, ctx))
+        parent = self.node(parent_inode)
+        self._may_change(ctx, parent)
+        self._refuse_never_written(parent, name)
+        return self._entry(await parent.mknod(name, mode, rdev, ctx))
 
     @fuse_op(_child)
     async def mkdir(
@@ -163,17 +286,24 @@ class Operations(pyfuse3.Operations):
     ) -> pyfuse3.EntryAttributes:
         check_name(name)
         self._mutating()
-        return self._entry(await self.node(parent_inode).mkdir(name, mode, ctx))
+        parent = self.node(parent_inode)
+        self._may_change(ctx, parent)
+        self._refuse_never_written(parent, name)
+        return self._entry(await parent.mkdir(name, mode, ctx))
 
     @fuse_op(_child)
     async def unlink(self, parent_inode: int, name: bytes, ctx: Any) -> None:
         self._mutating()
-        await self.node(parent_inode).unlink(name, ctx)
+        parent = self.node(parent_inode)
+        self._may_change(ctx, parent)
+        await parent.unlink(name, ctx)
 
     @fuse_op(_child)
     async def rmdir(self, parent_inode: int, name: bytes, ctx: Any) -> None:
         self._mutating()
-        await self.node(parent_inode).rmdir(name, ctx)
+        parent = self.node(parent_inode)
+        self._may_change(ctx, parent)
+        await parent.rmdir(name, ctx)
 
     @fuse_op(_child)
     async def symlink(
@@ -181,7 +311,10 @@ class Operations(pyfuse3.Operations):
     ) -> pyfuse3.EntryAttributes:
         check_name(name)
         self._mutating()
-        return self._entry(await self.node(parent_inode).symlink(name, target, ctx))
+        parent = self.node(parent_inode)
+        self._may_change(ctx, parent)
+        self._refuse_never_written(parent, name)
+        return self._entry(await parent.symlink(name, target, ctx))
 
     @fuse_op(_child)
     async def rename(
@@ -198,6 +331,8 @@ class Operations(pyfuse3.Operations):
         self._mutating()
         old = self.node(parent_inode_old)
         new = self.node(parent_inode_new)
+        self._may_change(ctx, old, new)
+        self._refuse_never_written(new, name_new)
         await old.rename(name_old, new, name_new, flags, ctx)
 
     @fuse_op(lambda self, ino, parent, name, *r: _child(self, parent, name))
@@ -207,17 +342,26 @@ class Operations(pyfuse3.Operations):
         check_name(new_name)
         self._mutating()
         target = self.node(inode)
-        return self._entry(await self.node(new_parent_inode).link(new_name, target, ctx))
+        parent = self.node(new_parent_inode)
+        self._may_change(ctx, parent, target)
+        self._refuse_never_written(parent, new_name)
+        return self._entry(await parent.link(new_name, target, ctx))
 
     # -- files ------------------------------------------------------------------------
     @fuse_op(_ino)
     async def open(self, inode: int, flags: int, ctx: Any) -> pyfuse3.FileInfo:
         node = self.node(inode)
+        uid = None
         if wants_write(flags):
             self._mutating(node)
+            self._may_change(ctx, node)
+            uid = self._bounded_uid(ctx)
+        if (flags & os.O_ACCMODE) != os.O_WRONLY:
+            self._may_read(ctx, node)
         handle = await node.open(flags, ctx)
         fh = self._fh_for()
         self.handles[fh] = handle
+        self._count_open(fh, uid)
         return _file_info(fh, handle)
 
     @fuse_op(_child)
@@ -226,10 +370,15 @@ class Operations(pyfuse3.Operations):
     ) -> tuple[pyfuse3.FileInfo, pyfuse3.EntryAttributes]:
         check_name(name)
         self._mutating()
-        child, handle = await self.node(parent_inode).create(name, mode, flags, ctx)
+        parent = self.node(parent_inode)
+        self._may_change(ctx, parent)
+        self._refuse_never_written(parent, name)
+        uid = self._bounded_uid(ctx)
+        child, handle = await parent.create(name, mode, flags, ctx)
         attr = self._entry(child)
         fh = self._fh_for()
         self.handles[fh] = handle
+        self._count_open(fh, uid)
         return _file_info(fh, handle), attr
 
     def _handle(self, fh: int) -> Handle:
@@ -244,7 +393,10 @@ class Operations(pyfuse3.Operations):
 
     @fuse_op(_fh)
     async def write(self, fh: int, off: int, buf: bytes) -> int:
-        return await self._handle(fh).write(off, buf)
+        handle = self._handle(fh)
+        if self.bound:
+            self._count_bytes(fh, off, len(buf))
+        return await handle.write(off, buf)
 
     # flush (every close) and release (the last) come with every open: a handle that
     # does nothing there is answered without the wrapper's coroutine (git opens and
@@ -263,6 +415,8 @@ class Operations(pyfuse3.Operations):
         await self._handle(fh).fsync(datasync)
 
     async def release(self, fh: int) -> None:
+        if self.bound:
+            self._uncount(fh)
         h = self.handles.get(fh)
         if h is not None and type(h).release is Handle.release:
             del self.handles[fh]
@@ -278,7 +432,9 @@ class Operations(pyfuse3.Operations):
     # -- directories --------------------------------------------------------------------
     @fuse_op(_ino)
     async def opendir(self, inode: int, ctx: Any) -> int:
-        dh = await self.node(inode).opendir(ctx)
+        node = self.node(inode)
+        self._may_read(ctx, node)
+        dh = await node.opendir(ctx)
         fh = self._fh_for()
         self.dirs[fh] = dh
         return fh
@@ -321,6 +477,8 @@ class Operations(pyfuse3.Operations):
         # switch extended attributes off for the whole mount.
         if not name.startswith(b"user."):
             raise pyfuse3.FUSEError(errno.EOPNOTSUPP)
+        if self.shared:
+            self._seen(ctx)
         return await self._getxattr(inode, name, ctx)
 
     @fuse_op(lambda self, ino, name, *r: f"{_ino(self, ino)} [{name!r}]")
@@ -329,6 +487,7 @@ class Operations(pyfuse3.Operations):
 
     @fuse_op(_ino)
     async def listxattr(self, inode: int, ctx: Any) -> list[bytes]:
+        self._seen(ctx)
         return await self.node(inode).listxattr(ctx)
 
     @fuse_op(lambda self, ino, name, *r: f"{_ino(self, ino)} [{name!r}]")
@@ -339,6 +498,7 @@ class Operations(pyfuse3.Operations):
             fail(errno.E2BIG, f"a value of {len(value)} bytes (at most {XATTR_VALUE_MAX})")
         node = self.node(inode)
         self._mutating(node)
+        self._may_change(ctx, node)  # (a pin is a change: root's and the owner's)
         await node.setxattr(name, value, ctx)
 
     @fuse_op(lambda self, ino, name, *r: f"{_ino(self, ino)} [{name!r}]")
@@ -347,12 +507,21 @@ class Operations(pyfuse3.Operations):
             fail(errno.EOPNOTSUPP, "only user.* extended attributes exist here")
         node = self.node(inode)
         self._mutating(node)
+        self._may_change(ctx, node)
         await node.removexattr(name, ctx)
 
     # -- the file system ----------------------------------------------------------------
     @fuse_op()
     async def access(self, inode: int, mode: int, ctx: Any) -> bool:
-        return True
+        if not self.shared:
+            return True
+        who = self.who(ctx)
+        if who == ROOT:
+            return True
+        node = self.node(inode)
+        if mode & os.W_OK and (who == OTHER or node.root_only):
+            return False
+        return self._may_access(ctx, node, mode & (os.R_OK | os.X_OK))
 
     @fuse_op()
     async def statfs(self, ctx: Any) -> pyfuse3.StatvfsData:

@@ -1,14 +1,14 @@
 """alkfsd: mount a store and serve it until unmounted, SIGINT or SIGTERM (then exit 0).
 
     alkfsd STORE MNT [--threshold N] [--window 1h] [--kv-only] [--sweep-every 15m]
-                     [--push-grace 10m] [--read-only] [--allow-other] [--config FILE]
-                     [--demo]
+                     [--push-grace 10m] [--read-only] [--allow-other] [--owner USER[:GROUP]]
+                     [--config FILE] [--demo]
 
 `--push-grace` is how long the objects a push (or any git write through
 /repos/<id>/objects) stored stay pinned when no ref write of it commits (default
 max(10 min, the window); see daemon/scratch.py). The config file (TOML) takes the same
 keys (`store`, `mountpoint`, `threshold`, `window`, `kv_only`, `sweep_every`,
-`push_grace`, `read_only`, `allow_other`, `demo`); flags on the command line win.
+`push_grace`, `read_only`, `allow_other`, `owner`, `demo`); flags on the command line win.
 Readiness is reported to systemd (`READY=1` on $NOTIFY_SOCKET) once the mount answers.
 
 A mountpoint where a live FUSE mount already answers is refused (one line, exit 1):
@@ -38,7 +38,7 @@ from alkfs.durations import parse_duration
 from alkfs.errors import AlkfsError, StoreLocked
 
 from . import packs, scratch
-from .context import Context, Options
+from .context import Context, Options, parse_owner
 from .errors import ClipFormatter
 from .fs import Operations
 from .handles import clear_spool, spool_dir
@@ -58,6 +58,7 @@ CONFIG_KEYS = {
     "push_grace",
     "read_only",
     "allow_other",
+    "owner",
     "demo",
 }
 
@@ -79,6 +80,11 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--read-only", action="store_true", default=None, help="refuse every change")
     p.add_argument("--allow-other", action="store_true", default=None, help="let other users in")
+    p.add_argument(
+        "--owner",
+        metavar="USER[:GROUP]",
+        help="the tree belongs to USER, who may push, write refs and pin as root can",
+    )
     p.add_argument(
         "--database",
         metavar="URI",
@@ -132,6 +138,11 @@ def settings(argv: list[str] | None) -> dict[str, Any]:
         raise Usage(str(exc)) from None
     if out.get("threshold") is not None and int(out["threshold"]) <= 0:
         raise Usage("--threshold must be positive")
+    if out.get("owner") is not None:
+        try:
+            out["owner"] = parse_owner(str(out["owner"]))
+        except ValueError as exc:
+            raise Usage(str(exc)) from None
     return out
 
 
@@ -391,6 +402,8 @@ def main(argv: list[str] | None = None) -> int:
             read_only=bool(conf.get("read_only")),
             allow_other=bool(conf.get("allow_other")),
             push_grace_s=conf.get("push_grace"),
+            owner_uid=conf["owner"][0] if conf.get("owner") else None,
+            owner_gid=conf["owner"][1] if conf.get("owner") else None,
         )
         ctx = Context(store, app=app, options=options, live=True)
         ctx.mountpoint = mnt
@@ -398,8 +411,9 @@ def main(argv: list[str] | None = None) -> int:
         ops = Operations(ctx)
         fuse_options = set(pyfuse3.default_options)
         fuse_options |= {"fsname=alkfs:" + store_path.replace(",", "_"), "subtype=alkfs"}
-        if options.allow_other:
+        if options.shared:  # other users reach it: the daemon decides, not the kernel
             fuse_options.add("allow_other")
+            fuse_options.discard("default_permissions")
         try:
             pyfuse3.init(ops, mnt, fuse_options)
         except RuntimeError as exc:

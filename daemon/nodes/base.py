@@ -55,6 +55,11 @@ Errors
     work through `await self.ctx.run_sync(fn, *args)` (sqlite writes, big file I/O,
     hashing big buffers); cheap page-cached reads may run inline.
 
+Who may do what on a shared mount (--allow-other, --owner) is decided in fs.py, from
+three class attributes: `root_only` (the control file), `times_by_anyone` (objects:
+anyone may freshen them) and `never_written` (names no one creates: a repository's
+config, hooks and info).
+
 Mutations in read-only mode are refused with EROFS by fs.py before they reach a
 node (namespace changes, xattr changes, setattr, write opens) unless the node sets
 `writable_when_read_only = True` (the control file does).
@@ -155,6 +160,12 @@ class Node:
     entry_timeout: float = OBJECT_TIMEOUT
     attr_timeout: float = OBJECT_TIMEOUT
     writable_when_read_only: ClassVar[bool] = False
+    # On a shared mount (fs.py): only root (and the daemon's user) may change it, not
+    # the --owner user; any user may set its times (an object's freshen); names that no
+    # one may create in this directory, root included.
+    root_only: ClassVar[bool] = False
+    times_by_anyone: ClassVar[bool] = False
+    never_written: ClassVar[frozenset[bytes]] = frozenset()
 
     __slots__ = ("ctx", "ident", "ino", "parent", "name")
 

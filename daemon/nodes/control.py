@@ -62,6 +62,7 @@ class ControlFile(File):
     """Write `sweep [WINDOW]`, `verify` or `repack`; the write returns when it is done."""
 
     writable_when_read_only = True
+    root_only = True  # root's (the daemon's user's) alone, even with --owner
     entry_timeout = DYNAMIC_TIMEOUT
     attr_timeout = DYNAMIC_TIMEOUT
     __slots__ = ()
@@ -71,6 +72,12 @@ class ControlFile(File):
 
     def mode(self) -> int:
         return stat.S_IFREG | 0o600
+
+    def attr(self) -> Any:
+        a = super().attr()
+        a.st_uid = self.ctx.daemon_uid  # (not the --owner user's: they may not write it)
+        a.st_gid = self.ctx.daemon_gid
+        return a
 
     async def open(self, flags: int, ctx: Any) -> Handle:
         return ControlHandle(self)

@@ -300,6 +300,7 @@ class DerivedDir(Dir):
 class DerivedFile(Node):
     """One file of a published derived set: immutable, read from its backing file."""
 
+    times_by_anyone = True  # (refused with EPERM for all: a pack is not an object)
     __slots__ = ("fmt", "number", "rel", "backing", "_size", "_mtime")
 
     def __init__(self, ctx: Context, parent: Node, gen: Any, rel: str, name: bytes) -> None:

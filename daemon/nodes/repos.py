@@ -190,11 +190,18 @@ class ReposDir(Dir):
         scratch.writes(self.ctx).forget_repo(repo_key(repo))
 
 
+# Never created or replaced through the mount, by anyone, root included (EPERM): git runs
+# what they say (hooks, config's core.fsmonitor, core.sshCommand, ...) as whoever runs git
+# in the repository. config is the daemon's own minimal file; hooks/ and info/ do not exist.
+NEVER_WRITTEN = frozenset({b"config", b"hooks", b"info"})
+
+
 class RepoDir(Dir):
     """/repos/<id>: HEAD, config, objects/, refs/."""
 
     entry_timeout = DYNAMIC_TIMEOUT
     attr_timeout = DYNAMIC_TIMEOUT
+    never_written = NEVER_WRITTEN
     __slots__ = ("repo",)
 
     def __init__(self, ctx: Context, parent: Node, repo: Repo) -> None:
