@@ -593,3 +593,38 @@ def test_a_user_past_the_per_user_bounds_is_refused_while_root_keeps_working(
     # the handles are counted back: the owner writes again
     assert probe(owner, ("create", str(d.mnt / "pins" / "after"), "again\n")) == ["ok"]
     assert "Traceback" not in d.log()
+
+
+def test_nothing_the_owner_makes_resolves_outside_the_mount(base: Path, daemon, users):
+    owner = users()
+    d = daemon("--owner", owner.pw_name)
+    mnt = d.mnt
+    (mnt / "repos" / "r").mkdir()
+    einval = errno.errorcode[errno.EINVAL]
+    got = probe(
+        owner,
+        ("symlink", "/etc/passwd", str(mnt / "pins" / "out")),
+        ("symlink", "../../etc/passwd", str(mnt / "pins" / "up")),
+        ("symlink", "/tmp", str(mnt / "repos" / "r" / "objects" / "tmp_link")),
+        ("symlink", "/tmp", str(mnt / "repos" / "r" / "refs" / "heads" / "x")),
+        ("symlink", "/tmp", str(mnt / "objects" / "sha256" / "x")),
+    )
+    assert got == [einval, einval, EPERM, EPERM, EPERM], got
+    for dirpath, dirnames, filenames in os.walk(mnt / "pins"):
+        for name in (*dirnames, *filenames):
+            path = Path(dirpath, name)
+            if path.is_symlink():
+                assert path.resolve().is_relative_to(mnt), path
+
+
+def test_an_unknown_owner_is_a_usage_error(base: Path):
+    r = subprocess.run(
+        [sys.executable, "-m", "alkfsd.main", str(base / "s"), str(base / "m")]
+        + ["--owner", "no-such-user-alkfs"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 2
+    assert "--owner: no user 'no-such-user-alkfs'" in r.stderr
+    assert not (base / "s").exists()
