@@ -25,6 +25,8 @@ class Alkfs:
         self.pins = Pins(store, closure=self.closure)
         self._tokens = [store.register_source(self.closure), store.register_source(self.pins)]
         store.delete_guards.append(functools.partial(packs.guard_deletes, store))
+        if store.fleet is not None:  # another daemon's ref change: views made again
+            store.fleet.on_refs.append(self.refs.changed_elsewhere)
 
     @classmethod
     def open(
@@ -68,6 +70,9 @@ class Alkfs:
             "database": None
             if store.db is None
             else {"engine": store.db.engine, "name": store.db.describe()},
+            "fleet": None
+            if store.fleet is None
+            else {"self": store.fleet.node, "nodes": store.fleet.nodes()},
             "objects": store.counts(),
             "pins": len(self.pins.list()),
             "repos": len(self.refs.repos()),

@@ -150,6 +150,12 @@ class Catalog:
             "UPDATE catalog SET stored_ns = greatest(stored_ns, ?) WHERE key = ?", (now_ns, key)
         )
 
+    def lock(self, key: bytes) -> None:
+        """Inside a transaction: hold the row until it ends (PostgreSQL; sqlite's
+        transaction holds the whole file already)."""
+        if self.db.engine == "postgresql":
+            self.db.execute("SELECT 1 FROM catalog WHERE key = ? FOR UPDATE", (key,))
+
     def delete(self, key: bytes) -> None:
         self.db.execute("DELETE FROM catalog WHERE key = ?", (key,))
 

@@ -93,7 +93,8 @@ class _Spec:
         return tuple(row[offset + self.columns.index(c)] for c in self.primary)
 
 
-SPECS = [_Spec(t) for t in schema.TABLES]
+SPECS = [_Spec(t) for t in schema.TABLES if {"sqlite", "postgresql"} <= t.engines]
+# (the fleet tables hold only live daemons' state: nothing to move)
 
 
 def _row_digest(row: tuple) -> int:

@@ -93,6 +93,8 @@ class Pins:
                     "INSERT INTO pins (name, key, created_ns) VALUES (?, ?, ?)",
                     (name, key.raw, record.created_ns),
                 )
+                if self.store.fleet is not None:  # (several daemons: see alkfs/fleet.py)
+                    self.store.fleet.guard_publish(conn, [key.raw])
             wrote = True
             return record
         finally:

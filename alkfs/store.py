@@ -11,6 +11,7 @@ import hashlib
 import logging
 import os
 import threading
+import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -32,6 +33,7 @@ from .errors import (
     TooLarge,
     Verification,
 )
+from .fleet import NODES_DIR, Fleet
 from .gc.arbiter import Arbiter, LivenessSource, Pin, ProtectCallback
 from .gc.sweep import SweepReport, sweep
 from .gc.window import MemoryWindow, SqlWindow
@@ -88,6 +90,10 @@ def _chunks(source: Source) -> Iterator[bytes]:
         raise StoreIO(f"the input stream failed: {exc}") from exc
 
 
+def _negate(fn: Callable[[bytes], bool]) -> Callable[[bytes], bool]:
+    return lambda key: not fn(key)
+
+
 def _kv_tier(db: Database) -> SqlTier:
     if db.engine == "postgresql":
         from .tiers.postgres import PgTier
@@ -108,6 +114,7 @@ class Store:
         db: Database | None,
         *,
         clear_staging: bool = True,
+        own: str | None = None,
     ) -> None:
         if mode not in MODES:
             raise Invalid(f"unknown mode {mode!r}")
@@ -129,8 +136,11 @@ class Store:
             self.window = SqlWindow(db)
             if mode == "dual-tier":
                 assert path is not None
-                self.large = LocalTier(path / LARGE_DIR, clear_staging=clear_staging)
+                self.large = LocalTier(path / LARGE_DIR, clear_staging=clear_staging, own=own)
                 self.catalog = Catalog(db)
+        self.fleet: Fleet | None = None  # a PostgreSQL store's membership (alkfs/fleet.py)
+        # where the daemon keeps its in-flight files: STORE, or a fleet member's own
+        self.inflight: Path | None = path if own is None or path is None else path / NODES_DIR / own
         self.last_sweep: SweepReport | None = None
         self.corrupt: set[bytes] = set()
         self.deleted_hooks: list[Callable[[bytes], None]] = []
@@ -166,9 +176,13 @@ class Store:
                 raise StoreIO(f"no store at {root}")
             root.parent.mkdir(parents=True, exist_ok=True)  # (not the store's: as mkdir -p)
             root.mkdir(mode=0o700)  # the store is its owner's alone (alkfs/privacy.py)
-        lock_fd = cls._take_lock(root) if lock else None
+        # A sqlite store is one process's (STORE/alkfs.lock); a PostgreSQL one is its
+        # fleet's: each member with a session and directories of its own.
+        member = database is not None and lock
+        own = uuid.uuid4().hex[:16] if member else None
+        lock_fd = cls._take_lock(root) if lock and not member else None
         try:
-            db = open_database(root, database, lock=lock)
+            db = open_database(root, database, lock="shared" if member else lock)
             try:
                 meta = settle(db, root, mode, threshold, DEFAULT_THRESHOLD)
             except BaseException:
@@ -181,7 +195,15 @@ class Store:
                 DEFAULT_WINDOW_S if window_s is None else window_s,
                 db,
                 clear_staging=lock,  # beside a lock holder, staging files are its puts
+                own=own,
             )
+            if own is not None:
+                try:
+                    store.fleet = Fleet(store, db, own)  # type: ignore[arg-type]
+                except BaseException:
+                    db.close()
+                    raise
+                store.arbiter.remote = store.fleet
         except BaseException:
             if lock_fd is not None:
                 os.close(lock_fd)
@@ -236,6 +258,9 @@ class Store:
             os.close(fd)
 
     def close(self) -> None:
+        if self.fleet is not None:
+            self.fleet.close()
+            self.fleet = None
         if self.db is not None:
             self.db.close()
         if self._lock_fd is not None:
@@ -434,6 +459,9 @@ class Store:
 
     def has(self, key: Key) -> bool:
         return self._entry(key.raw) is not None
+
+    def has_raw(self, key: bytes) -> bool:
+        return self._entry(key) is not None
 
     def written_since(self, key: bytes, since_ns: int) -> bool:
         found = self._entry(key)
@@ -766,15 +794,18 @@ class Store:
         """The sweep's delete of a candidate staged at `staged_ns` (its delete marker
         held): the bytes freed, None if it was absent, False if it was written since
         (kept). A kv row is decided and deleted under its row lock."""
+        keep = None if self.fleet is None else _negate(self.fleet.may_delete)
         if isinstance(self.kv, SqlTier):
-            freed = self.kv.delete_unwritten(key, staged_ns)
+            freed = self.kv.delete_unwritten(key, staged_ns, keep)
             if freed is not None:
                 return freed
         elif self.kv.stat(key) is not None:
             if self.written_since(key, staged_ns):
                 return False
             return self.kv.delete(key)
-        if self.written_since(key, staged_ns):
+        if self.catalog is not None:
+            self.catalog.lock(key)  # (a put of it waits for this transaction)
+        if self.written_since(key, staged_ns) or (keep is not None and keep(key)):
             return False
         return self.engine_delete(key)
 

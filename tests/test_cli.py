@@ -333,6 +333,7 @@ def test_status_has_the_spec_shape_with_exact_counts(store, files):
             "window_s": 3600,
         },
         "database": {"engine": "sqlite", "name": str(store / "store.db")},
+        "fleet": None,
         "objects": {
             "sha256": {"count": 2, "bytes": 300_012, "kv": 1, "large": 1},
             "blake3": {"count": 1, "bytes": 12, "kv": 1, "large": 0},

@@ -2,7 +2,7 @@
 functions; `if TYPE_CHECKING:` blocks excepted) goes to a layer at or below its own.
 
     alkfs  0 errors, durations    1 keys, schema      2 db, privacy, reserve
-           3 tiers, catalog, git.objects               4 gc, binding
+           3 tiers, catalog, git.objects               4 gc, binding, fleet
            5 store    6 git.tables, git.refs, git.closure, git.packs, pins
            7 git.importer, app    8 cli, migrate
     alkfsd 9 (the daemon) — and the library never imports alkfsd, trio or pyfuse3.
@@ -31,6 +31,7 @@ RANKS = {
     "alkfs.git.objects": 3,
     "alkfs.gc": 4,
     "alkfs.binding": 4,
+    "alkfs.fleet": 4,
     "alkfs.store": 5,
     "alkfs.git.tables": 6,
     "alkfs.git.refs": 6,

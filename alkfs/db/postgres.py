@@ -114,8 +114,12 @@ class PostgresDatabase:
     arrival = "seq"
     full_scan = ""
 
-    def __init__(self, uri: str, *, lock: bool = True, pool_max: int = POOL_MAX) -> None:
+    def __init__(self, uri: str, *, lock: bool | str = True, pool_max: int = POOL_MAX) -> None:
+        """`lock`: True takes the store's lock alone (no other process may open the
+        database meanwhile: a migration); "shared" with the other members of the fleet
+        (what Store.open takes); False none."""
         self.uri = uri
+        self._shared = lock == "shared"
         self.name = redact(uri)
         self._local = threading.local()
         self._holder: psycopg.Connection | None = None
@@ -164,6 +168,10 @@ class PostgresDatabase:
         timeout) nor for a while after it is back (its reconnection attempts back off
         exponentially): a connection of its own fails at once with the server's reason,
         or works. (Bounded: the pool is larger than the threads that use it.)"""
+        bound = getattr(self._local, "bound", None)
+        if bound is not None:
+            yield bound
+            return
         raw = None
         for _ in range(POOL_MAX + 1):
             try:
@@ -190,14 +198,32 @@ class PostgresDatabase:
 
     def _take_store_lock(self) -> None:
         conn = self._connect()
-        got = conn.execute("SELECT pg_try_advisory_lock(%s)", (STORE_LOCK,)).fetchone()
+        how = "pg_try_advisory_lock_shared" if self._shared else "pg_try_advisory_lock"
+        got = conn.execute(f"SELECT {how}(%s)", (STORE_LOCK,)).fetchone()
         if not got or not got[0]:
             conn.close()
             raise StoreLocked(
-                f"the database {self.name} is held by another alkfs process "
-                "(one daemon per store until a fleet is supported)"
+                f"the database {self.name} is held by another alkfs process"
+                + (" alone (a migration?)" if self._shared else "")
             )
         self._holder = conn
+
+    @contextlib.contextmanager
+    def dedicated(self, bind: bool = False) -> Iterator[psycopg.Connection]:
+        """A connection of its own (a session: advisory locks, LISTEN), closed after;
+        `bind`: every statement of this thread runs on it meanwhile."""
+        conn = self._connect()
+        if bind:
+            self._local.bound = conn
+        try:
+            yield conn
+        except (psycopg.Error, psycopg_pool.PoolTimeout) as exc:
+            self._raise(exc)
+        finally:
+            if bind:
+                self._local.bound = None
+            with contextlib.suppress(Exception):
+                conn.close()
 
     def _check_store_lock(self) -> None:
         """The store's lock is a session's: a server restart (or a terminated backend)

@@ -29,6 +29,17 @@ class LivenessSource(Protocol):
         ...
 
 
+class Remote(Protocol):
+    """Pins other processes' sweeps see (alkfs/fleet.py): a row a pinned key, written
+    before the pin is handed out, deleted (lazily) after its last release."""
+
+    def token(self) -> int: ...
+
+    def pin(self, rows: list[tuple[bytes, int]]) -> None: ...
+
+    def unpin(self, rows: list[tuple[bytes, int]]) -> None: ...
+
+
 ProtectCallback = Callable[[], Iterable[Key | bytes]]
 """Returns keys that must not be deleted now; raising aborts the sweep ("protect-failed")."""
 
@@ -102,33 +113,65 @@ class Arbiter:
         self._protects: dict[int, ProtectCallback] = {}
         self._ids = itertools.count(1)
         self._sweeping = threading.Lock()
+        self.remote: Remote | None = None
+        self._tokens: dict[bytes, int] = {}  # the remote row's token of each pinned key
 
     # -- pins ---------------------------------------------------------------
     def acquire(self, key: Key | bytes) -> Pin:
         """Mint a pin; waits while a delete of this key is in flight."""
         k = raw(key)
+        new: list[tuple[bytes, int]] = []
         with self._cond:
             while k in self._deleting:
                 self._cond.wait()
-            self._pins[k] = self._pins.get(k, 0) + 1
+            n = self._pins.get(k, 0)
+            self._pins[k] = n + 1
+            if n == 0 and self.remote is not None:
+                new.append(self._token(k))
+        self._publish(new, [k])
         return Pin(self, k)
+
+    def _token(self, k: bytes) -> tuple[bytes, int]:
+        assert self.remote is not None
+        t = self._tokens[k] = self.remote.token()
+        return k, t
+
+    def _publish(self, rows: list[tuple[bytes, int]], keys: list[bytes]) -> None:
+        """Write the remote rows of new pinnings (outside the lock); if that fails,
+        the pins are given back and the error raised."""
+        if not rows:
+            return
+        assert self.remote is not None
+        try:
+            self.remote.pin(rows)
+        except BaseException:
+            self._release(keys)
+            raise
 
     def acquire_counts(self, keys: Iterable[bytes]) -> None:
         """Pin many raw keys in one locked step, without a Pin object each (bulk callers
         such as the import); each waits out an in-flight delete as `acquire` does. Give
         them back with `release_counts`."""
+        keys = list(keys)
+        new: list[tuple[bytes, int]] = []
         with self._cond:
             counts, deleting = self._pins, self._deleting
+            remote = self.remote is not None
             for k in keys:
                 while k in deleting:
                     self._cond.wait()
-                counts[k] = counts.get(k, 0) + 1
+                n = counts.get(k, 0)
+                counts[k] = n + 1
+                if n == 0 and remote:
+                    new.append(self._token(k))
+        self._publish(new, keys)
 
     def release_counts(self, keys: list[bytes]) -> None:
         """Give back pins taken with `acquire_counts`, in one locked step."""
         self._release(keys)
 
     def _release(self, keys: list[bytes], then: Callable[[], None] | None = None) -> None:
+        gone: list[tuple[bytes, int]] = []
         with self._cond:
             for k in keys:
                 n = self._pins.get(k, 0) - 1
@@ -136,8 +179,18 @@ class Arbiter:
                     self._pins[k] = n
                 else:
                     self._pins.pop(k, None)
+                    t = self._tokens.pop(k, None)
+                    if t is not None:
+                        gone.append((k, t))
             if then is not None:
                 then()
+        if gone and self.remote is not None:
+            self.remote.unpin(gone)
+
+    def pinned_tokens(self) -> dict[bytes, int]:
+        """The pinned keys with their remote rows' tokens (a copy)."""
+        with self._cond:
+            return dict(self._tokens)
 
     def convert(self, pin: Pin, register: Callable[[], None]) -> None:
         """Release `pin` and run `register` in one locked step: never neither-pinned-nor-live."""

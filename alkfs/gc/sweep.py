@@ -82,7 +82,11 @@ def sweep(store: Store, window_ns: int | None = None) -> SweepReport:
         report.aborted = AbortCause.SWEEPER_LOCK.value
         return report
     try:
-        _run(store, report, store.window_ns if window_ns is None else window_ns)
+        with _lease(store) as leased:
+            if leased:
+                _run(store, report, store.window_ns if window_ns is None else window_ns)
+            else:
+                report.aborted = AbortCause.SWEEPER_LOCK.value  # (another daemon's sweep)
     except (OSError, AlkfsError, *DatabaseError) as exc:  # type: ignore[misc]
         # A sweep is never an error: a failing medium ends it as report data. Every
         # delete already done was arbitrated; untaken rows stay staged for the next one.
@@ -95,15 +99,31 @@ def sweep(store: Store, window_ns: int | None = None) -> SweepReport:
     return report
 
 
+def _lease(store: Store) -> contextlib.AbstractContextManager[bool]:
+    """The fleet's sweep lease (alkfs/fleet.py); a store of one process has it."""
+    if store.fleet is None:
+        return contextlib.nullcontext(True)
+    return store.fleet.sweep_lease()
+
+
 def _delete(
-    store: Store, report: SweepReport, part: list[tuple[bytes, int]], protected: set[bytes]
+    store: Store,
+    report: SweepReport,
+    part: list[tuple[bytes, int]],
+    protected: set[bytes],
+    epoch: int | None,
 ) -> None:
     """Delete what of `part` arbitration lets go, in one database transaction (one
-    commit, not one a key); the deletion hooks run once it committed."""
+    commit, not one a key); the deletion hooks run once it committed. In a fleet, a ref
+    or pin change since `epoch` (when this sweep computed what is live) keeps them all."""
     arbiter = store.arbiter
     gone: list[tuple[bytes, int | None]] = []
     cancelled = 0
+    fleet = store.fleet
     with store.db.tx() if store.db is not None else contextlib.nullcontext():
+        if fleet is not None and fleet.epoch() != epoch:
+            report.cancelled_by_arbitration += len(part)
+            return
         for key, staged_ns in part:
             if not arbiter.arbitrate(key, protected):
                 cancelled += 1
@@ -119,6 +139,8 @@ def _delete(
                 cancelled += 1
                 continue
             gone.append((key, freed))
+        if fleet is not None:
+            fleet.deleted([key for key, freed in gone if freed is not None])
     report.cancelled_by_arbitration += cancelled
     for key, freed in gone:
         report.deleted += 1
@@ -133,6 +155,7 @@ def _run(store: Store, report: SweepReport, window_ns: int) -> None:
     if not sources:
         report.aborted = AbortCause.NO_LIVENESS_SOURCES.value
         return
+    epoch = None if store.fleet is None else store.fleet.epoch()  # (before what is live)
     try:
         protected = _protected_set(store)
         live: set[bytes] = set()
@@ -160,7 +183,7 @@ def _run(store: Store, report: SweepReport, window_ns: int) -> None:
                 report.cancelled_by_arbitration += len(batch)
                 continue
             for i in range(0, len(batch), DELETE_TX):
-                _delete(store, report, batch[i : i + DELETE_TX], protected_now)
+                _delete(store, report, batch[i : i + DELETE_TX], protected_now, epoch)
 
     # Mark and stage. It makes no reference cycles, so the cyclic collector is paused
     # meanwhile: the window's row tuples would otherwise trigger collections that walk

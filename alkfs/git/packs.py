@@ -1057,7 +1057,7 @@ def derived_for(store: Store, fmt: str) -> Derived | None:
     if store.path is None or not isinstance(store.kv, SqlTier):
         return None
     if getattr(store, "_lock_fd", None) is None:
-        return None
+        return None  # (beside the lock holder; and a fleet's members: not yet shared)
     with _REGISTRY_LOCK:
         per = _REGISTRY.setdefault(store, {})
         d = per.get(fmt)
@@ -1088,7 +1088,8 @@ def guard_deletes(store: Store, raws: Iterable[bytes]) -> Iterator[None]:
         yield
         return
     if getattr(store, "_lock_fd", None) is None:
-        log.warning("a sweep beside the store's lock holder: its derived packs are not guarded")
+        if getattr(store, "fleet", None) is None:  # (a fleet member builds none)
+            log.warning("a sweep beside the store's lock holder: its derived packs are not guarded")
         yield
         return
     by_fmt: dict[str, list[bytes]] = {}

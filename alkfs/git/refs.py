@@ -143,6 +143,7 @@ class Refs:
         self.tables = Tables(store, (REPOS, REFS))
         self.write_counter = 0
         self._versions: dict[str, int] = {}
+        self._all_versions = 0
         self._counter_lock = threading.Lock()
         self._peeled: dict[str, str | None] = {}  # tag oid -> peeled oid (objects never change)
 
@@ -152,10 +153,24 @@ class Refs:
             if repo_id is not None:
                 self._versions[repo_id] = self._versions.get(repo_id, 0) + 1
 
+    def changed_elsewhere(self, repo_id: str | None) -> None:
+        """Another daemon of the fleet changed this repository's refs (None: perhaps
+        any repository's): views of them are made again."""
+        with self._counter_lock:
+            self.write_counter += 1
+            if repo_id is None:
+                self._all_versions += 1
+            else:
+                self._versions[repo_id] = self._versions.get(repo_id, 0) + 1
+
+    def _notify(self, conn, repo_id: str) -> None:
+        if self.store.fleet is not None:
+            self.store.fleet.refs_changed(conn, repo_id)
+
     def version(self, repo_id: str) -> int:
         """A number that moves with every change of this repository's refs made through
         this Refs (a cache key for views of them, e.g. a packed-refs generation)."""
-        return self._versions.get(repo_id, 0)
+        return self._versions.get(repo_id, 0) + self._all_versions
 
     # -- repositories -----------------------------------------------------------
     def create_repo(self, repo_id: str, object_format: str = "sha1") -> Repo:
@@ -198,6 +213,7 @@ class Refs:
             if cur.rowcount != 1:
                 raise Missing(f"no repository {repo_id!r}")
             conn.execute("DELETE FROM git_refs WHERE repo = ?", (repo_id,))
+            self._notify(conn, repo_id)
         self._bump(repo_id)
 
     def delete_all_refs(self, repo_id: str) -> int:
@@ -208,6 +224,7 @@ class Refs:
             if conn.execute("SELECT 1 FROM git_repos WHERE id = ?", (repo_id,)).fetchone() is None:
                 raise Missing(f"no repository {repo_id!r}")
             n = conn.execute("DELETE FROM git_refs WHERE repo = ?", (repo_id,)).rowcount
+            self._notify(conn, repo_id)
         self._bump(repo_id)
         return n
 
@@ -400,6 +417,16 @@ class Refs:
                         if reason is not None and atomic:
                             raise _Rollback
                     committed = any(o is not None and o.ok for o in outcomes)
+                    fleet = store.fleet
+                    if committed and fleet is not None:
+                        # (several daemons: this session is live, what it names stored)
+                        news = [
+                            Key.from_hex(algo, u.new).raw
+                            for u, o in zip(updates, outcomes, strict=True)
+                            if o is not None and o.ok and u.new is not None
+                        ]
+                        fleet.guard_publish(conn, news)
+                        fleet.refs_changed(conn, repo_id)
             except _Rollback:
                 return _atomic_fail(updates, outcomes)
         finally:

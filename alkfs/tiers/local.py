@@ -31,13 +31,17 @@ def _fsync_dir(path: Path) -> None:
 class LocalTier:
     name = "large"
 
-    def __init__(self, root: str | os.PathLike[str], clear_staging: bool = True) -> None:
+    def __init__(
+        self, root: str | os.PathLike[str], clear_staging: bool = True, own: str | None = None
+    ) -> None:
         """`clear_staging`: remove what a crashed writer left. Only the store's lock
-        holder may: beside a holder, those files are its puts in flight."""
+        holder may: beside a holder, those files are its puts in flight. `own`: a
+        member of a fleet stages in a directory of its own, `.staging/<own>`, and
+        never touches the others' (alkfs/fleet.py)."""
         self.root = Path(root)
-        self.staging = self.root / STAGING
+        self.staging = self.root / STAGING if own is None else self.root / STAGING / own
         self.root.mkdir(mode=0o700, parents=True, exist_ok=True)  # 0700: the owner's alone
-        self.staging.mkdir(mode=0o700, exist_ok=True)
+        self.staging.mkdir(mode=0o700, parents=True, exist_ok=True)
         if clear_staging:
             for stale in os.listdir(self.staging):
                 with contextlib.suppress(FileNotFoundError):
@@ -65,7 +69,12 @@ class LocalTier:
     def new_writer(self) -> StagingWriter:
         """A fresh staging file, written by a StagingWriter (close it on every path)."""
         path = self.staging / uuid.uuid4().hex
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o400)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
+        try:
+            fd = os.open(path, flags, 0o400)
+        except FileNotFoundError:  # (a fleet member's, removed while it was paused)
+            self.staging.mkdir(mode=0o700, parents=True, exist_ok=True)
+            fd = os.open(path, flags, 0o400)
         try:
             return StagingWriter(path, fd)
         except BaseException:  # (the thread could not start): leave nothing behind

@@ -8,7 +8,7 @@ holds SQL of the kv table.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from operator import itemgetter
 
 from ..db import Database
@@ -57,16 +57,19 @@ class SqlTier:
         row = self.db.execute("DELETE FROM blobs WHERE key = ? RETURNING size", (key,)).fetchone()
         return None if row is None else row[0]
 
-    def delete_unwritten(self, key: bytes, staged_ns: int) -> int | None | bool:
+    def delete_unwritten(
+        self, key: bytes, staged_ns: int, keep: Callable[[bytes], bool] | None = None
+    ) -> int | None | bool:
         """The sweep's delete of a staged candidate, decided under the row's lock: the
-        bytes freed; None if absent; False if it was written after `staged_ns` (kept)."""
+        bytes freed; None if absent; False if it was written after `staged_ns`, or
+        `keep` says so (the fleet's pins), and is kept."""
         with self.db.tx() as conn:
             row = conn.execute(
                 "SELECT stored_ns FROM blobs WHERE key = ?" + self._lock_row, (key,)
             ).fetchone()
             if row is None:
                 return None
-            if row[0] > staged_ns:
+            if row[0] > staged_ns or (keep is not None and keep(key)):
                 return False
             self._between_lock_and_delete(key)
             got = conn.execute("DELETE FROM blobs WHERE key = ? RETURNING size", (key,)).fetchone()

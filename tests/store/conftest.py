@@ -192,7 +192,7 @@ class Column:
         if not self.has_large_tier:
             return 0
         assert self.root is not None
-        return len(os.listdir(self.root / LARGE_DIR / ".staging"))
+        return sum(len(files) for _, _, files in os.walk(self.root / LARGE_DIR / ".staging"))
 
     def media(self) -> tuple[int, int]:
         return self.pool_rows(), self.large_files()

@@ -26,8 +26,11 @@ from alkfs.errors import Invalid, StoreLocked
 from alkfs.git.importer import import_repo
 from alkfs.git.refs import RefUpdate
 from alkfs.keys import Key
-from alkfs.schema import TABLES
+from alkfs.schema import TABLES as ALL_TABLES
 from alkfs.store import DB_NAME, Store
+
+# the tables a migration moves (the fleet's hold only live daemons' state)
+TABLES = [t for t in ALL_TABLES if {"sqlite", "postgresql"} <= t.engines]
 
 THRESHOLD = 1024
 SMALL, LARGE = 12, 3  # pinned objects of each tier

@@ -27,6 +27,7 @@ from alkfs.tiers.postgres import PgTier
 from .conftest import register, sha256_key
 
 TABLES = ("meta", "blobs", "gc_window", "catalog", "git_repos", "git_refs", "pins")
+FLEET = ("fleet_nodes", "fleet_pins", "fleet_epoch", "fleet_deletions")
 
 
 def pg_one(uri: str, sql: str, params: tuple = ()) -> object:
@@ -163,6 +164,7 @@ def test_the_engine_names_itself(db: PostgresDatabase, pg_uri: str) -> None:
         r[0] for r in db.execute("SELECT tablename FROM pg_tables WHERE schemaname = 'public'")
     } == {
         *TABLES,
+        *FLEET,
         "t",
     }
 
@@ -251,18 +253,28 @@ def test_a_snapshot_sees_one_state_while_another_thread_commits(db: PostgresData
     assert db.execute("SELECT count(*) FROM t").fetchone()[0] == 3
 
 
-def test_one_store_per_database_at_a_time(tmp_path: Path, pg_uri: str) -> None:
+def test_members_share_the_database_and_a_lone_holder_excludes_them(
+    tmp_path: Path, pg_uri: str
+) -> None:
+    """Stores open the database as members of its fleet (a shared lock); a process that
+    needs it alone (a migration) is refused while one is open, and refuses them."""
     first = Store.open(tmp_path / "a", database=pg_uri)
     try:
+        with Store.open(tmp_path / "a", database=pg_uri) as second:  # (same directory)
+            assert second.fleet is not None and first.fleet is not None
+            assert second.fleet.node != first.fleet.node
         with pytest.raises(StoreLocked) as caught:
             PostgresDatabase(pg_uri, lock=True)
         assert "held by another alkfs process" in str(caught.value)
-        with pytest.raises(StoreLocked):
-            Store.open(tmp_path / "b", database=pg_uri)
-        assert not (tmp_path / "b" / BINDING_NAME).exists()
         assert PostgresDatabase(pg_uri, lock=False).close() is None  # (lock=False: a reader)
     finally:
         first.close()
+    alone = PostgresDatabase(pg_uri, lock=True)
+    try:
+        with pytest.raises(StoreLocked, match="alone"):
+            Store.open(tmp_path / "a", database=pg_uri)
+    finally:
+        alone.close()
     again = PostgresDatabase(pg_uri, lock=True)
     again.close()
     with Store.open(tmp_path / "a", database=pg_uri) as store:
@@ -488,7 +500,7 @@ def test_a_password_is_shown_nowhere(tmp_path, secret_uri, caplog) -> None:
         assert json.loads((root / BINDING_NAME).read_text())["database"] == shown
         status = json.dumps(app.status())
         assert SECRET not in status and shown in status
-        with pytest.raises(StoreLocked) as locked:
+        with pytest.raises(Invalid) as locked:  # (a directory that is not the store's)
             Store.open(tmp_path / "other", database=secret_uri)
         assert SECRET not in str(locked.value) and shown in str(locked.value)
     finally:

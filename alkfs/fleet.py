@@ -1,0 +1,376 @@
+"""Several daemons on one PostgreSQL store: sessions, pin rows, the sweep lease, the logs.
+
+Every process that opens a PostgreSQL-backed store joins its fleet (seed 000's fleet
+family; `alkfs/schema.py` documents the tables):
+
+- **A session row** (`fleet_nodes`) with an expiry on the database's clock, renewed
+  every TTL/3 by a heartbeat thread, and never renewed once it passed: a daemon paused
+  past its TTL finds its session over and joins again under a new id.
+- **Pin rows** (`fleet_pins`): an in-process pin (`gc/arbiter.py`) writes its row before
+  the pin is handed out, and its release deletes the row lazily (a protection that lasts
+  a little longer is harmless). Each pinning has a token, so a late release never
+  deletes the row of a newer pinning of the same key.
+- **Delete-time arbitration** (`may_delete`, inside the sweep's transaction, after the
+  key's row lock): a pin row of a live session keeps the object; so does any ref or
+  durable-pin change since the sweep computed what is live (`fleet_epoch`, bumped in
+  those transactions). Write transactions of the store run one at a time
+  (alkfs/db/postgres.py), so a publish and a delete never interleave.
+- **Publishing a name** (`guard_publish`, inside the ref or pin transaction): refused
+  (Stale: write again) when this process's session is over, or when a pinning it held
+  when its session lapsed lost its object; the named objects must still be stored.
+- **One sweep at a time** (`sweep_lease`): an advisory lock on a connection of its own
+  that also runs the sweep's statements, so losing the lock ends the sweep as report
+  data. The lease holder removes what dead sessions left.
+- **What one daemon changes, the others learn**: deletions go to `fleet_deletions` with
+  `NOTIFY alkfs_deleted`, ref changes to `NOTIFY alkfs_refs` (payload: the repository);
+  a listener thread replays the log from where it was (after a reconnect too) into the
+  store's deletion hooks, and calls `on_refs` callbacks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+import os
+import shutil
+import socket
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from .errors import AlkfsError, Stale
+
+if TYPE_CHECKING:
+    from .db.postgres import PostgresDatabase
+    from .store import Store
+
+log = logging.getLogger("alkfs.fleet")
+
+DEFAULT_TTL_S = 60.0
+NOW = "(extract(epoch from clock_timestamp()) * 1000000000)::bigint"
+SWEEP_LOCK = 0x616C6B66_73776570  # "alkfswep"
+UNPIN_EVERY_S = 0.5
+LOG_KEEP_NS = 3600 * 10**9  # deletion log rows older than this are pruned by the lease holder
+NODES_DIR = "nodes"
+
+
+class Fleet:
+    """This process's membership of its store's fleet (see the module docstring)."""
+
+    def __init__(
+        self, store: Store, db: PostgresDatabase, node: str, ttl_s: float = DEFAULT_TTL_S
+    ) -> None:
+        self.store = store
+        self.db = db
+        self.ttl_ns = int(ttl_s * 1e9)
+        self.host = socket.gethostname()
+        self.pid = os.getpid()
+        self._tokens = itertools.count(1)
+        self._lock = threading.Lock()
+        self._unpins: list[tuple[bytes, int]] = []
+        self.tainted: set[bytes] = set()  # pinned when the session lapsed, and gone since
+        self.lapses = 0
+        self.on_refs: list[Callable[[str | None], None]] = []
+        self._stop = threading.Event()
+        self.node = node  # (also the name of its in-flight directories)
+        self._join()
+        self.last_seq = self._max_seq()
+        self._threads = [
+            threading.Thread(target=self._beat, name="alkfs-fleet-beat", daemon=True),
+            threading.Thread(target=self._listen, name="alkfs-fleet-listen", daemon=True),
+        ]
+        for t in self._threads:
+            t.start()
+
+    # -- the session ------------------------------------------------------------------
+    def _join(self, conn: Any = None) -> None:
+        (conn or self.db).execute(
+            "INSERT INTO fleet_nodes (id, host, pid, started_ns, expiry_ns, sweeping) "
+            f"VALUES (?, ?, ?, {NOW}, {NOW} + ?, 0)",
+            (self.node, self.host, self.pid, self.ttl_ns),
+        )
+
+    def _max_seq(self) -> int:
+        return self.db.execute("SELECT coalesce(max(seq), 0) FROM fleet_deletions").fetchone()[0]
+
+    def renew(self) -> bool:
+        """Extend the session by a TTL; False (and a new session) if it had lapsed."""
+        cur = self.db.execute(
+            f"UPDATE fleet_nodes SET expiry_ns = {NOW} + ? WHERE id = ? AND expiry_ns > {NOW}",
+            (self.ttl_ns, self.node),
+        )
+        if cur.rowcount == 1:
+            return True
+        self._lapsed()
+        return False
+
+    def _lapsed(self) -> None:
+        """The session is over (paused past the TTL, or the database was away that long):
+        join again, pin again what is pinned now, and remember what lost its object
+        meanwhile (a publish depending on it is refused until those pins are gone)."""
+        self.lapses += 1
+        lost: set[bytes] = set()
+        with self.db.tx() as conn:  # (under the writer lock: no delete interleaves)
+            conn.execute("DELETE FROM fleet_pins WHERE node = ?", (self.node,))
+            conn.execute("DELETE FROM fleet_nodes WHERE id = ?", (self.node,))
+            self._join(conn)  # a new session under the same name
+            held = self.store.arbiter.pinned_tokens()
+            self._insert(conn, held.items())
+            for key in held:
+                if not self.store.has_raw(key):
+                    lost.add(key)
+        with self._lock:
+            self.tainted |= lost
+        log.error(
+            "fleet: the session of %s lapsed (paused past its TTL?); it joined again, "
+            "%d pins renewed, %d of their objects were collected meanwhile",
+            self.node,
+            len(held),
+            len(lost),
+        )
+
+    def _beat(self) -> None:
+        every = max(0.05, self.ttl_ns / 3e9)
+        waited = 0.0
+        while not self._stop.wait(UNPIN_EVERY_S):
+            waited += UNPIN_EVERY_S
+            try:
+                self.flush_unpins()
+                if waited >= every:
+                    waited = 0.0
+                    self.renew()
+            except Exception as exc:  # (the database away: try again at the next beat)
+                log.warning("fleet: heartbeat failed: %s", exc)
+
+    # -- pin rows ---------------------------------------------------------------------
+    def token(self) -> int:
+        return next(self._tokens)
+
+    def _insert(self, conn: Any, rows: Iterable[tuple[bytes, int]]) -> None:
+        rows = list(rows)
+        for i in range(0, len(rows), 5000):
+            part = rows[i : i + 5000]
+            conn.execute(
+                "INSERT INTO fleet_pins (key, node, token) VALUES "
+                + ",".join(["(?, ?, ?)"] * len(part))
+                + " ON CONFLICT (key, node) DO UPDATE SET token = excluded.token",
+                [x for key, token in part for x in (key, self.node, token)],
+            )
+
+    def pin(self, rows: list[tuple[bytes, int]]) -> None:
+        """Write pin rows (key, token) now: before the pins are handed out."""
+        if rows:
+            self._insert(self.db, rows)
+
+    def unpin(self, rows: list[tuple[bytes, int]]) -> None:
+        """Released pinnings: their rows go with the next flush."""
+        with self._lock:
+            self._unpins += rows
+            gone = {k for k, _ in rows}
+            if self.tainted & gone:
+                self.tainted -= gone
+
+    def flush_unpins(self) -> None:
+        with self._lock:
+            rows, self._unpins = self._unpins, []
+        try:
+            for i in range(0, len(rows), 5000):
+                part = rows[i : i + 5000]
+                self.db.execute(
+                    "DELETE FROM fleet_pins WHERE node = ? AND (key, token) IN (VALUES "
+                    + ",".join(["(?::bytea, ?::bigint)"] * len(part))
+                    + ")",
+                    [self.node, *(x for row in part for x in row)],
+                )
+        except Exception:
+            with self._lock:
+                self._unpins = rows + self._unpins
+            raise
+
+    # -- arbitration and publishing ----------------------------------------------------
+    def epoch(self) -> int:
+        return self.db.execute("SELECT coalesce(max(n), 0) FROM fleet_epoch").fetchone()[0]
+
+    def may_delete(self, key: bytes) -> bool:
+        """No other live session's pin row names the key (under the sweep's transaction;
+        this process's own pins are its arbiter's, exact where its rows lag)."""
+        row = self.db.execute(
+            "SELECT 1 FROM fleet_pins p JOIN fleet_nodes n ON n.id = p.node "
+            f"WHERE p.key = ? AND p.node <> ? AND n.expiry_ns > {NOW} LIMIT 1",
+            (key, self.node),
+        ).fetchone()
+        return row is None
+
+    def deleted(self, keys: list[bytes]) -> None:
+        """Log deletions (inside the sweep's transaction): every daemon replays them."""
+        for i in range(0, len(keys), 5000):
+            part = keys[i : i + 5000]
+            self.db.execute(
+                "INSERT INTO fleet_deletions (key, node, at_ns) VALUES "
+                + ",".join([f"(?, ?, {NOW})"] * len(part)),
+                [x for key in part for x in (key, self.node)],
+            )
+        if keys:
+            self.db.execute("SELECT pg_notify('alkfs_deleted', '')")
+
+    def guard_publish(self, conn: Any, keys: Iterable[bytes] = ()) -> None:
+        """Inside a ref or pin transaction: this session is live and owes no lost
+        object, the named objects are stored; then the epoch moves (Stale otherwise)."""
+        if self.tainted:
+            raise Stale(
+                "this daemon was paused past its session's TTL and objects it was "
+                "writing were collected meanwhile: write them again"
+            )
+        row = conn.execute(
+            f"SELECT 1 FROM fleet_nodes WHERE id = ? AND expiry_ns > {NOW}", (self.node,)
+        ).fetchone()
+        if row is None:
+            raise Stale("this daemon's fleet session lapsed (paused past its TTL?): try again")
+        for key in keys:
+            if not self.store.has_raw(key):
+                raise Stale("an object this names was collected meanwhile: write it again")
+        conn.execute(
+            "INSERT INTO fleet_epoch (id, n) VALUES (1, 1) "
+            "ON CONFLICT (id) DO UPDATE SET n = fleet_epoch.n + 1"
+        )
+
+    def refs_changed(self, conn: Any, repo: str) -> None:
+        conn.execute("SELECT pg_notify('alkfs_refs', ?)", (repo,))
+
+    # -- the sweep lease ---------------------------------------------------------------
+    @contextlib.contextmanager
+    def sweep_lease(self) -> Iterator[bool]:
+        """True while this process holds the fleet's sweep lease (False: another does).
+        Every statement of this thread runs on the lease's connection meanwhile."""
+        with self.db.dedicated(bind=True) as conn:
+            got = conn.execute("SELECT pg_try_advisory_lock(%s)", (SWEEP_LOCK,)).fetchone()[0]
+            if not got:
+                yield False
+                return
+            try:
+                self.db.execute("UPDATE fleet_nodes SET sweeping = 1 WHERE id = ?", (self.node,))
+                self.reap()
+                yield True
+            finally:
+                with contextlib.suppress(Exception):
+                    self.db.execute(
+                        "UPDATE fleet_nodes SET sweeping = 0 WHERE id = ?", (self.node,)
+                    )
+                    conn.execute("SELECT pg_advisory_unlock(%s)", (SWEEP_LOCK,))
+
+    def reap(self) -> list[str]:
+        """Remove the sessions that ended more than a TTL ago, their pin rows and their
+        in-flight files, and prune the deletion log (the lease holder does it)."""
+        rows = self.db.execute(
+            f"SELECT id FROM fleet_nodes WHERE expiry_ns < {NOW} - ?", (self.ttl_ns,)
+        ).fetchall()
+        dead = [r[0] for r in rows]
+        for node in dead:
+            with self.db.tx() as conn:
+                conn.execute("DELETE FROM fleet_pins WHERE node = ?", (node,))
+                conn.execute("DELETE FROM fleet_nodes WHERE id = ?", (node,))
+            self.remove_files_of(node)
+        self.db.execute(f"DELETE FROM fleet_deletions WHERE at_ns < {NOW} - ?", (LOG_KEEP_NS,))
+        if dead:
+            log.info("fleet: removed %d ended sessions and their files", len(dead))
+        return dead
+
+    def remove_files_of(self, node: str) -> None:
+        root = self.store.path
+        if root is None:
+            return
+        for path in (root / NODES_DIR / node, root / "large" / ".staging" / node):
+            shutil.rmtree(path, ignore_errors=True)
+
+    def inflight_dir(self) -> Path | None:
+        """This process's own directory for in-flight files (spool, scratch)."""
+        if self.store.path is None:
+            return None
+        return self.store.path / NODES_DIR / self.node
+
+    # -- what the others did -------------------------------------------------------------
+    def _listen(self) -> None:
+        """LISTEN for deletions and ref changes; replay the deletion log (at each notice,
+        at least every second, and from where it was after a reconnect)."""
+        while not self._stop.is_set():
+            try:
+                with self.db.dedicated() as conn:
+                    conn.execute("LISTEN alkfs_deleted")
+                    conn.execute("LISTEN alkfs_refs")
+                    self.replay()
+                    for fn in list(self.on_refs):
+                        fn(None)  # (what was missed while away: all of them)
+                    while not self._stop.is_set():
+                        repos: set[str] = set()
+                        deletions = False
+                        for note in conn.notifies(timeout=1.0, stop_after=1):
+                            if note.channel == "alkfs_refs":
+                                repos.add(note.payload)
+                            else:
+                                deletions = True
+                        self.replay()
+                        if deletions or repos:
+                            for repo in repos:
+                                for fn in list(self.on_refs):
+                                    fn(repo)
+            except Exception as exc:
+                if self._stop.is_set():
+                    return
+                log.warning("fleet: listener lost its connection (%s); again in 1 s", exc)
+                self._stop.wait(1.0)
+
+    def replay(self) -> int:
+        """Run the deletion hooks for what the log has after `last_seq`."""
+        n = 0
+        while True:
+            rows = self.db.execute(
+                "SELECT seq, key, node FROM fleet_deletions WHERE seq > ? ORDER BY seq LIMIT 10000",
+                (self.last_seq,),
+            ).fetchall()
+            if not rows:
+                return n
+            for seq, key, node in rows:
+                if node != self.node:  # (its own deletions ran the hooks already)
+                    self.store.on_deleted(bytes(key))
+                    n += 1
+                self.last_seq = seq
+
+    # -- status ------------------------------------------------------------------------
+    def nodes(self) -> list[dict[str, Any]]:
+        rows = self.db.execute(
+            f"SELECT id, host, pid, started_ns, sweeping, expiry_ns > {NOW} FROM fleet_nodes "
+            "ORDER BY started_ns"
+        ).fetchall()
+        pins = dict(
+            self.db.execute("SELECT node, count(*) FROM fleet_pins GROUP BY node").fetchall()
+        )
+        return [
+            {
+                "id": node,
+                "host": host,
+                "pid": pid,
+                "since_ns": started,
+                "sweeping": bool(sweeping),
+                "live": bool(live),
+                "pins": int(pins.get(node, 0)),
+                "self": node == self.node,
+            }
+            for node, host, pid, started, sweeping, live in rows
+        ]
+
+    def close(self) -> None:
+        """Leave the fleet: stop the threads, drop this session's rows."""
+        self._stop.set()
+        for t in self._threads:
+            t.join(timeout=5)
+        with contextlib.suppress(Exception):
+            self.flush_unpins()
+        try:
+            with self.db.tx() as conn:
+                conn.execute("DELETE FROM fleet_pins WHERE node = ?", (self.node,))
+                conn.execute("DELETE FROM fleet_nodes WHERE id = ?", (self.node,))
+        except AlkfsError as exc:
+            log.warning("fleet: could not leave cleanly (%s): the session expires", exc)
+        self.remove_files_of(self.node)
