@@ -19,7 +19,8 @@ Three pieces, shared by every directory that accepts new files (/objects/<algo>,
     file under the store directory is the only copy: by the time the file is closed it
     is hashed and written, and `commit` only waits for the tail and the fsync. A write
     below the end, a read or a shrinking truncate ends the stream: the part streamed so
-    far is finished as an object, copied into a spool file under STORE/spool/
+    far is finished as an object, copied into a spool file under STORE/spool/ (a fleet member's
+    STORE/nodes/<node>/spool/)
     (unlinked at once; `clear_spool` at start removes what a crash may leave) and
     left unreferenced for the sweep (deleting it here could delete an identical object
     another writer has just stored and named); from then on the writes go to the spool
@@ -79,18 +80,37 @@ QUEUE_MAX = 8 << 20  # bytes queued for a writer's spool thread before writes wa
 ZEROS = bytes(1 << 20)
 
 
-def spool_dir(store: Any) -> str:
-    """Where spool files live: STORE/spool (a temporary directory for a memory store)."""
+def inflight_root(store: Any) -> Path | None:
+    """The daemon's own directory for in-flight files: `store.inflight` (a fleet member's
+    STORE/nodes/<node>, made 0700 here; STORE itself for a sqlite store), None for a
+    memory store. Another daemon of the fleet never uses (nor clears) it."""
+    root = getattr(store, "inflight", None)
+    if root is None:
+        root = getattr(store, "path", None)
+        return None if root is None else Path(root)
+    root = Path(root)
     path = getattr(store, "path", None)
-    return os.path.join(path, SPOOL_DIR) if path is not None else tempfile.gettempdir()
+    if path is not None and root != Path(path):
+        for d in (root.parent, root):  # STORE/nodes and STORE/nodes/<node>: the owner's
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(d, 0o700)
+    return root
+
+
+def spool_dir(store: Any) -> str:
+    """Where spool files live: the daemon's in-flight directory's spool/ (STORE/spool, or
+    STORE/nodes/<node>/spool for a fleet member; a temporary directory for a memory store)."""
+    root = inflight_root(store)
+    return os.path.join(root, SPOOL_DIR) if root is not None else tempfile.gettempdir()
 
 
 def clear_spool(store: Any) -> int:
-    """Remove spool files a crashed daemon left (call at start, holding the store lock)."""
-    path = getattr(store, "path", None)
-    if path is None:
+    """Remove spool files a crashed daemon left in this daemon's own spool directory (call
+    at start: holding the store lock, or as a fleet member in a directory of its own)."""
+    root = inflight_root(store)
+    if root is None:
         return 0
-    root = Path(path) / SPOOL_DIR
+    root = root / SPOOL_DIR
     n = 0
     with contextlib.suppress(FileNotFoundError):
         for name in os.listdir(root):

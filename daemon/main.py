@@ -407,7 +407,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         ctx = Context(store, app=app, options=options, live=True)
         ctx.mountpoint = mnt
-        scratch.prepare(ctx)  # STORE/scratch emptied: nothing of a previous daemon is used
+        scratch.prepare(ctx)  # its scratch dir emptied: nothing of a previous daemon is used
         ops = Operations(ctx)
         fuse_options = set(pyfuse3.default_options)
         fuse_options |= {"fsname=alkfs:" + store_path.replace(",", "_"), "subtype=alkfs"}

@@ -9,9 +9,10 @@ file to `objects/xx/<hex>` and removes the quarantine.
 
 Here lives everything that is not yet a stored object:
 
-- `ScratchArea`: a per-mount directory on disk (STORE/scratch, emptied when the daemon
-  starts; a temporary directory for a mem store). Every scratch file's bytes are one
-  file there, under a serial number; the names git sees live in memory.
+- `ScratchArea`: a per-mount directory on disk (STORE/scratch, or a fleet member's own
+  STORE/nodes/<node>/scratch; emptied when the daemon starts; a temporary directory for
+  a mem store). Every scratch file's bytes are one file there, under a serial number;
+  the names git sees live in memory.
 - `ScratchFile` / `ScratchDir`: the nodes git creates, writes, links, renames and
   removes. Names are kept per directory in memory (`Writes.overlay` for scratch names
   inside store-backed directories such as /git/sha1/ or /repos/<id>/objects/xx/), so a
@@ -63,6 +64,7 @@ from alkfs.keys import Algorithm, Key
 from alkfs.store import ObjectStat
 
 from .errors import fail
+from .handles import inflight_root
 from .nodes.base import FIRST_OFFSET, Dir, DirHandle, Emit, File, Handle, Node
 
 if TYPE_CHECKING:
@@ -87,8 +89,11 @@ def clean(root: Path) -> None:
     root.mkdir(mode=0o700, parents=True, exist_ok=True)
 
 
-def scratch_root(store_path: Path | None) -> Path | None:
-    return None if store_path is None else Path(store_path) / SCRATCH_DIR
+def scratch_root(store: Any) -> Path | None:
+    """STORE/scratch, or a fleet member's own STORE/nodes/<node>/scratch (emptied at start:
+    another daemon's is never touched); None for a memory store (a temporary directory)."""
+    root = inflight_root(store)
+    return None if root is None else root / SCRATCH_DIR
 
 
 class ScratchArea:
@@ -157,7 +162,7 @@ class Writes:
 
     def __init__(self, ctx: Context) -> None:
         self.ctx = ctx
-        self.area = ScratchArea(scratch_root(ctx.store.path))
+        self.area = ScratchArea(scratch_root(ctx.store))
         self.overlays: dict[tuple, dict[bytes, Node]] = {}
         self.sessions: dict[tuple[RepoKey, int], Session] = {}
         self.quarantines: dict[int, ScratchDir] = {}  # serial -> a scratch dir made in objects/

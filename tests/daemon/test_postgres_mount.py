@@ -1,7 +1,8 @@
 """Real mounts on a store kept in PostgreSQL (`alkfsd STORE MNT --database URI`, a throwaway
 server from tests/pgserver.py): reads and writes of both tiers, git pushes and clones, refs
 CAS, sweeps, restarts, a server outage mid-mount (EIO, the daemon lives on, nothing lost),
-the starts the daemon refuses, and a password that is never shown.
+a second daemon on the same store (the fleet), the starts the daemon refuses, and a
+password that is never shown.
 """
 
 from __future__ import annotations
@@ -280,15 +281,29 @@ def test_a_sqlite_store_started_with_database_is_refused(populate, pg_uri, tmp_p
     assert "sqlite" in msg.lower() or "migrate" in msg, msg
 
 
-def test_a_second_daemon_on_the_same_database_is_refused(pg_mount, tmp_path):
+def test_a_second_daemon_is_welcome_on_the_same_store_refused_on_another(
+    pg_mount, start_pg_mount, tmp_path
+):
+    """The fleet (issue 15): a second daemon on the same database and STORE directory
+    mounts and serves; one on the same database with another STORE directory is refused
+    by the binding."""
     uri = pg_mount.database
-    for n, store in enumerate((pg_mount.store_path, tmp_path / "another-store")):
-        mnt = tmp_path / f"second{n}"
-        mnt.mkdir()
-        msg = refused(run_alkfsd(str(store), str(mnt), "--database", uri), mnt)
-        print(msg)
-    assert pg_mount.proc.poll() is None
+    second = start_pg_mount(pg_mount.store_path, "--window", "0", database=uri)
+    hexd = put(pg_mount, SMALL)
+    assert cat(second.path("objects", "sha256", hexd)) == SMALL
+    nodes = json.loads(cat(second.path(".alkfs", "status")))["fleet"]["nodes"]
+    assert sorted(n["pid"] for n in nodes) == sorted([pg_mount.pid, second.pid])
+
+    mnt = tmp_path / "third"
+    mnt.mkdir()
+    store = tmp_path / "another-store"
+    msg = refused(run_alkfsd(str(store), str(mnt), "--database", uri), mnt)
+    assert "is not its directory" in msg, msg
+    assert pg_mount.proc.poll() is None and second.proc.poll() is None
     assert cat(pg_mount.path(".alkfs", "status"))
+    assert second.stop() == 0
+    assert cat(pg_mount.path("objects", "sha256", hexd)) == SMALL
+    assert pg_mount.tracebacks() == [] and second.tracebacks() == []
 
 
 UNREACHABLE = "postgresql://someone:hunter2-secret@/nodb?host=/nonexistent/socket-dir"
