@@ -30,12 +30,13 @@ REF_BOUND_S = 2.0
 SOAK_S = 30.0 if os.environ.get("ALKFS_SOAK") == "1" else 10.0
 
 
-def git(*args, cwd=None, check=True) -> subprocess.CompletedProcess:
+def git(*args, cwd=None, check=True, input=None) -> subprocess.CompletedProcess:
     done = subprocess.run(
         ["git", *map(str, args)],
         cwd=cwd,
         env={**os.environ, **GIT_ENV},
         capture_output=True,
+        input=input,
         timeout=300,
     )
     if check:
@@ -279,29 +280,51 @@ def test_a_push_while_the_other_mount_sweeps_every_200ms_clones_fsck_clean(fleet
     t = threading.Thread(target=sweeper)
     t.start()
     t0 = time.monotonic()
-    pushes = 0
+    pushes = deleted_branches = 0
+    repo = m1.path("repos", "r1")
     try:
-        # the history pushed in steps, over and over until the soak is over
+        # the history pushed in steps, then, over and over until the soak is over, a
+        # branch with a commit of its own (new objects each time, which the other mount's
+        # sweeps must leave alone until the ref commits), checked and deleted (garbage
+        # for the next sweeps)
         steps = ["main~9", "main~6", "main~3", "main"]
-        git("-C", src, "push", "-q", m1.path("repos", "r1"), f"{steps[0]}:refs/heads/main")
-        pushes += 1
-        while time.monotonic() - t0 < SOAK_S:
-            for n, step in enumerate(steps[1:]):
-                branch = f"b{pushes}"
-                git("-C", src, "push", "-q", m1.path("repos", "r1"), f"{step}:refs/heads/{branch}")
-                pushes += 1
-                if n % 2:
-                    git("-C", src, "push", "-q", "-d", m1.path("repos", "r1"), branch)
-            git("-C", src, "push", "-q", "-f", m1.path("repos", "r1"), "main", "--tags")
+        for step in steps:
+            git("-C", src, "push", "-q", "-f", repo, f"{step}:refs/heads/main")
             pushes += 1
+        while time.monotonic() - t0 < SOAK_S:
+            blob = git("-C", src, "hash-object", "-w", "--stdin", input=os.urandom(3000) * 3)
+            tree = (
+                git(
+                    "-C",
+                    src,
+                    "mktree",
+                    input=b"100644 blob " + blob.stdout.strip() + b"\tnew.bin\n",
+                )
+                .stdout.decode()
+                .strip()
+            )
+            commit = (
+                git("-C", src, "commit-tree", tree, "-p", "main", "-m", f"side {pushes}")
+                .stdout.decode()
+                .strip()
+            )
+            branch = f"side{pushes}"
+            git("-C", src, "push", "-q", repo, f"{commit}:refs/heads/{branch}")
+            pushes += 1
+            git(f"--git-dir={repo}", "cat-file", "-e", f"{commit}:new.bin")
+            git(f"--git-dir={m2.path('repos', 'r1')}", "cat-file", "-e", commit)
+            if pushes % 2:
+                git("-C", src, "push", "-q", "-d", repo, branch)
+                deleted_branches += 1
+        git("-C", src, "push", "-q", repo, "--tags")
     finally:
         stop.set()
         t.join(timeout=120)
     assert not errors, errors
     deleted = sum(r["deleted"] for r in reports)
     print(
-        f"{pushes} pushes in {time.monotonic() - t0:.1f} s; {len(reports)} sweeps through "
-        f"mount 2 deleted {deleted}; aborted: {sorted({str(r['aborted']) for r in reports})}"
+        f"{pushes} pushes ({deleted_branches} branches deleted) in "
+        f"{time.monotonic() - t0:.1f} s; {len(reports)} sweeps through mount 2 deleted {deleted}; aborted: {sorted({str(r['aborted']) for r in reports})}"
     )
     assert len(reports) >= 10
 
