@@ -149,20 +149,19 @@ class Fleet:
         return next(self._tokens)
 
     def _insert(self, conn: Any, rows: Iterable[tuple[bytes, int]]) -> None:
-        rows = list(rows)
-        for i in range(0, len(rows), 5000):
-            part = rows[i : i + 5000]
-            conn.execute(
-                "INSERT INTO fleet_pins (key, node, token) VALUES "
-                + ",".join(["(?, ?, ?)"] * len(part))
-                + " ON CONFLICT (key, node) DO UPDATE SET token = excluded.token",
-                [x for key, token in part for x in (key, self.node, token)],
-            )
+        self.db.insert_rows(
+            conn,
+            "INSERT INTO fleet_pins (key, node, token)",
+            ("key", "text", "int"),
+            [(key, self.node, token) for key, token in rows],
+            "ON CONFLICT (key, node) DO UPDATE SET token = excluded.token",
+        )
 
     def pin(self, rows: list[tuple[bytes, int]]) -> None:
         """Write pin rows (key, token) now: before the pins are handed out."""
         if rows:
-            self._insert(self.db, rows)
+            with self.db.tx() as conn:
+                self._insert(conn, rows)
 
     def unpin(self, rows: list[tuple[bytes, int]]) -> None:
         """Released pinnings: their rows go with the next flush."""
@@ -205,13 +204,13 @@ class Fleet:
 
     def deleted(self, keys: list[bytes]) -> None:
         """Log deletions (inside the sweep's transaction): every daemon replays them."""
-        for i in range(0, len(keys), 5000):
-            part = keys[i : i + 5000]
-            self.db.execute(
-                "INSERT INTO fleet_deletions (key, node, at_ns) VALUES "
-                + ",".join([f"(?, ?, {NOW})"] * len(part)),
-                [x for key in part for x in (key, self.node)],
-            )
+        now = self.db.execute(f"SELECT {NOW}").fetchone()[0]
+        self.db.insert_rows(
+            self.db,  # (inside the sweep's transaction: its connection)
+            "INSERT INTO fleet_deletions (key, node, at_ns)",
+            ("key", "text", "int"),
+            [(key, self.node, now) for key in keys],
+        )
         if keys:
             self.db.execute("SELECT pg_notify('alkfs_deleted', '')")
 

@@ -10,6 +10,9 @@ column names of `alkfs/schema.py`. Each engine runs it with the same semantics:
   part of it); `fetchone`/`fetchall`/iteration/`rowcount` on what it returns.
 - `snapshot()`: a read-only transaction whose statements see one state of the database.
 - `stream(sql, params)`: the rows of a big query, fetched in batches.
+- `insert_rows(conn, "INSERT INTO t (a, b)", ("key", "int"), rows, tail)`: many rows in
+  few statements (sqlite: multi-row VALUES; PostgreSQL: `unnest` of one array a column,
+  three parameters however many rows); `tail` may be `ON CONFLICT ...` and `RETURNING`.
 - failures that are not bugs leave as the store's errors (`translate`): `NoSpace`,
   `Busy`, `StoreIO` (a lost connection is `StoreIO`: EIO through the mount).
 
@@ -65,6 +68,10 @@ class Database(Protocol):
     def stream(self, sql: str, params: Any = (), batch: int = 8192) -> Iterator[Any]: ...
 
     def create(self, statements: list[str]) -> None: ...
+
+    def insert_rows(
+        self, conn: Conn, head: str, types: tuple[str, ...], rows: list[tuple], tail: str = ""
+    ) -> list[Any]: ...
 
     def translate(self, exc: BaseException) -> Exception | None: ...
 

@@ -73,6 +73,7 @@ class _Result:
 
 
 _SQL: dict[str, str] = {}
+_TYPE = {"key": "bytea", "int": "bigint", "text": "text"}
 
 
 def pg_sql(sql: str) -> str:
@@ -333,6 +334,30 @@ class PostgresDatabase:
                         yield from rows
         except (psycopg.Error, psycopg_pool.PoolTimeout) as exc:
             self._raise(exc)
+
+    def insert_rows(
+        self, conn, head: str, types: tuple[str, ...], rows: list[tuple], tail: str = ""
+    ) -> list:
+        """Many rows: COPY into a temporary table, then one INSERT ... SELECT (a third
+        of the time of one parameter array a column, which psycopg dumps in Python;
+        and multi-row VALUES cost more to parse than to insert). Inside a transaction."""
+        if not rows:
+            return []
+        inner = conn if isinstance(conn, _Conn) else getattr(self._local, "conn", None)
+        if inner is None:
+            raise Invalid("insert_rows runs inside a transaction")
+        raw = inner.raw
+        cols = ", ".join(f"c{i} {_TYPE[t]}" for i, t in enumerate(types))
+        names = ", ".join(f"c{i}" for i in range(len(types)))
+        raw.execute(f"CREATE TEMP TABLE alkfs_rows ({cols}) ON COMMIT DROP")
+        try:
+            with raw.cursor().copy(f"COPY alkfs_rows ({names}) FROM STDIN") as copy:
+                for row in rows:
+                    copy.write_row(row)
+            cur = raw.execute(pg_sql(f"{head} SELECT {names} FROM alkfs_rows {tail}"))
+            return cur.fetchall() if "RETURNING" in tail.upper() else []
+        finally:
+            raw.execute("DROP TABLE IF EXISTS alkfs_rows")
 
     def create(self, statements: list[str]) -> None:
         with self.tx() as conn:

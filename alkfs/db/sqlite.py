@@ -212,6 +212,24 @@ class SqliteDatabase:
         while rows := cur.fetchmany(batch):
             yield from rows
 
+    def insert_rows(
+        self, conn, head: str, types: tuple[str, ...], rows: list[tuple], tail: str = ""
+    ) -> list:
+        """Many rows, as multi-row VALUES within sqlite's 32766 parameters a statement
+        (what RETURNING returns, else []); rows of one key once a statement."""
+        out: list = []
+        per = max(1, 32000 // max(1, len(types)))
+        marks = "(" + ",".join("?" * len(types)) + ")"
+        for i in range(0, len(rows), per):
+            part = rows[i : i + per]
+            cur = conn.execute(
+                f"{head} VALUES {','.join([marks] * len(part))} {tail}",
+                [x for row in part for x in row],
+            )
+            if "RETURNING" in tail.upper():
+                out += cur.fetchall()
+        return out
+
     def create(self, statements: list[str]) -> None:
         """Run DDL statements in one transaction."""
         with self.tx() as conn:

@@ -14,7 +14,6 @@ from collections.abc import Iterable
 from ..db import Database
 
 TAKE_BATCH = 1024
-STAGE_ROWS = 4000  # rows a staging statement (3 parameters each: within sqlite's 32766)
 
 
 class SqlWindow:
@@ -33,16 +32,15 @@ class SqlWindow:
             for k, v, _ in params:
                 latest[k] = v if k not in latest else max(latest[k], v)
             params = [(k, v, staged_ns) for k, v in latest.items()]
-        with self.db.tx() as conn:
-            for i in range(0, len(params), STAGE_ROWS):  # (one statement per many rows:
-                part = params[i : i + STAGE_ROWS]  # PostgreSQL's executemany is row by row)
-                conn.execute(
-                    "INSERT INTO gc_window (key, visible_after, staged_ns) VALUES "
-                    + ",".join(["(?, ?, ?)"] * len(part))
-                    + " ON CONFLICT(key) DO UPDATE SET "
-                    "visible_after = greatest(gc_window.visible_after, excluded.visible_after)",
-                    [x for row in part for x in row],
-                )
+        with self.db.tx() as conn:  # (few statements: PostgreSQL's executemany is row by row)
+            self.db.insert_rows(
+                conn,
+                "INSERT INTO gc_window (key, visible_after, staged_ns)",
+                ("key", "int", "int"),
+                params,
+                "ON CONFLICT(key) DO UPDATE SET "
+                "visible_after = greatest(gc_window.visible_after, excluded.visible_after)",
+            )
         return len(params)
 
     def take(self, now_ns: int, limit: int = TAKE_BATCH) -> list[tuple[bytes, int]]:

@@ -23,7 +23,7 @@ _PUT = (
 
 class PgTier(SqlTier):
     _lock_row = " FOR UPDATE"
-    _ROWS = 8000  # 4 parameters a row, within PostgreSQL's 65535
+    _ROWS = 20000  # rows a statement (its arrays' size)
 
     def put(self, key: bytes, data: bytes, now_ns: int) -> bool:
         """Insert unless present (first writer wins); a re-put freshens instead."""
@@ -41,16 +41,13 @@ class PgTier(SqlTier):
         with self.db.tx() as conn:
             for j in range(0, len(order), self._ROWS):
                 part = order[j : j + self._ROWS]
-                params: list[object] = []
-                for raw in part:
-                    data = datas[first[raw]]
-                    params += (raw, len(data), stamp, bytes(data))
-                rows = conn.execute(
-                    "INSERT INTO blobs (key, size, stored_ns, value) VALUES "
-                    + ",".join(["(?,?,?,?)"] * len(part))
-                    + " ON CONFLICT (key) DO UPDATE SET stored_ns = EXCLUDED.stored_ns"
+                rows = self.db.insert_rows(
+                    conn,
+                    "INSERT INTO blobs (key, size, stored_ns, value)",
+                    ("key", "int", "int", "key"),
+                    [(raw, len(d), stamp, bytes(d)) for raw in part for d in (datas[first[raw]],)],
+                    "ON CONFLICT (key) DO UPDATE SET stored_ns = EXCLUDED.stored_ns"
                     " RETURNING key, (xmax = 0)",
-                    params,
-                ).fetchall()
+                )
                 made.update(bytes(k) for k, inserted in rows if inserted)
         return [raw in made and first[raw] == i for i, raw in enumerate(raws)]
