@@ -33,7 +33,7 @@ from .errors import (
     TooLarge,
     Verification,
 )
-from .fleet import NODES_DIR, Fleet
+from .fleet import DEFAULT_TTL_S, NODES_DIR, Fleet
 from .gc.arbiter import Arbiter, LivenessSource, Pin, ProtectCallback
 from .gc.sweep import SweepReport, sweep
 from .gc.window import MemoryWindow, SqlWindow
@@ -199,7 +199,8 @@ class Store:
             )
             if own is not None:
                 try:
-                    store.fleet = Fleet(store, db, own)  # type: ignore[arg-type]
+                    ttl = float(os.environ.get("ALKFS_FLEET_TTL") or DEFAULT_TTL_S)
+                    store.fleet = Fleet(store, db, own, ttl)  # type: ignore[arg-type]
                 except BaseException:
                     db.close()
                     raise
