@@ -16,8 +16,11 @@ compared is the daemons' own costs, not the disk's). Every daemon is started her
 temporary directory, and always stopped by PID and unmounted (bench/common.py).
 
 Setups: "single" is one daemon on its own database and STORE; "fleet" is two daemons on
-another database sharing one STORE directory (mount 1 measured, mount 2 running; a
-PostgreSQL store is always a fleet member, so "single" runs the fleet code too, alone).
+another database (same server) sharing one STORE directory (mount 1 measured, mount 2
+running; a PostgreSQL store is always a fleet member, so "single" runs the fleet code
+too, alone). All three run at once and the two setups are measured in turns (medians
+of the runs), so a changing machine load falls on both alike; "single" is stopped
+before scenarios 2 and 3.
 
 1. Cost per operation, fleet against single (target: fleet <= 1.3x single's time):
    - small put: `cp -r` of N files of 4 KiB into MNT/objects/sha256 (per file);
@@ -80,8 +83,8 @@ class Sizes:
     runs: int
 
 
-FULL = Sizes(files=2000, refs=200, sweep=100_000, delays=60, runs=3)
-QUICK = Sizes(files=500, refs=50, sweep=5000, delays=20, runs=2)
+FULL = Sizes(files=2000, refs=200, sweep=100_000, delays=60, runs=5)
+QUICK = Sizes(files=500, refs=50, sweep=5000, delays=20, runs=4)
 
 
 def run(*argv: str | os.PathLike[str], cwd=None, timeout: float = 3600) -> str:
@@ -164,51 +167,64 @@ def put_and_read(mnt: Path, work: Path, tag: str, n: int) -> tuple[float, float]
     return t_put, t_read
 
 
-def per_op(mnt: Path, work: Path, label: str, sizes: Sizes) -> dict[str, float]:
-    """Median per-operation seconds of the four operations on one mount."""
-    puts, reads, refs, sweeps, sweep_reports = [], [], [], [], []
-    # a repository with two commits to move main between
-    repo_src = work / f"repo-{label}"
-    run("git", "init", "-q", "-b", "main", repo_src)
-    for i in range(2):
-        (repo_src / "f").write_text(f"{i}\n")
-        run("git", "-C", repo_src, "add", ".")
-        run("git", "-C", repo_src, "commit", "-q", "-m", str(i))
-    a = run("git", "-C", repo_src, "rev-parse", "main~1").strip()
-    b = run("git", "-C", repo_src, "rev-parse", "main").strip()
-    repo = mnt / "repos" / f"bench-{label}"
-    repo.mkdir()
-    run("git", "-C", repo_src, "push", "-q", repo, "main")
-    for r in range(sizes.runs):
-        t_put, t_read = put_and_read(mnt, work, f"{label}-{r}", sizes.files)
-        puts.append(t_put / sizes.files)
-        reads.append(t_read / sizes.files)
-        cur, nxt = b, a
+class Costs:
+    """The four operations on one mount, measured a run at a time (`one_run`,
+    `sweep_run`), so that two setups can be measured in turns."""
+
+    def __init__(self, mnt: Path, work: Path, label: str, sizes: Sizes) -> None:
+        self.mnt, self.work, self.label, self.sizes = mnt, work, label, sizes
+        self.samples: dict[str, list[float]] = {}
+        self.runs = 0
+        # a repository with two commits to move main between
+        src = work / f"repo-{label}"
+        run("git", "init", "-q", "-b", "main", src)
+        for i in range(2):
+            (src / "f").write_text(f"{i}\n")
+            run("git", "-C", src, "add", ".")
+            run("git", "-C", src, "commit", "-q", "-m", str(i))
+        self.a = run("git", "-C", src, "rev-parse", "main~1").strip()
+        self.b = run("git", "-C", src, "rev-parse", "main").strip()
+        self.repo = mnt / "repos" / f"bench-{label}"
+        self.repo.mkdir()
+        run("git", "-C", src, "push", "-q", self.repo, "main")
+
+    def add(self, op: str, value: float) -> None:
+        self.samples.setdefault(op, []).append(value)
+
+    def one_run(self) -> None:
+        n, r = self.sizes.files, self.runs
+        self.runs += 1
+        t_put, t_read = put_and_read(self.mnt, self.work, f"{self.label}-{r}", n)
+        self.add("small put (cp, per 4 KiB file)", t_put / n)
+        self.add("4 KiB read (cat, per object)", t_read / n)
+        cur, nxt = self.b, self.a
         t0 = time.perf_counter()
-        for _ in range(sizes.refs):
-            run("git", f"--git-dir={repo}", "update-ref", "refs/heads/main", nxt, cur)
+        for _ in range(self.sizes.refs):
+            run("git", f"--git-dir={self.repo}", "update-ref", "refs/heads/main", nxt, cur)
             cur, nxt = nxt, cur
-        refs.append((time.perf_counter() - t0) / sizes.refs)
-    # sweeps: everything written above is dead; add up to `sweep` dead objects, then sweep
-    for r in range(max(1, sizes.runs - 1)):
-        src = make_files(work / f"dead-{label}-{r}", sizes.sweep, f"dead {label} {r}", size=64)
-        run("cp", "-r", f"{src}/.", mnt / "objects" / "sha256")
+        self.add("ref update (git update-ref)", (time.perf_counter() - t0) / self.sizes.refs)
+        if cur != self.b:  # (an odd count: main back where it was)
+            run("git", f"--git-dir={self.repo}", "update-ref", "refs/heads/main", self.b, cur)
+
+    def sweep_run(self) -> None:
+        """Everything written so far is dead; add `sweep` dead objects, then the two
+        sweeps (the first stages, the second deletes)."""
+        n, r = self.sizes.sweep, self.runs
+        self.runs += 1
+        src = make_files(self.work / f"dead-{self.label}-{r}", n, f"dead {self.label} {r}", 64)
+        run("cp", "-r", f"{src}/.", self.mnt / "objects" / "sha256")
         shutil.rmtree(src)
-        wait_no_pin_rows(mnt)
+        wait_no_pin_rows(self.mnt)
         t0 = time.perf_counter()
-        first = sweep(mnt)
-        second = sweep(mnt)
-        sweeps.append(time.perf_counter() - t0)
-        sweep_reports.append(first["duration_s"] + second["duration_s"])
-        if second["aborted"] or second["deleted"] < sizes.sweep:
-            raise RuntimeError(f"{label}: the sweep did not delete the dead objects: {second}")
-    return {
-        "small put (cp, per 4 KiB file)": statistics.median(puts),
-        "4 KiB read (cat, per object)": statistics.median(reads),
-        "ref update (git update-ref)": statistics.median(refs),
-        f"sweep of {sizes.sweep} dead objects (wall)": statistics.median(sweeps),
-        f"sweep of {sizes.sweep} dead objects (reports)": statistics.median(sweep_reports),
-    }
+        first = sweep(self.mnt)
+        second = sweep(self.mnt)
+        self.add(f"sweep of {n} dead objects (wall)", time.perf_counter() - t0)
+        self.add(f"sweep of {n} dead objects (reports)", first["duration_s"] + second["duration_s"])
+        if second["aborted"] or second["deleted"] < n:
+            raise RuntimeError(f"{self.label}: the sweep did not delete the dead objects: {second}")
+
+    def medians(self) -> dict[str, float]:
+        return {op: statistics.median(xs) for op, xs in self.samples.items()}
 
 
 def together(m1: Path, m2: Path, work: Path, sizes: Sizes) -> dict[str, float]:
@@ -245,6 +261,9 @@ def together(m1: Path, m2: Path, work: Path, sizes: Sizes) -> dict[str, float]:
 
 def deletion_delays(m1: Path, m2: Path, work: Path, sizes: Sizes) -> dict[str, list[float]]:
     from_end, from_start, took = [], [], []
+    wait_no_pin_rows(m1)
+    sweep(m2)  # what the scenarios before left: gone before the first sample
+    sweep(m2)
     for i in range(sizes.delays):
         src = work / f"del-{i}"
         src.write_bytes(
@@ -310,33 +329,34 @@ def main() -> int:
         server.start()
         print(f"sizes: {sizes}", flush=True)
 
-        # -- single --------------------------------------------------------------------
+        # all three daemons run throughout; the two setups are measured in turns, so
+        # that a machine's changing load falls on both alike
         single = daemon(
             tmp / "store-single", tmp / "mnt-single", server.create_database(), tmp / "single.log"
         )
-        mounts.append(single)
-        single.start()
-        work = tmp / "work-single"
-        work.mkdir()
-        print("single daemon: per-operation costs ...", flush=True)
-        cost_single = per_op(single.mnt, work, "single", sizes)
-        single.stop()
-
-        # -- fleet -----------------------------------------------------------------------
         uri = server.create_database()
         store = tmp / "store-fleet"
         f1 = daemon(store, tmp / "mnt1", uri, tmp / "fleet1.log")
         f2 = daemon(store, tmp / "mnt2", uri, tmp / "fleet2.log")
-        mounts += [f1, f2]
-        f1.start()
-        f2.start()
+        for m in (single, f1, f2):
+            mounts.append(m)
+            m.start()
         nodes = status(f1.mnt)["fleet"]["nodes"]
         if len(nodes) != 2:
             raise RuntimeError(f"the fleet has {len(nodes)} daemons, not 2: {nodes}")
-        work = tmp / "work-fleet"
+        work = tmp / "work"
         work.mkdir()
-        print("fleet (two daemons): per-operation costs through mount 1 ...", flush=True)
-        cost_fleet = per_op(f1.mnt, work, "fleet", sizes)
+        c_single = Costs(single.mnt, work, "single", sizes)
+        c_fleet = Costs(f1.mnt, work, "fleet", sizes)
+        print("per-operation costs, single and fleet (mount 1) in turns ...", flush=True)
+        for r in range(sizes.runs):
+            for c in (c_single, c_fleet) if r % 2 == 0 else (c_fleet, c_single):
+                c.one_run()
+        for r in range(max(1, sizes.runs - 1)):
+            for c in (c_single, c_fleet) if r % 2 == 0 else (c_fleet, c_single):
+                c.sweep_run()
+        cost_single, cost_fleet = c_single.medians(), c_fleet.medians()
+        single.stop()
 
         print("\n1. cost per operation: fleet daemon (two running) / single daemon")
         width = max(map(len, cost_single))
