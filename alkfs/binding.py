@@ -66,7 +66,7 @@ def remove_binding(root: Path) -> None:
     (root / BINDING_NAME).unlink(missing_ok=True)
 
 
-def open_database(root: Path, database: str | None, *, lock: bool) -> Database:
+def open_database(root: Path, database: str | None, *, lock: bool | str) -> Database:
     """The database of the store at `root`, checked against the directory's binding."""
     binding = read_binding(root)
     if database is None:

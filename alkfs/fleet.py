@@ -244,8 +244,8 @@ class Fleet:
         """True while this process holds the fleet's sweep lease (False: another does).
         Every statement of this thread runs on the lease's connection meanwhile."""
         with self.db.dedicated(bind=True) as conn:
-            got = conn.execute("SELECT pg_try_advisory_lock(%s)", (SWEEP_LOCK,)).fetchone()[0]
-            if not got:
+            row = conn.execute("SELECT pg_try_advisory_lock(%s)", (SWEEP_LOCK,)).fetchone()
+            if not row or not row[0]:
                 yield False
                 return
             try:

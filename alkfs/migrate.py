@@ -217,8 +217,9 @@ def _meta(db: Database) -> dict[str, str]:
     try:
         return {name: value for name, value in db.execute("SELECT name, value FROM meta")}
     except Exception as exc:
-        if db.translate(exc) is not None:
-            raise db.translate(exc) from None
+        err = db.translate(exc)
+        if err is not None:
+            raise err from None
         return {}  # (no meta table: a database no alkfs store was ever kept in)
 
 

@@ -844,7 +844,7 @@ class Store:
 
     # -- batched puts (many small objects in one transaction) -----------------------
     def put_many(
-        self, items: builtins.list[tuple[bytes, Algorithm, Key | bytes | None]]
+        self, items: Sequence[tuple[bytes, Algorithm, Key | bytes | None]]
     ) -> builtins.list[PutResult]:
         """Store many (content, algo, expected key) at once, each like `put`: the small
         ones share one kv transaction. Every item is checked before anything is stored

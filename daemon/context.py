@@ -1,5 +1,5 @@
-"""What every node can reach: the store (and refs and pins when the git layer is there),
-the options, the one helper for blocking work, the inode table and the invalidator."""
+"""What every node can reach: the store, its refs and pins, the options, the one helper for
+blocking work, the inode table and the invalidator."""
 
 from __future__ import annotations
 
@@ -14,7 +14,10 @@ from typing import Any, TypeVar
 
 import trio
 
+from alkfs.app import Alkfs
+from alkfs.git.refs import Refs
 from alkfs.keys import Key
+from alkfs.pins import Pins
 from alkfs.store import Store
 
 from .inodes import InodeTable
@@ -101,14 +104,14 @@ class Context:
         self,
         store: Store,
         *,
-        app: Any = None,
+        app: Alkfs | None = None,
         options: Options | None = None,
         live: bool = True,
     ) -> None:
         self.store = store
-        self.app = app
-        self.refs = getattr(app, "refs", None)
-        self.pins = getattr(app, "pins", None)
+        self.app: Alkfs = app if app is not None else Alkfs(store)  # (refs, pins, sources)
+        self.refs: Refs = self.app.refs
+        self.pins: Pins = self.app.pins
         self.options = options or Options()
         self.inodes = InodeTable()
         self.invalidator = Invalidator(live)

@@ -388,7 +388,9 @@ class Operations(pyfuse3.Operations):
         return h
 
     @fuse_op(_fh)
-    async def read(self, fh: int, off: int, size: int) -> bytes | memoryview:
+    async def read(  # type: ignore[override]  # (pyfuse3 takes any buffer)
+        self, fh: int, off: int, size: int
+    ) -> bytes | bytearray | memoryview:
         return await self._handle(fh).read(off, size)
 
     @fuse_op(_fh)

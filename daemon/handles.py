@@ -666,6 +666,7 @@ class StagedFile(File):
             st = self.ctx.store.stat(self.key)
             if st is None:
                 fail(errno.ENOENT, f"{self.key} is gone")
+            assert self.parent is not None
             return await ObjectFile(self.ctx, self.parent, st).open(flags, ctx)
         handle = self.new_handle()
         if flags & os.O_TRUNC and wants_write(flags):

@@ -32,10 +32,12 @@ from typing import Any
 import pyfuse3
 import trio
 
+from alkfs.app import Alkfs
 from alkfs.db.uri import check as check_uri
 from alkfs.db.uri import has_password
 from alkfs.durations import parse_duration
 from alkfs.errors import AlkfsError, StoreLocked
+from alkfs.store import Store
 
 from . import packs, scratch
 from .context import Context, Options, parse_owner
@@ -251,21 +253,14 @@ def hide_password(argv: list[str]) -> None:
     os.execve(sys.executable, [sys.executable, "-m", "alkfsd.main", *out], env)
 
 
-def open_app(store: str, conf: dict[str, Any]) -> tuple[Any, Any]:
-    kw = {
-        "mode": "kv-only" if conf.get("kv_only") else None,
-        "threshold": conf.get("threshold"),
-        "window_s": conf.get("window"),
-        "database": conf.get("database"),
-    }
-    try:
-        from alkfs.app import Alkfs
-    except ImportError:  # the git layer is not there: a bare store, no liveness sources
-        from alkfs.store import Store
-
-        s = Store.open(store, **kw)
-        return None, s
-    app = Alkfs.open(store, **kw)
+def open_app(store: str, conf: dict[str, Any]) -> tuple[Alkfs, Store]:
+    app = Alkfs.open(
+        store,
+        mode="kv-only" if conf.get("kv_only") else None,
+        threshold=conf.get("threshold"),
+        window_s=conf.get("window"),
+        database=conf.get("database"),
+    )
     return app, app.store
 
 

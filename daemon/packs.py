@@ -22,6 +22,7 @@ is one thread running git (`nice -n 10`); reads and writes go on meanwhile.
 from __future__ import annotations
 
 import collections
+import functools
 import logging
 import os
 import threading
@@ -74,7 +75,7 @@ class Served:
                 d = None
             if d is not None:
                 self.derived[fmt] = d
-                d.on_publish.append(lambda old, new, fmt=fmt: self._published(fmt, old, new))
+                d.on_publish.append(functools.partial(self._published, fmt))
 
     def current(self, fmt: str) -> Generation | None:
         d = self.derived.get(fmt)
@@ -268,7 +269,7 @@ async def run(ctx: Context) -> None:
         for fmt, d in s.derived.items():
             try:
                 gen = d.current()
-                if staging and await ctx.run_sync(d.staged_in_current):
+                if staging and bool(await ctx.run_sync(d.staged_in_current)):
                     # a set without them, published before their window ends, so that
                     # the sweep that deletes them need not rebuild
                     await s.build(fmt)

@@ -214,8 +214,8 @@ class Writes:
         """The repository is gone: its pins, locks, ref directories and scratch go too."""
         for k in [k for k in self.sessions if k[0] == repo]:
             self.sessions.pop(k).batch.release()
-        for k in [k for k in self.locks if k[0] == repo]:
-            del self.locks[k]
+        for lk in [lk for lk in self.locks if lk[0] == repo]:
+            del self.locks[lk]
         self.ref_dirs.pop(repo, None)
         for serial, q in list(self.quarantines.items()):
             if q.repo == repo:
@@ -709,7 +709,7 @@ def mkdir_in(host: Node, name: bytes, mode: int, repo: RepoKey | None, ctx: Any)
 def unlink_in(host: Node, name: bytes) -> bool:
     w = _WRITES.get(host.ctx)
     node = None if w is None else w.peek(host, name)
-    if node is None:
+    if node is None or w is None:
         return False
     if node.is_dir:
         fail(errno.EISDIR)
@@ -722,7 +722,7 @@ def unlink_in(host: Node, name: bytes) -> bool:
 def rmdir_in(host: Node, name: bytes) -> bool:
     w = _WRITES.get(host.ctx)
     node = None if w is None else w.peek(host, name)
-    if node is None:
+    if node is None or w is None:
         return False
     if not isinstance(node, ScratchDir):
         fail(errno.ENOTDIR)
@@ -738,7 +738,7 @@ async def rename_from(
 ) -> bool:
     w = _WRITES.get(host.ctx)
     node = None if w is None else w.peek(host, name)
-    if node is None:
+    if node is None or w is None:
         return False
     await move(w.overlays[host.ident], name, node, new_parent, new_name, flags, ctx)
     return True

@@ -109,7 +109,7 @@ class Handle:
     def __init__(self, node: Node) -> None:
         self.node = node
 
-    async def read(self, off: int, size: int) -> bytes | memoryview:
+    async def read(self, off: int, size: int) -> bytes | bytearray | memoryview:
         fail(errno.EBADF, "not open for reading")
 
     async def write(self, off: int, buf: bytes) -> int:

@@ -461,7 +461,7 @@ class FanoutDir(scratch.ScratchOverlay, Dir):
                 if count >= 0:
                     count += len(ahead)
                     if done and hasattr(self.parent, "typical"):
-                        self.parent.typical = count  # type: ignore[attr-defined]
+                        self.parent.typical = count  # type: ignore[attr-defined,union-attr]
                 limit = min(limit * 2, PAGE)
         finally:
             state_.update(ahead=ahead[i:], after=after, done=done, count=count)

@@ -46,7 +46,7 @@ class Root(StaticDir):
         out = []
         for name, spec in TOP_LEVEL.items():
             cls = resolve(spec)
-            out.append((name, cls(self.ctx, self)))
+            out.append((name, cls(self.ctx, self)))  # type: ignore[call-arg,arg-type]
         return out
 
     def register_permanent(self) -> None:
