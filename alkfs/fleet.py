@@ -10,8 +10,8 @@ family; `alkfs/schema.py` documents the tables):
   the pin is handed out, and its release deletes the row lazily (a protection that lasts
   a little longer is harmless). Each pinning has a token, so a late release never
   deletes the row of a newer pinning of the same key.
-- **Delete-time arbitration** (`may_delete`, inside the sweep's transaction, after the
-  key's row lock): a pin row of a live session keeps the object; so does any ref or
+- **Delete-time arbitration** (`pinned_elsewhere`, at the start of the sweep's
+  transaction): a pin row of another live session keeps the object; so does any ref or
   durable-pin change since the sweep computed what is live (`fleet_epoch`, bumped in
   those transactions). Write transactions of the store run one at a time
   (alkfs/db/postgres.py), so a publish and a delete never interleave.
@@ -192,26 +192,31 @@ class Fleet:
     def epoch(self) -> int:
         return self.db.execute("SELECT coalesce(max(n), 0) FROM fleet_epoch").fetchone()[0]
 
-    def may_delete(self, key: bytes) -> bool:
-        """No other live session's pin row names the key (under the sweep's transaction;
-        this process's own pins are its arbiter's, exact where its rows lag)."""
-        row = self.db.execute(
-            "SELECT 1 FROM fleet_pins p JOIN fleet_nodes n ON n.id = p.node "
-            f"WHERE p.key = ? AND p.node <> ? AND n.expiry_ns > {NOW} LIMIT 1",
-            (key, self.node),
-        ).fetchone()
-        return row is None
+    def pinned_elsewhere(self, keys: list[bytes]) -> set[bytes]:
+        """Which of these keys another live session's pin row names, read once for a
+        sweep's batch at the start of its transaction (this process's own pins are its
+        arbiter's, exact where its rows lag). Enough for the whole transaction: a pin
+        taken later either comes with a write of the object (the put's upsert moves
+        `stored_ns`, or waits for the row lock and stores afresh) or with a publish
+        whose transaction checks the object is stored, after this one (the writer
+        lock)."""
+        if not keys:
+            return set()
+        rows = self.db.execute(
+            "SELECT DISTINCT p.key FROM fleet_pins p JOIN fleet_nodes n ON n.id = p.node "
+            f"WHERE p.key = ANY(?) AND p.node <> ? AND n.expiry_ns > {NOW}",
+            (keys, self.node),
+        ).fetchall()
+        return {bytes(k) for (k,) in rows}
 
     def deleted(self, keys: list[bytes]) -> None:
         """Log deletions (inside the sweep's transaction): every daemon replays them."""
-        now = self.db.execute(f"SELECT {NOW}").fetchone()[0]
-        self.db.insert_rows(
-            self.db,  # (inside the sweep's transaction: its connection)
-            "INSERT INTO fleet_deletions (key, node, at_ns)",
-            ("key", "text", "int"),
-            [(key, self.node, now) for key in keys],
-        )
         if keys:
+            self.db.execute(
+                f"INSERT INTO fleet_deletions (key, node, at_ns) SELECT k, ?, {NOW} "
+                "FROM unnest(?::bytea[]) AS k",
+                (self.node, keys),
+            )
             self.db.execute("SELECT pg_notify('alkfs_deleted', '')")
 
     def guard_publish(self, conn: Any, keys: Iterable[bytes] = ()) -> None:

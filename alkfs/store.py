@@ -90,10 +90,6 @@ def _chunks(source: Source) -> Iterator[bytes]:
         raise StoreIO(f"the input stream failed: {exc}") from exc
 
 
-def _negate(fn: Callable[[bytes], bool]) -> Callable[[bytes], bool]:
-    return lambda key: not fn(key)
-
-
 def _kv_tier(db: Database) -> SqlTier:
     if db.engine == "postgresql":
         from .tiers.postgres import PgTier
@@ -791,11 +787,13 @@ class Store:
                 self.catalog.delete(key)
         return freed
 
-    def delete_staged(self, key: bytes, staged_ns: int) -> int | None | bool:
+    def delete_staged(
+        self, key: bytes, staged_ns: int, keep: Callable[[bytes], bool] | None = None
+    ) -> int | None | bool:
         """The sweep's delete of a candidate staged at `staged_ns` (its delete marker
         held): the bytes freed, None if it was absent, False if it was written since
-        (kept). A kv row is decided and deleted under its row lock."""
-        keep = None if self.fleet is None else _negate(self.fleet.may_delete)
+        (kept; also when `keep` says so). A kv row is decided and deleted under its row
+        lock."""
         if isinstance(self.kv, SqlTier):
             freed = self.kv.delete_unwritten(key, staged_ns, keep)
             if freed is not None:

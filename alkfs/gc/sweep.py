@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from ..store import Store
 
 STAGE_BATCH = 10_000
-DELETE_TX = 128  # deletions a transaction (a put of one of them waits for its commit)
+DELETE_TX = 512  # deletions a transaction (a put of one of them waits for its commit)
 SCAN_CHUNK = 65_536  # keys taken from the mark scan at a time (set operations run in C)
 
 
@@ -121,9 +121,12 @@ def _delete(
     cancelled = 0
     fleet = store.fleet
     with store.db.tx() if store.db is not None else contextlib.nullcontext():
-        if fleet is not None and fleet.epoch() != epoch:
-            report.cancelled_by_arbitration += len(part)
-            return
+        keep = None
+        if fleet is not None:
+            if fleet.epoch() != epoch:
+                report.cancelled_by_arbitration += len(part)
+                return
+            keep = fleet.pinned_elsewhere([key for key, _ in part]).__contains__
         for key, staged_ns in part:
             if not arbiter.arbitrate(key, protected):
                 cancelled += 1
@@ -132,7 +135,7 @@ def _delete(
                 # Decided under the delete marker and the row's lock: a put that published
                 # before is a write since staging; one after waits for the delete (for the
                 # marker, then for the transaction) and stores afresh.
-                freed = store.delete_staged(key, staged_ns)
+                freed = store.delete_staged(key, staged_ns, keep)
             finally:
                 arbiter.conclude(key)
             if freed is False:
