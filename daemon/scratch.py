@@ -108,7 +108,14 @@ class ScratchArea:
     def new_file(self) -> tuple[int, Path]:
         self.serial += 1
         path = self.root / f"{self.serial:016x}"
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
+        try:
+            fd = os.open(path, flags, 0o600)
+        except FileNotFoundError:
+            # a fleet member paused past its session's end: the lease holder removed its
+            # directories as a dead member's (alkfs/fleet.py); it joined again, they come back
+            self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
+            fd = os.open(path, flags, 0o600)
         os.close(fd)
         return self.serial, path
 

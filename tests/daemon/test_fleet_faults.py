@@ -308,18 +308,9 @@ def test_objects_written_before_the_pause_and_swept_meanwhile_refuse_the_ref(fle
     assert assert_no_ref_to_a_missing_object(m2, "r1") == {}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "alkfs/fleet.py Fleet.reap() (via remove_files_of) removes STORE/nodes/<node> of a "
-        "session that is only paused past 2 x TTL; on SIGCONT Fleet._lapsed() joins again "
-        "under the same node name but nothing makes the in-flight directories again, so "
-        "daemon/scratch.py ScratchArea.new_file() os.open()s in a removed directory: every "
-        "later push through that mount fails with ENOENT ('Unable to create temporary "
-        "file .../tmp_objdir-incoming-*/pack/tmp_pack_XXXXXX') until the daemon restarts"
-    ),
-)
 def test_a_daemon_stopped_past_the_ttl_serves_pushes_again(fleet, tmp_path):
+    """The lease holder removed the paused member's directories as a dead member's;
+    once it joined again, its scratch directory comes back at the next push."""
     m1, m2 = fleet
     src = repo_with_history(tmp_path / "src", commits=24, seed=4)
     os.mkdir(m1.path("repos", "r1"))
