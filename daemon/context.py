@@ -150,9 +150,16 @@ class Context:
             except Exception:
                 log.exception("deletion view failed for %s", key)
 
-    async def sweep(self, window_s: float | None = None):
-        """Run one sweep in a worker thread; return once the kernel has been told what went."""
+    async def sweep(self, window_s: float | None = None, *, scheduled: bool = False):
+        """Run one sweep in a worker thread; return once the kernel has been told what went.
+        A scheduled sweep that finds another daemon of the fleet sweeping is skipped
+        quietly (no log line; `status.last_sweep` keeps the last one that ran)."""
+        before = self.store.last_sweep
         report = await self.run_sync(self.store.sweep, window_s)
+        if scheduled and report.aborted == "sweeper-lock":
+            self.store.last_sweep = before
+            log.debug("scheduled sweep skipped: another daemon of the fleet is sweeping")
+            return report
         log.info("sweep %s", report.to_json())
         seq = self.invalidator.submitted
         if not await self.run_sync(self.invalidator.wait, seq, INVALIDATE_WAIT_S):

@@ -341,7 +341,7 @@ async def _sweeper(ctx: Context, every: float) -> None:
     while True:
         await trio.sleep(every)
         try:
-            await ctx.sweep()
+            await ctx.sweep(scheduled=True)
         except Exception:
             log.exception("periodic sweep failed")
 

@@ -86,6 +86,25 @@ class _Figures:
                 "Last sweep aborted (1) or ran (0)",
                 int(bool(last["aborted"])),
             )
+        fleet = fig.get("fleet")
+        if fleet is not None:
+            nodes = fleet["nodes"]
+            yield GaugeMetricFamily(
+                "alkfs_fleet_members", "Live daemons of the fleet", sum(n["live"] for n in nodes)
+            )
+            rows = GaugeMetricFamily(
+                "alkfs_fleet_pin_rows", "Pin rows a member holds", labels=["node", "host", "pid"]
+            )
+            lease = GaugeMetricFamily(
+                "alkfs_fleet_sweep_lease",
+                "1 for the member holding the sweep lease",
+                labels=["node"],
+            )
+            for n in nodes:
+                rows.add_metric([n["id"], n["host"], str(n["pid"])], n["pins"])
+                lease.add_metric([n["id"]], int(n["sweeping"]))
+            yield rows
+            yield lease
         errs = CounterMetricFamily(
             "alkfs_fuse_errors", "FUSE requests answered with an error", labels=["op", "errno"]
         )

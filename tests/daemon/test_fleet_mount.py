@@ -357,3 +357,34 @@ def test_status_of_either_mount_shows_both_daemons_one_of_them_itself(fleet):
         seen.append(f["self"])
     assert seen[0] != seen[1]
     assert {n["id"] for n in status(m1)["fleet"]["nodes"]} == set(seen)
+
+
+def test_metrics_count_the_fleet_and_who_holds_the_lease(fleet):
+    m1, m2 = fleet
+    text = m1.path(".alkfs", "metrics").read_text()
+    assert "alkfs_fleet_members 2.0" in text
+    ids = [n["id"] for n in status(m1)["fleet"]["nodes"]]
+    for node in ids:
+        assert f'alkfs_fleet_sweep_lease{{node="{node}"}} 0.0' in text
+    rows = [line for line in text.splitlines() if line.startswith("alkfs_fleet_pin_rows{")]
+    assert len(rows) == 2 and all(any(f'node="{n}"' in r for r in rows) for n in ids), rows
+
+
+def test_a_scheduled_sweep_that_finds_the_lease_taken_is_skipped_quietly(start_pg_mount, tmp_path):
+    """Another member holds the sweep lease (here: the test, on its own connection):
+    the daemon's scheduled sweeps end at once, log nothing and leave last_sweep alone."""
+    import psycopg
+
+    from alkfs.fleet import SWEEP_LOCK
+
+    m = start_pg_mount(tmp_path / "store", "--window", "0", "--sweep-every", "0.2s")
+    with psycopg.connect(start_pg_mount.uri, autocommit=True) as holder:
+        holder.execute("SELECT pg_advisory_lock(%s)", (SWEEP_LOCK,))
+        time.sleep(1.5)  # (about seven scheduled sweeps)
+        assert status(m)["last_sweep"] is None
+        assert "sweep {" not in m.log()
+        m.path(".alkfs", "control").write_text("sweep\n")  # (asked for: the report says why)
+        wait = time.monotonic() + 10
+        while status(m)["last_sweep"] is None and time.monotonic() < wait:
+            time.sleep(0.05)
+        assert status(m)["last_sweep"]["aborted"] == "sweeper-lock"
