@@ -36,6 +36,11 @@ $(STAMP): pyproject.toml third_party/pyfuse3-noflush.patch | apt
 
 test: apt $(STAMP)
 	$(PY) -X dev -bb -m pytest -q $(PYTEST_ARGS)
+	ALKFS_TEST_DATABASE=postgresql $(PY) -X dev -bb -m pytest -q $(PYTEST_ARGS) \
+	  tests/daemon/test_write_objects.py tests/daemon/test_write_pins.py \
+	  tests/daemon/test_write_refs.py tests/daemon/test_write_git.py \
+	  tests/daemon/test_lifecycle.py tests/daemon/test_mount_basic.py \
+	  tests/daemon/test_push_pins.py tests/test_cli.py
 
 # The crash matrix and the other reliability tests at soak length (>= 50 rounds a case).
 soak: apt $(STAMP)

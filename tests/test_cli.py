@@ -12,16 +12,42 @@ from pathlib import Path
 
 import pytest
 
+from alkfs.db.uri import redact
 from alkfs.durations import format_duration, parse_duration
 from alkfs.store import Store
 
 ALKFS = str(Path(sys.executable).with_name("alkfs"))
 ISO_UTC = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}\+00:00\Z")
 
+# store_database (tests/conftest.py) for this test: under ALKFS_TEST_DATABASE=postgresql each
+# store directory's PostgreSQL database, which `run` gives the command as $ALKFS_DATABASE
+database_for = None
+
+
+@pytest.fixture(autouse=True)
+def _store_databases(store_database):
+    global database_for
+    database_for = store_database
+    yield
+    database_for = None
+
+
+def target_store(args, env: dict) -> str | None:
+    """The store directory a command runs on: `--store DIR`, else $ALKFS_STORE."""
+    args = list(map(str, args))
+    for i, arg in enumerate(args[:-1]):
+        if arg == "--store":
+            return args[i + 1]
+    return env.get("ALKFS_STORE")
+
 
 def run(*args: str | os.PathLike[str], stdin: bytes | None = None, env: dict | None = None):
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("ALKFS_")}
     full_env.update(env or {})
+    store = target_store(args, full_env)
+    database = None if store is None or database_for is None else database_for(store)
+    if database is not None and "ALKFS_DATABASE" not in full_env:
+        full_env["ALKFS_DATABASE"] = database
     return subprocess.run(
         [ALKFS, *map(str, args)],
         input=stdin,
@@ -178,7 +204,7 @@ def test_get_of_a_corrupt_large_object_fails_and_writes_no_output_file(store, fi
 
 
 def test_put_over_the_threshold_on_a_kv_only_store_is_refused(store, files):
-    Store.open(store, mode="kv-only").close()
+    Store.open(store, mode="kv-only", database=database_for(store)).close()
     line = refused("--store", store, "put", files["big"])
     assert line == f"alkfs put: {files['big']}: over the kv-only threshold 131072"
     assert json.loads(ok("--store", store, "status"))["objects"]["sha256"]["count"] == 0
@@ -324,6 +350,12 @@ def test_status_has_the_spec_shape_with_exact_counts(store, files):
     ok("--store", store, "repo", "create", "r")
     status = json.loads(ok("--store", store, "status"))
     empty = {"count": 0, "bytes": 0, "kv": 0, "large": 0}
+    uri = database_for(store)
+    if uri is None:
+        database, fleet = {"engine": "sqlite", "name": str(store / "store.db")}, None
+    else:  # the CLI on a PostgreSQL store is a fleet member, its only one here (README)
+        database, fleet = {"engine": "postgresql", "name": redact(uri)}, status["fleet"]
+        assert [node["id"] for node in fleet["nodes"]] == [fleet["self"]]
     assert status == {
         "version": "0.1.0",
         "store": {
@@ -332,8 +364,8 @@ def test_status_has_the_spec_shape_with_exact_counts(store, files):
             "threshold": 131072,
             "window_s": 3600,
         },
-        "database": {"engine": "sqlite", "name": str(store / "store.db")},
-        "fleet": None,
+        "database": database,
+        "fleet": fleet,
         "objects": {
             "sha256": {"count": 2, "bytes": 300_012, "kv": 1, "large": 1},
             "blake3": {"count": 1, "bytes": 12, "kv": 1, "large": 0},
@@ -351,9 +383,10 @@ def test_status_has_the_spec_shape_with_exact_counts(store, files):
 # -- targets, the lock, usage ---------------------------------------------------------------------
 
 
+@pytest.mark.not_on_postgres("the sqlite store's exclusive lock: a PostgreSQL store admits a fleet")
 def test_a_store_held_by_another_process_is_refused_naming_the_lock(store, files):
     ok("--store", store, "put", files["small"])
-    with Store.open(store):
+    with Store.open(store, database=database_for(store)):
         line = refused("--store", store, "pins")
     assert line == (
         f"alkfs pins: the store {store} is held by another process (pid {os.getpid()}); "

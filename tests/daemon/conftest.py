@@ -21,6 +21,12 @@ Use:
 
     def test_w(start_pg_mount, pg_server):    # your own store and flags, on PostgreSQL
         m = start_pg_mount(store, "--window", "0")   # database=pg_uri unless given
+
+Under ALKFS_TEST_DATABASE=postgresql (tests/conftest.py) every daemon that start_mount starts
+without its own `--database` is given `store_database(STORE)`: one fresh PostgreSQL database
+per STORE directory, shared by all mounts and restarts of it in the test, and `populate`
+fills it there too. A test opening a store through the library itself passes
+`database=store_database(store)` (None normally: the sqlite file).
 """
 
 from __future__ import annotations
@@ -72,6 +78,7 @@ def populate(
     pins: dict[str, int] | None = None,
     threshold: int | None = None,
     kv_only: bool = False,
+    database: str | None = None,
 ) -> list[Key]:
     """Fill a store (created if needed) through the library, before mounting it.
 
@@ -81,7 +88,7 @@ def populate(
     from alkfs.app import Alkfs
 
     mode = "kv-only" if kv_only else None
-    with Alkfs.open(store, mode=mode, threshold=threshold) as app:
+    with Alkfs.open(store, mode=mode, threshold=threshold, database=database) as app:
         keys = []
         for item in items:
             data, algo = (item, Algorithm.SHA256) if isinstance(item, bytes) else item
@@ -101,13 +108,14 @@ class Mount:
     log_dir: Path
     proc: subprocess.Popen | None = None
     env: dict[str, str] | None = None  # extra environment for the daemon
+    db: str | None = None  # `--database` given after `args` (kept across restarts with new args)
     starts: int = 0
     logs: list[Path] = field(default_factory=list)
 
     @property
     def database(self) -> str | None:
         """The `--database` URI the daemon was started with, if any."""
-        args = list(self.args)
+        args = list(self.full_args())
         for i, arg in enumerate(args):
             if arg == "--database" and i + 1 < len(args):
                 return args[i + 1]
@@ -120,6 +128,11 @@ class Mount:
         assert self.proc is not None
         return self.proc.pid
 
+    def full_args(self) -> tuple[str, ...]:
+        """`args`, and `--database db` when `db` is set and `args` name no database."""
+        given = any(a == "--database" or a.startswith("--database=") for a in self.args)
+        return self.args if self.db is None or given else (*self.args, "--database", self.db)
+
     def command(self) -> list[str]:
         return [
             sys.executable,
@@ -130,7 +143,7 @@ class Mount:
             "alkfsd.main",
             str(self.store_path),
             str(self.mnt),
-            *self.args,
+            *self.full_args(),
         ]
 
     def start(self) -> Mount:
@@ -238,9 +251,11 @@ def _fuse_usable() -> bool:
 
 
 @pytest.fixture
-def start_mount(tmp_path: Path) -> Iterator:
+def start_mount(tmp_path: Path, store_database) -> Iterator:
     """A factory: start_mount(store=None, *args, mnt=None, env=None) -> Mount, started and
-    mounted (always cleaned up). Without args the daemon gets `--window 0`."""
+    mounted (always cleaned up). Without args the daemon gets `--window 0`; under
+    ALKFS_TEST_DATABASE=postgresql also `--database store_database(store)` unless args name
+    a database."""
     if not _fuse_usable():
         pytest.skip("real mounts need root and /dev/fuse")
     mounts: list[Mount] = []
@@ -251,7 +266,14 @@ def start_mount(tmp_path: Path) -> Iterator:
         store_path = Path(store) if store is not None else tmp_path / f"store{n}"
         mnt_path = Path(mnt) if mnt is not None else tmp_path / f"mnt{n}"
         mnt_path.mkdir(parents=True, exist_ok=True)
-        m = Mount(store_path, mnt_path, tuple(args) if args else DEFAULT_ARGS, tmp_path, env=env)
+        m = Mount(
+            store_path,
+            mnt_path,
+            tuple(args) if args else DEFAULT_ARGS,
+            tmp_path,
+            env=env,
+            db=store_database(store_path),
+        )
         mounts.append(m)
         return m.start()
 
@@ -263,9 +285,15 @@ def start_mount(tmp_path: Path) -> Iterator:
 
 
 @pytest.fixture(name="populate")
-def populate_fixture():
-    """`populate(store, items, pins=, threshold=, kv_only=) -> [Key]` (see `populate`)."""
-    return populate
+def populate_fixture(store_database):
+    """`populate(store, items, pins=, threshold=, kv_only=) -> [Key]` (see `populate`), into
+    `store_database(store)` unless a database is given."""
+
+    def fill(store, items=(), **kw) -> list[Key]:
+        kw.setdefault("database", store_database(store))
+        return populate(store, items, **kw)
+
+    return fill
 
 
 @pytest.fixture

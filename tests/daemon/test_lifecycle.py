@@ -51,8 +51,26 @@ def make_repo(path: Path) -> Path:
     return path / ".git"
 
 
+# store_database (tests/conftest.py) for this test: `alkfs --store DIR` is given DIR's
+# PostgreSQL database as $ALKFS_DATABASE under ALKFS_TEST_DATABASE=postgresql
+database_for = None
+
+
+@pytest.fixture(autouse=True)
+def _store_databases(store_database):
+    global database_for
+    database_for = store_database
+    yield
+    database_for = None
+
+
 def alkfs(*args: str | os.PathLike[str]) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith("ALKFS_")}
+    words = list(map(str, args))
+    if "--store" in words[:-1] and database_for is not None:
+        database = database_for(words[words.index("--store") + 1])
+        if database is not None:
+            env["ALKFS_DATABASE"] = database
     return subprocess.run(
         [str(BIN / "alkfs"), *map(str, args)], capture_output=True, env=env, timeout=120
     )
@@ -77,10 +95,11 @@ class World:
     """A store populated through the library: a small and a large sha256 object (pinned),
     a blake3 object, an orphan, and an imported repository."""
 
-    def __init__(self, tmp_path: Path) -> None:
+    def __init__(self, tmp_path: Path, database: str | None = None) -> None:
         self.store = tmp_path / "store"
+        self.database = database
         self.src = make_repo(tmp_path / "src")
-        with Alkfs.open(self.store) as app:
+        with Alkfs.open(self.store, database=database) as app:
             self.small = app.store.add(SMALL_DATA)
             self.large = app.store.add(LARGE_DATA)
             self.blake = app.store.add(b"blake three\n", Algorithm.BLAKE3)
@@ -96,8 +115,8 @@ class World:
 
 
 @pytest.fixture
-def world(tmp_path: Path) -> World:
-    return World(tmp_path)
+def world(tmp_path: Path, store_database) -> World:
+    return World(tmp_path, store_database(tmp_path / "store"))
 
 
 @pytest.fixture
@@ -146,6 +165,7 @@ def test_after_sigkill_a_restart_on_the_same_mountpoint_serves_every_view(live):
         assert after[key] == before[key], key
 
 
+@pytest.mark.not_on_postgres("the sqlite store's exclusive lock: a PostgreSQL store admits a fleet")
 def test_a_second_daemon_on_the_same_store_is_refused_naming_the_lock(live, tmp_path):
     world, m = live
     other = tmp_path / "other"
@@ -166,6 +186,7 @@ def test_a_second_daemon_on_the_same_store_is_refused_naming_the_lock(live, tmp_
     assert m.path("objects", "sha256", world.small.hex).read_bytes() == SMALL_DATA
 
 
+@pytest.mark.not_on_postgres("the sqlite store's exclusive lock: a PostgreSQL store admits a fleet")
 def test_the_cli_refuses_the_store_of_a_running_daemon_naming_the_lock(live):
     world, m = live
     line = refused("--store", world.store, "pins")

@@ -72,12 +72,12 @@ def test_ls_lists_every_object_with_exact_size_mode_and_stored_mtime(served):
     )
 
 
-def test_stat_mtime_is_when_the_object_was_stored(served, tmp_path):
+def test_stat_mtime_is_when_the_object_was_stored(served, store_database, tmp_path):
     m, keys = served
     from alkfs.store import Store
 
     m.stop()
-    with Store.open(tmp_path / "store") as s:
+    with Store.open(tmp_path / "store", database=store_database(tmp_path / "store")) as s:
         stored = {k: s.stat(k).stored_ns for k in keys}
     m.start()
     for k in keys:
@@ -301,6 +301,7 @@ def test_a_corrupt_large_object_fails_with_eio_and_is_reported(served, tmp_path)
     assert str(key) in m.log()
 
 
+@pytest.mark.sqlite_file
 def test_a_small_object_is_verified_at_its_first_open_and_a_corrupt_one_fails_eio(served, tmp_path):
     m, keys = served
     good, bad = keys[0], keys[2]
@@ -353,6 +354,7 @@ def test_after_sigkill_a_restart_on_the_same_mountpoint_serves_everything(served
         assert obj(m, key).read_bytes() == data
 
 
+@pytest.mark.not_on_postgres("the sqlite store's exclusive lock: a PostgreSQL store admits a fleet")
 def test_a_second_daemon_on_the_same_store_is_refused(mount, tmp_path):
     other = tmp_path / "other-mnt"
     other.mkdir()
