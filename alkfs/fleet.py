@@ -134,6 +134,7 @@ class Fleet:
     def _beat(self) -> None:
         every = max(0.05, self.ttl_ns / 3e9)
         waited = 0.0
+        failing = False
         while not self._stop.wait(UNPIN_EVERY_S):
             waited += UNPIN_EVERY_S
             try:
@@ -141,8 +142,13 @@ class Fleet:
                 if waited >= every:
                     waited = 0.0
                     self.renew()
-            except Exception as exc:  # (the database away: try again at the next beat)
-                log.warning("fleet: heartbeat failed: %s", exc)
+                if failing:
+                    failing = False
+                    log.info("fleet: the heartbeat reaches the database again")
+            except Exception as exc:  # (the database away: again at the next beat, quietly)
+                if not failing:
+                    failing = True
+                    log.warning("fleet: heartbeat failed (again every beat, quietly): %s", exc)
 
     # -- pin rows ---------------------------------------------------------------------
     def token(self) -> int:
@@ -298,12 +304,16 @@ class Fleet:
     def _listen(self) -> None:
         """LISTEN for deletions and ref changes; replay the deletion log (at each notice,
         at least every second, and from where it was after a reconnect)."""
+        lost = False
         while not self._stop.is_set():
             try:
                 with self.db.dedicated() as conn:
                     conn.execute("LISTEN alkfs_deleted")
                     conn.execute("LISTEN alkfs_refs")
                     self.replay()
+                    if lost:
+                        lost = False
+                        log.info("fleet: the listener is back; the deletion log replayed")
                     for fn in list(self.on_refs):
                         fn(None)  # (what was missed while away: all of them)
                     while not self._stop.is_set():
@@ -322,7 +332,9 @@ class Fleet:
             except Exception as exc:
                 if self._stop.is_set():
                     return
-                log.warning("fleet: listener lost its connection (%s); again in 1 s", exc)
+                if not lost:
+                    lost = True
+                    log.warning("fleet: listener lost its connection (%s); again each second", exc)
                 self._stop.wait(1.0)
 
     def replay(self) -> int:

@@ -9,6 +9,7 @@ import hashlib
 import json
 import os
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -56,7 +57,49 @@ def write_close(path: Path, data: bytes, *, replace: bool = False) -> None:
         os.close(fd)
 
 
+def status(m) -> dict:
+    """The mount `m`'s /.alkfs/status."""
+    return json.loads(m.path(".alkfs", "status").read_text())
+
+
 def sweep(m) -> dict:
     """Run a sweep through the mount `m`'s control file; the status's report of it."""
     m.path(".alkfs", "control").write_text("sweep\n")
-    return json.loads(m.path(".alkfs", "status").read_text())["last_sweep"]
+    return status(m)["last_sweep"]
+
+
+def git(*args, cwd=None, check=True, input=None, timeout=300.0) -> subprocess.CompletedProcess:
+    """The real git with GIT_ENV; asserts success unless `check` is False."""
+    done = subprocess.run(
+        ["git", *map(str, args)],
+        cwd=cwd,
+        env={**os.environ, **GIT_ENV},
+        capture_output=True,
+        input=input,
+        timeout=timeout,
+    )
+    if check:
+        assert done.returncode == 0, (args, done.stderr.decode(errors="replace"))
+    return done
+
+
+def cp(src: Path, dst: Path) -> None:
+    done = subprocess.run(["cp", str(src), str(dst)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+
+
+def cat(path: Path) -> bytes:
+    done = subprocess.run(["cat", str(path)], capture_output=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def put(m, data: bytes) -> str:
+    """A new object through MNT/objects/sha256 (stored at close, named by nothing); its hex."""
+    tmp = m.path("objects", "sha256", f"new-{time.monotonic_ns()}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        os.write(fd, data)
+    finally:
+        os.close(fd)
+    return sha(data)

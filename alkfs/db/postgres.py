@@ -90,18 +90,27 @@ def pg_sql(sql: str) -> str:
 class _Conn:
     """A pooled connection inside a transaction, taking the store's dialect."""
 
-    __slots__ = ("raw", "_named", "_n")
+    __slots__ = ("raw", "_named", "_n", "_cursors")
 
     def __init__(self, raw: psycopg.Connection, named: bool) -> None:
         self.raw = raw
         self._named = named  # a snapshot: SELECTs stream through server-side cursors
         self._n = 0
+        self._cursors: list[Any] = []
+
+    def close_cursors(self) -> None:
+        """Close the server-side cursors of the transaction (before it ends)."""
+        for cur in self._cursors:
+            with contextlib.suppress(Exception):
+                cur.close()
+        self._cursors.clear()
 
     def execute(self, sql: str, params: Any = ()) -> Any:
         if self._named and sql.lstrip()[:6].upper() == "SELECT":
             self._n += 1
             cur = self.raw.cursor(name=f"alkfs_{self._n}")
             cur.itersize = 8192
+            self._cursors.append(cur)
             return cur.execute(pg_sql(sql), params or None)
         return self.raw.execute(pg_sql(sql), params or None)
 
@@ -308,6 +317,7 @@ class PostgresDatabase:
                     yield conn
                 finally:
                     self._local.conn = None
+                    conn.close_cursors()
         except (psycopg.Error, psycopg_pool.PoolTimeout) as exc:
             self._raise(exc)
 

@@ -17,7 +17,6 @@ them yet.
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import signal
@@ -29,7 +28,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from helpers import GIT_ENV
+from helpers import GIT_ENV, status, sweep
+from helpers import git as run_git
 
 TTL_S = 2.0
 FLEET_ENV = {"ALKFS_FLEET_TTL": "2"}
@@ -40,30 +40,11 @@ GIT_TIMEOUT_S = 60.0
 
 
 def git(*args, cwd=None, check=True, input=None, timeout=GIT_TIMEOUT_S):
-    done = subprocess.run(
-        ["git", *map(str, args)],
-        cwd=cwd,
-        env={**os.environ, **GIT_ENV},
-        capture_output=True,
-        input=input,
-        timeout=timeout,
-    )
-    if check:
-        assert done.returncode == 0, (args, done.stderr.decode(errors="replace"))
-    return done
+    return run_git(*args, cwd=cwd, check=check, input=input, timeout=timeout)
 
 
 def out(*args) -> str:
     return git(*args).stdout.decode().strip()
-
-
-def status(m) -> dict:
-    return json.loads(m.path(".alkfs", "status").read_text())
-
-
-def sweep(m) -> dict:
-    m.path(".alkfs", "control").write_text("sweep\n")
-    return status(m)["last_sweep"]
 
 
 def object_count(m) -> int:

@@ -11,17 +11,15 @@ alkfs/fleet.py DEFAULT_TTL_S = 60 s, cannot be set from the daemon.)
 from __future__ import annotations
 
 import errno
-import json
 import os
 import random
-import subprocess
 import threading
 import time
 from datetime import datetime
 from pathlib import Path
 
 import pytest
-from helpers import GIT_ENV, sha
+from helpers import cat, cp, git, put, sha, status, sweep
 
 SMALL = b"a small object written through mount 1\n"
 LARGE = bytes(range(256)) * 2048 + b"tail"  # 512 KiB + 4: above the 128 KiB threshold
@@ -30,55 +28,9 @@ REF_BOUND_S = 2.0
 SOAK_S = 30.0 if os.environ.get("ALKFS_SOAK") == "1" else 10.0
 
 
-def git(*args, cwd=None, check=True, input=None) -> subprocess.CompletedProcess:
-    done = subprocess.run(
-        ["git", *map(str, args)],
-        cwd=cwd,
-        env={**os.environ, **GIT_ENV},
-        capture_output=True,
-        input=input,
-        timeout=300,
-    )
-    if check:
-        assert done.returncode == 0, (args, done.stderr.decode(errors="replace"))
-    return done
-
-
-def cp(src: Path, dst: Path) -> None:
-    done = subprocess.run(["cp", str(src), str(dst)], capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
-
-
-def cat(path: Path) -> bytes:
-    done = subprocess.run(["cat", str(path)], capture_output=True, timeout=120)
-    assert done.returncode == 0, done.stderr
-    return done.stdout
-
-
-def status(m) -> dict:
-    return json.loads(m.path(".alkfs", "status").read_text())
-
-
-def sweep(m) -> dict:
-    """`echo sweep > MNT/.alkfs/control` (answered once the sweep is over); its report."""
-    m.path(".alkfs", "control").write_text("sweep\n")
-    return status(m)["last_sweep"]
-
-
 def pin_rows(m) -> int:
     """The fleet pin rows (in-process pins other daemons see) this daemon holds."""
     return next(n["pins"] for n in status(m)["fleet"]["nodes"] if n["self"])
-
-
-def put(m, data: bytes) -> str:
-    """A new object through MNT/objects/sha256 (stored at close, named by nothing); its hex."""
-    tmp = m.path("objects", "sha256", f"new-{time.monotonic_ns()}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-    try:
-        os.write(fd, data)
-    finally:
-        os.close(fd)
-    return sha(data)
 
 
 def repo_with_history(path: Path, commits: int = 12) -> Path:

@@ -16,56 +16,11 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import GIT_ENV, sha
+from helpers import cat, cp, git, put, sha, status, sweep
 
 ALKFSD = str(Path(sys.executable).with_name("alkfsd"))
 SMALL = b"a small object kept in PostgreSQL\n"
 LARGE = bytes(range(256)) * 4096 + b"tail"  # 1 MiB + 4 bytes: above the 128 KiB threshold
-
-
-def git(*args, cwd=None, check=True, input=None) -> subprocess.CompletedProcess:
-    done = subprocess.run(
-        ["git", *map(str, args)],
-        cwd=cwd,
-        env={**os.environ, **GIT_ENV},
-        capture_output=True,
-        input=input,
-        timeout=300,
-    )
-    if check:
-        assert done.returncode == 0, (args, done.stderr.decode(errors="replace"))
-    return done
-
-
-def cp(src: Path, dst: Path) -> None:
-    done = subprocess.run(["cp", str(src), str(dst)], capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
-
-
-def cat(path: Path) -> bytes:
-    done = subprocess.run(["cat", str(path)], capture_output=True, timeout=120)
-    assert done.returncode == 0, done.stderr
-    return done.stdout
-
-
-def status(m) -> dict:
-    return json.loads(m.path(".alkfs", "status").read_text())
-
-
-def sweep(m) -> dict:
-    m.path(".alkfs", "control").write_text("sweep\n")
-    return status(m)["last_sweep"]
-
-
-def put(m, data: bytes) -> str:
-    """Write a new object through /objects/sha256 (stored at close); its hex."""
-    tmp = m.path("objects", "sha256", f"new-{time.monotonic_ns()}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-    try:
-        os.write(fd, data)
-    finally:
-        os.close(fd)
-    return sha(data)
 
 
 def small_repo(path: Path) -> Path:
