@@ -311,11 +311,11 @@ class Fleet:
                     conn.execute("LISTEN alkfs_deleted")
                     conn.execute("LISTEN alkfs_refs")
                     self.replay()
-                    if lost:
+                    if lost:  # (not at the first connection: nothing was missed then)
                         lost = False
                         log.info("fleet: the listener is back; the deletion log replayed")
-                    for fn in list(self.on_refs):
-                        fn(None)  # (what was missed while away: all of them)
+                        for fn in list(self.on_refs):
+                            fn(None)  # (ref changes missed while away: any repository's)
                     while not self._stop.is_set():
                         repos: set[str] = set()
                         deletions = False
