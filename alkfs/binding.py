@@ -21,6 +21,7 @@ from .db.sqlite import SqliteDatabase
 from .db.uri import check, redact
 from .errors import Invalid, StoreIO
 from .schema import MIGRATIONS, SCHEMA_VERSION, statements
+from .tiers.local import fsync_dir
 
 BINDING_NAME = "database"
 DB_NAME = "store.db"
@@ -55,11 +56,7 @@ def write_binding(root: Path, store_id: str, uri: str) -> None:
     finally:
         os.close(fd)
     os.replace(tmp, root / BINDING_NAME)
-    dfd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
+    fsync_dir(root)
 
 
 def remove_binding(root: Path) -> None:

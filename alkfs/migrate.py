@@ -40,6 +40,7 @@ from .db.sqlite import SqliteDatabase
 from .db.uri import check, redact
 from .errors import Invalid, Missing, StoreIO
 from .keys import Key
+from .tiers.local import fsync_dir
 
 BATCH = 5000
 PARTIAL = DB_NAME + ".partial"  # the sqlite copy while `to_sqlite` builds it
@@ -234,14 +235,6 @@ def _store_lock(root: Path) -> Iterator[None]:
         os.close(fd)
 
 
-def _fsync_dir(root: Path) -> None:
-    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _rename_sqlite(old: Path, new: Path) -> None:
     """The file and any -wal/-shm left beside it (so it stays readable under its name)."""
     for suffix in ("-wal", "-shm"):
@@ -295,7 +288,7 @@ def to_postgresql(
         _close_sqlite(src)
         old = root / (MIGRATED + datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ"))
         _rename_sqlite(root / DB_NAME, old)
-        _fsync_dir(root)
+        fsync_dir(root)
     return {
         "migrated": "sqlite -> postgresql",
         "store": str(root),
@@ -352,9 +345,9 @@ def to_sqlite(
         finally:
             src.close()
         _rename_sqlite(partial, root / DB_NAME)
-        _fsync_dir(root)
+        fsync_dir(root)
         remove_binding(root)
-        _fsync_dir(root)
+        fsync_dir(root)
     return {
         "migrated": "postgresql -> sqlite",
         "store": str(root),

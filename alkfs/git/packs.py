@@ -64,6 +64,7 @@ from typing import TYPE_CHECKING
 
 from ..errors import StoreIO
 from ..keys import Algorithm
+from ..tiers.local import fsync_dir
 from ..tiers.sql import SqlTier
 
 if TYPE_CHECKING:
@@ -441,14 +442,6 @@ class BuildResult:
         return dict(self.__dict__)
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _fsync_tree(root: Path) -> None:
     for top, _dirs, names in os.walk(root):
         for name in names:
@@ -457,7 +450,7 @@ def _fsync_tree(root: Path) -> None:
                 os.fsync(fd)
             finally:
                 os.close(fd)
-        _fsync_dir(Path(top))
+        fsync_dir(Path(top))
 
 
 class Derived:
@@ -853,7 +846,7 @@ class Derived:
             _fsync_tree(out)
             final = self.root / f"gen-{number}"
             os.rename(out, final)
-            _fsync_dir(self.root)
+            fsync_dir(self.root)
             gen = Generation.load(self.fmt, number, final)
             if gen.objects != len(order):
                 raise StoreIO(
@@ -966,7 +959,7 @@ class Derived:
             _fsync_tree(out)
             final = self.root / f"gen-{number}"
             os.rename(out, final)
-            _fsync_dir(self.root)
+            fsync_dir(self.root)
             gen = Generation.load(self.fmt, number, final)
             if gen.objects != prev.objects + len(new):
                 raise StoreIO(
@@ -1010,7 +1003,7 @@ class Derived:
             f.flush()
             os.fsync(f.fileno())
         os.rename(tmp, self.root / CURRENT)
-        _fsync_dir(self.root)
+        fsync_dir(self.root)
         old, self._current = self._current, gen
         for callback in list(self.on_publish):
             try:
@@ -1040,7 +1033,7 @@ class Derived:
             self.root.mkdir(parents=True, exist_ok=True)
             final = self.root / f"gen-{number}"
             final.mkdir()
-            _fsync_dir(self.root)
+            fsync_dir(self.root)
             self._publish(Generation(self.fmt, number, final))
             log.warning("derived %s: packs withdrawn (generation %d is empty)", self.fmt, number)
 

@@ -20,7 +20,8 @@ from .staging import StagingWriter
 STAGING = ".staging"
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync_dir(path: Path) -> None:
+    """Make a directory's entries durable (after a create, link or rename in it)."""
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:
         os.fsync(fd)
@@ -93,7 +94,7 @@ class LocalTier:
         if not parent.is_dir():
             parent.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
             parent.mkdir(mode=0o700, exist_ok=True)
-            _fsync_dir(parent.parent)
+            fsync_dir(parent.parent)
         try:
             os.link(staging, target)
         except FileExistsError:
@@ -102,7 +103,7 @@ class LocalTier:
             return False
         os.unlink(staging)
         os.utime(target, ns=(now_ns, now_ns))
-        _fsync_dir(parent)
+        fsync_dir(parent)
         return True
 
     def freshen(self, key: bytes, now_ns: int) -> bool:
