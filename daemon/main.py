@@ -264,7 +264,7 @@ def open_app(store: str, conf: dict[str, Any]) -> tuple[Alkfs, Store]:
     return app, app.store
 
 
-def demo(app: Any, store: Any) -> None:
+def demo(app: Alkfs, store: Store) -> None:
     """Fill a fresh store with a few samples, a pin, and this directory's git history."""
     from alkfs.keys import Algorithm
 
@@ -276,16 +276,10 @@ def demo(app: Any, store: Any) -> None:
     if store.mode == "dual-tier":
         store.add(b"a large object lives as a file of its own.\n" * (store.threshold // 40 + 100))
     log.info("demo: stored samples; welcome is sha256/%s", welcome.hex)
-    pins = getattr(app, "pins", None)
-    if pins is not None:
-        pins.pin("welcome", welcome)
-        log.info("demo: pinned sha256/%s as welcome", welcome.hex)
-    if app is None:
-        return
-    try:
-        from alkfs.git.importer import import_repo
-    except ImportError:
-        return
+    app.pins.pin("welcome", welcome)
+    log.info("demo: pinned sha256/%s as welcome", welcome.hex)
+    from alkfs.git.importer import import_repo
+
     try:
         top = subprocess.run(
             ["git", "rev-parse", "--show-toplevel"], capture_output=True, text=True, check=True
@@ -435,10 +429,7 @@ def main(argv: list[str] | None = None) -> int:
         if ctx is not None:
             scratch.close(ctx)
             ctx.close()
-        if app is not None:
-            app.close()
-        else:
-            store.close()
+        app.close()
     return 0
 
 
