@@ -27,6 +27,15 @@ def figures(ctx: Context) -> dict[str, Any]:
     # per format, the published generation, its object and pack counts, bytes, build time
     served = ctx.__dict__.get("_derived_packs")
     fig["packs"] = served.status() if served is not None else {}
+    # the full-disk state of the store's reserve (alkfs/reserve.py): entered and left with
+    # one log line each; `reserve` is None for a store that keeps none (a memory store)
+    reserve = ctx.app.store.reserve
+    fig["disk_full"] = reserve is not None and reserve.full
+    fig["reserve"] = (
+        None
+        if reserve is None
+        else {"size": reserve.size, "held": reserve.have, "free_bytes": reserve.free()}
+    )
     return fig
 
 
@@ -62,6 +71,11 @@ class _Figures:
         yield GaugeMetricFamily(
             "alkfs_sweeping", "1 while a sweep runs", value=int(fig["sweeping"])
         )
+        yield GaugeMetricFamily(
+            "alkfs_disk_full", "1 while the store's disk is full", value=int(fig["disk_full"])
+        )
+        held = fig["reserve"]["size"] if fig["reserve"] and fig["reserve"]["held"] else 0
+        yield GaugeMetricFamily("alkfs_reserve_bytes", "Bytes the reserve holds", value=held)
         st = fig["store"]
         yield GaugeMetricFamily("alkfs_threshold_bytes", "kv/large threshold", st["threshold"])
         yield GaugeMetricFamily("alkfs_window_seconds", "Sweep delete window", st["window_s"])

@@ -263,3 +263,61 @@ def test_a_locked_database_is_ebusy_in_one_line(start_mount, tmp_path: Path) -> 
     lines = [line for line in m.log().splitlines() if "errno=EBUSY" in line]
     assert len(lines) == 1 and "database is locked" in lines[0], m.log()
     assert m.tracebacks() == [], "\n".join(m.tracebacks())
+
+
+def metrics(mnt: Path) -> dict[str, float]:
+    """The unlabelled samples of MNT/.alkfs/metrics."""
+    out = {}
+    for line in (mnt / ".alkfs" / "metrics").read_text().splitlines():
+        if line and not line.startswith("#") and "{" not in line:
+            name, value = line.split()
+            out[name] = float(value)
+    return out
+
+
+def test_disk_full_in_status_and_metrics(small_fs: Path, start_mount) -> None:
+    """`disk_full` and `reserve` in /.alkfs/status, alkfs_disk_full and alkfs_reserve_bytes
+    in /.alkfs/metrics: false with the reserve held, true once a write found the disk full
+    (the reserve given back), false again with the reserve back once a sweep freed space."""
+    from alkfs.reserve import reserve_size
+
+    fs = os.statvfs(small_fs)
+    size = reserve_size(fs.f_blocks * fs.f_frsize)
+    assert size == 8 << 20  # (64 MiB: the 8 MiB floor)
+    m = start_mount(small_fs / "store", "--window", "0")
+    st = status(m.mnt)
+    assert st["disk_full"] is False
+    assert st["reserve"]["size"] == size and st["reserve"]["held"] is True
+    assert st["reserve"]["free_bytes"] > 2 * size
+    assert metrics(m.mnt)["alkfs_disk_full"] == 0
+    assert metrics(m.mnt)["alkfs_reserve_bytes"] == size
+
+    names, refused = fill(m.path("pins"), "fill")
+    assert refused.errno == errno.ENOSPC
+    for _ in range(2):  # and it stays so: a refused write changes nothing
+        st = status(m.mnt)
+        assert st["disk_full"] is True, st
+        assert (st["reserve"]["size"], st["reserve"]["held"]) == (size, False)
+        assert st["reserve"]["free_bytes"] < 2 * size
+        got = metrics(m.mnt)
+        assert (got["alkfs_disk_full"], got["alkfs_reserve_bytes"]) == (1, 0)
+        with pytest.raises(OSError) as caught:
+            write_file(m.path("pins", "tiny"), b"a few bytes\n")
+        assert caught.value.errno == errno.ENOSPC
+    assert m.log().count("disk full:") == 1, m.log()
+
+    for name in names:
+        os.unlink(m.path("pins", name))
+    control(m.mnt, "sweep")  # stages (window 0)
+    control(m.mnt, "sweep")  # deletes: the reserve is made again
+    assert status(m.mnt)["last_sweep"]["deleted"] == len(names)
+    st = status(m.mnt)
+    assert st["disk_full"] is False, st
+    assert st["reserve"]["size"] == size and st["reserve"]["held"] is True
+    assert st["reserve"]["free_bytes"] >= size
+    got = metrics(m.mnt)
+    assert (got["alkfs_disk_full"], got["alkfs_reserve_bytes"]) == (0, size)
+    assert m.log().count("disk no longer full:") == 1, m.log()
+    write_file(m.path("pins", "back"), b"stored again\n")
+    assert (m.path("pins", "back")).read_bytes() == b"stored again\n"
+    assert m.tracebacks() == [], "\n".join(m.tracebacks())
