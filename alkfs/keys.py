@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 import hashlib
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -71,6 +72,12 @@ _LABELS = {
     Algorithm.GIT_SHA256: "git-sha256",
 }
 _BY_LABEL = {v: k for k, v in _LABELS.items()}
+_HASH_OF: dict[int, Callable[[bytes], Hasher]] = {  # the byte's hash, taking the data
+    Algorithm.SHA256.value: hashlib.sha256,
+    Algorithm.BLAKE3.value: blake3.blake3,
+    Algorithm.GIT_SHA1.value: hashlib.sha1,
+    Algorithm.GIT_SHA256.value: hashlib.sha256,
+}
 ALGORITHMS = tuple(Algorithm)
 _HEX = re.compile(r"[0-9a-f]+\Z")
 
@@ -118,6 +125,10 @@ class Key:
         h = algo.hasher()
         h.update(data)
         return cls.of(algo, h.digest())
+
+    def matches(self, data: bytes) -> bool:
+        """Whether `data` hashes to this key (no Key built: a verified small get's check)."""
+        return _HASH_OF[self.raw[0]](data).digest() == self.raw[1:]
 
     @property
     def algo(self) -> Algorithm:

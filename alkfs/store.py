@@ -515,7 +515,7 @@ class Store:
 
     # -- verified reads -----------------------------------------------------------
     def _check(self, key: Key, data: bytes) -> bytes:
-        if Key.derive(key.algo, data) != key:
+        if not key.matches(data):
             self._mark_corrupt(key)
             raise Corrupt(f"{key}: stored bytes do not hash to the key")
         return data

@@ -7,7 +7,7 @@ import os
 import pytest
 
 from alkfs.errors import Corrupt, Verification
-from alkfs.keys import Key
+from alkfs.keys import Algorithm, Key
 
 from .conftest import Column, oracle_connect, patterned
 
@@ -171,3 +171,16 @@ def test_a_verified_re_put_repairs_a_known_corrupt_large_object(dual: Column) ->
     assert store.read_range(key, 0, 9)[0] == content[:9]
     assert key.raw not in store.corrupt
     assert dual.large_files() == 1
+
+
+@pytest.mark.parametrize("algo", list(Algorithm), ids=lambda a: a.label)
+def test_the_read_check_of_every_algorithm_refuses_one_changed_byte(algo: Algorithm) -> None:
+    """Key.matches (the verified get's check): the key's own algorithm, every byte."""
+    data = bytes(range(256)) * 4
+    key = Key.derive(algo, data)
+    assert key.matches(data) and key.matches(memoryview(data))
+    for i in (0, 511, len(data) - 1):
+        changed = bytearray(data)
+        changed[i] ^= 1
+        assert not key.matches(bytes(changed))
+    assert not key.matches(data[:-1]) and not key.matches(data + b"\0")
