@@ -2,7 +2,7 @@
 VENV    := .venv
 PY      := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed
-APT_PKGS := fuse3 libfuse3-dev pkg-config attr git rsync bindfs patch postgresql
+APT_PKGS := fuse3 libfuse3-dev pkg-config attr git rsync bindfs patch postgresql pgbouncer
 PYFUSE3 := 3.5.0
 PYFUSE3_SRC := build/pyfuse3/pyfuse3-$(PYFUSE3)
 DEMO    ?= $(CURDIR)/demo-store

@@ -178,6 +178,8 @@ class PgServer:
         atexit.unregister(self.cleanup)
         if self.base is None:
             return
+        for pidfile in self.base.glob("bouncer-*/pgbouncer.pid"):
+            _kill_pidfile(pidfile, b"pgbouncer")
         try:
             self.stop()
         except (OSError, RuntimeError, subprocess.SubprocessError):
@@ -248,6 +250,79 @@ class PgServer:
             return cur.fetchone() if cur.description else None
 
 
+class PgBouncer:
+    """A PgBouncer in front of `server` (its own dir under the server's temp dir, a unix socket
+    only, trust auth), in `mode` ("transaction", "session"): uri(dbname) reaches the server's
+    database through it. Started by start(), stopped by stop() (by the PID in its pidfile);
+    the server's watchdog stops it too (the test process ended in any way). Run as `postgres`
+    when root (PgBouncer refuses root). PgNotInstalled when there is no pgbouncer."""
+
+    def __init__(self, server: PgServer, mode: str, port: int = 6432) -> None:
+        self.binary = shutil.which("pgbouncer") or "/usr/sbin/pgbouncer"
+        if not os.access(self.binary, os.X_OK):
+            raise PgNotInstalled("no pgbouncer (Debian's `pgbouncer` package; make apt)")
+        self.server = server
+        self.mode = mode
+        self.port = port
+        self.dir = Path(tempfile.mkdtemp(prefix=f"bouncer-{mode}-", dir=server.socket_dir))
+
+    def uri(self, dbname: str) -> str:
+        host = quote(str(self.dir), safe="/")
+        return f"postgresql://postgres@/{quote(dbname)}?host={host}&port={self.port}"
+
+    def start(self) -> None:
+        (self.dir / "users.txt").write_text('"postgres" ""\n')
+        (self.dir / "pgbouncer.ini").write_text(
+            "[databases]\n"
+            f"* = host={self.server.socket_dir} port={self.server.port}\n"
+            "[pgbouncer]\n"
+            "listen_addr =\n"
+            f"listen_port = {self.port}\n"
+            f"unix_socket_dir = {self.dir}\n"
+            "auth_type = trust\n"
+            f"auth_file = {self.dir / 'users.txt'}\n"
+            f"pool_mode = {self.mode}\n"
+            "max_client_conn = 200\n"
+            "default_pool_size = 40\n"
+            f"logfile = {self.dir / 'pgbouncer.log'}\n"
+            f"pidfile = {self.dir / 'pgbouncer.pid'}\n"
+        )
+        if os.geteuid() == 0:
+            owner = pwd.getpwnam("postgres")
+            for f in (self.dir, *self.dir.iterdir()):
+                os.chown(f, owner.pw_uid, owner.pw_gid)
+        cmd = [self.binary, "-d", "-q", str(self.dir / "pgbouncer.ini")]
+        if os.geteuid() == 0:
+            cmd = ["runuser", "-u", "postgres", "--", *cmd]
+        subprocess.run(cmd, check=True, stdin=subprocess.DEVNULL, timeout=60)
+        deadline = time.monotonic() + 30
+        while not (self.dir / f".s.PGSQL.{self.port}").exists():
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"pgbouncer did not start: {self.dir / 'pgbouncer.log'}")
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        _kill_pidfile(self.dir / "pgbouncer.pid", b"pgbouncer")
+
+
+def _kill_pidfile(pidfile: Path, name: bytes, timeout: float = 10.0) -> None:
+    """SIGTERM the process whose PID `pidfile` holds if its command line names `name` (a
+    reused PID is not mistaken for it), waiting for it to exit; SIGKILL after `timeout`."""
+    try:
+        pid = int(pidfile.read_text().split()[0])
+        if name not in Path(f"/proc/{pid}/cmdline").read_bytes():
+            return
+        os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        while Path(f"/proc/{pid}").exists():
+            if time.monotonic() > deadline:
+                os.kill(pid, signal.SIGKILL)
+                break
+            time.sleep(0.05)
+    except (OSError, ValueError, IndexError):
+        pass
+
+
 def _tempdir() -> str:
     """Where the temp dir goes: /dev/shm if it has 1 GiB free (RAM: on a disk-backed /tmp,
     CREATE DATABASE measured ~10x slower, fsync off or not), else the usual temp dir, or /tmp
@@ -294,6 +369,8 @@ def _watch(base: Path) -> None:
     """The watchdog: block until the test process closes its end of our stdin (cleanup() did,
     or the process ended), then make sure the server is gone and remove the temp dir."""
     sys.stdin.buffer.read()
+    for pidfile in base.glob("bouncer-*/pgbouncer.pid"):
+        _kill_pidfile(pidfile, b"pgbouncer")
     _kill_postmaster(base / "data")
     shutil.rmtree(base, ignore_errors=True)
 

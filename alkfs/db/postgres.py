@@ -37,6 +37,10 @@ WRITER_LOCK = 0x616C6B66_73777274  # "alkfswrt": every write transaction takes i
 STORE_LOCK = 0x616C6B66_73746F72  # "alkfstor": held by the one daemon (or CLI) of the store
 POOL_MAX = 24  # above the daemon's 16 worker threads, the importer's writer and the sweep
 CONNECT_TIMEOUT_S = 10
+# What one daemon holds at most: the pool, the store's lock, the fleet's listener and the
+# sweep lease (README, "PostgreSQL"; a statement opens one of its own only while the pool
+# has none to give, after a server restart).
+CONNECTIONS_EACH = POOL_MAX + 3
 QUICK_S = 1.0  # how long a statement waits for a pooled connection before its own
 
 log = logging.getLogger("alkfs.db")
@@ -141,6 +145,7 @@ class PostgresDatabase:
         # at once with its own reason, not after the pool's timeout as "incomplete".
         if lock:
             self._take_store_lock()
+            self._require_sessions()
         else:
             self._connect().close()
         try:
@@ -165,6 +170,38 @@ class PostgresDatabase:
             return psycopg.connect(self.uri, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S)
         except psycopg.Error as exc:
             raise StoreIO(f"postgresql: cannot connect to {self.name}: {_why(exc)}") from None
+
+    def _require_sessions(self) -> None:
+        """Refuse a connection that is not one server session: a pooler in transaction
+        (or statement) mode hands each transaction to whichever server connection is
+        free, so the store's lock, the fleet's sweep lease and LISTEN would belong to a
+        session this process no longer talks to. Seen by holding a second connection's
+        transaction open (the pooler gives it the server connection the lock was taken
+        on, the most recently freed one) while the holder asks whether its own session
+        holds the lock: directly, or through session pooling, it always does."""
+        holder = self._holder
+        assert holder is not None
+        probe = self._connect()
+        try:
+            with probe.transaction():
+                (theirs,) = probe.execute("SELECT pg_backend_pid()").fetchone() or (0,)
+                mine, held = holder.execute(
+                    "SELECT pg_backend_pid(), EXISTS (SELECT 1 FROM pg_locks WHERE "
+                    "locktype = 'advisory' AND granted AND pid = pg_backend_pid())"
+                ).fetchone() or (0, False)
+        except psycopg.Error as exc:
+            self._release_store_lock()
+            raise StoreIO(f"postgresql: cannot connect to {self.name}: {_why(exc)}") from None
+        finally:
+            probe.close()
+        if not held or mine == theirs:
+            self._release_store_lock()
+            raise StoreIO(
+                f"postgresql: {self.name} does not keep one server session per connection "
+                "(a connection pooler in transaction or statement mode?): alkfs needs "
+                "sessions for its locks and notifications; connect to the server directly "
+                "or through a pooler in session mode"
+            )
 
     def _release_store_lock(self) -> None:
         if self._holder is not None:
@@ -445,7 +482,19 @@ def _gone(conn: psycopg.Connection) -> bool:
         return True
 
 
+_FULL_SERVER = ("too many clients", "too many connections", "connection slots are reserved")
+
+
 def _why(exc: BaseException) -> str:
-    """The first line of a driver message (they can be long; never the URI itself)."""
+    """The first line of a driver message (they can be long; never the URI itself), and
+    what a refusal for the server's connection limit means here."""
     text = str(exc).strip().splitlines()
-    return (text[0] if text else type(exc).__name__)[:300]
+    why = (text[0] if text else type(exc).__name__)[:300]
+    if isinstance(exc, psycopg.Error) and (
+        exc.sqlstate == "53300" or any(m in why for m in _FULL_SERVER)
+    ):
+        why += (
+            f" (the server's connection limit: each alkfsd uses up to {CONNECTIONS_EACH} "
+            "connections; raise max_connections or the role's or database's CONNECTION LIMIT)"
+        )
+    return why

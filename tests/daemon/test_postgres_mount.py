@@ -261,6 +261,126 @@ def test_a_second_daemon_is_welcome_on_the_same_store_refused_on_another(
     assert pg_mount.tracebacks() == [] and second.tracebacks() == []
 
 
+@pytest.fixture
+def bouncer(pg_server):
+    """bouncer(mode) -> a PgBouncer (tests/pgserver.py) in `mode` before the session's
+    server, stopped after the test."""
+    from pgserver import PgBouncer, PgNotInstalled
+
+    made = []
+
+    def start(mode: str):
+        try:
+            b = PgBouncer(pg_server, mode)
+        except PgNotInstalled as e:
+            if os.environ.get("CI") == "true":
+                raise
+            pytest.skip(str(e))
+        made.append(b)
+        b.start()
+        return b
+
+    yield start
+    for b in made:
+        b.stop()
+
+
+def dbname(uri: str) -> str:
+    from psycopg.conninfo import conninfo_to_dict
+
+    return str(conninfo_to_dict(uri)["dbname"])
+
+
+def public_tables(uri: str) -> int:
+    import psycopg
+
+    with psycopg.connect(uri, autocommit=True) as conn:
+        row = conn.execute("SELECT count(*) FROM pg_tables WHERE schemaname = 'public'")
+        return int(row.fetchone()[0])
+
+
+def test_a_pooler_in_transaction_mode_is_refused_at_start_and_changes_nothing(
+    bouncer, pg_uri, tmp_path
+):
+    """Through PgBouncer in transaction mode the store's lock (and the fleet's lease and
+    LISTEN) would belong to a server session this daemon no longer talks to: refused with
+    one line, before any table is made."""
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    through = bouncer("transaction").uri(dbname(pg_uri))
+    msg = refused(run_alkfsd(str(tmp_path / "store"), str(mnt), "--database", through), mnt)
+    assert "connection pooler in transaction or statement mode" in msg, msg
+    assert "session mode" in msg, msg
+    assert public_tables(pg_uri) == 0
+
+
+def test_a_pooler_in_session_mode_serves(bouncer, start_pg_mount, pg_uri, tmp_path):
+    through = bouncer("session").uri(dbname(pg_uri))
+    m = start_pg_mount(tmp_path / "store", database=through)
+    hexd = put(m, SMALL)
+    assert cat(m.path("objects", "sha256", hexd)) == SMALL
+    assert public_tables(pg_uri) > 0
+    assert m.stop() == 0
+
+
+def test_the_servers_connection_limit_is_named_in_the_refusal(pg_server, pg_uri, tmp_path):
+    """A role allowed one connection: the daemon needs more (the lock's, the pool's), and
+    the refusal says it is the connection limit and how many a daemon uses."""
+    import psycopg
+    from psycopg import sql
+
+    with psycopg.connect(pg_server.uri("postgres"), autocommit=True) as conn:
+        if not conn.execute("SELECT 1 FROM pg_roles WHERE rolname = 'alk_one'").fetchone():
+            conn.execute("CREATE ROLE alk_one LOGIN CONNECTION LIMIT 1")
+        conn.execute(
+            sql.SQL("ALTER DATABASE {} OWNER TO alk_one").format(sql.Identifier(dbname(pg_uri)))
+        )
+    uri = pg_uri.replace("postgresql://postgres@", "postgresql://alk_one@", 1)
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    msg = refused(run_alkfsd(str(tmp_path / "store"), str(mnt), "--database", uri), mnt)
+    assert "too many connections for role" in msg, msg
+    assert "the server's connection limit: each alkfsd uses up to 27 connections" in msg, msg
+    assert public_tables(pg_uri) == 0
+
+
+def test_the_connection_limit_met_while_mounted_is_eio_named_in_the_log_and_passes(
+    pg_server, start_pg_mount, pg_uri, tmp_path
+):
+    """Mounted as a role whose CONNECTION LIMIT is then cut below what the daemon holds, and
+    its sessions ended: reads of unread objects fail with EIO, the log line says it is the
+    connection limit, the daemon lives; with the limit raised again, everything is served."""
+    import psycopg
+    from psycopg import sql
+
+    admin = pg_server.uri("postgres")
+    with psycopg.connect(admin, autocommit=True) as conn:
+        if not conn.execute("SELECT 1 FROM pg_roles WHERE rolname = 'alk_lim'").fetchone():
+            conn.execute("CREATE ROLE alk_lim LOGIN")
+        conn.execute("ALTER ROLE alk_lim CONNECTION LIMIT -1")
+        conn.execute(
+            sql.SQL("ALTER DATABASE {} OWNER TO alk_lim").format(sql.Identifier(dbname(pg_uri)))
+        )
+    m = start_pg_mount(database=pg_uri.replace("postgresql://postgres@", "postgresql://alk_lim@"))
+    unread = put(m, b"stored before the limit, not read since\n")
+    try:
+        with psycopg.connect(admin, autocommit=True) as conn:
+            conn.execute("ALTER ROLE alk_lim CONNECTION LIMIT 0")
+        assert pg_server.terminate(dbname(pg_uri)) >= 2
+        with pytest.raises(OSError) as caught:
+            with open(m.path("objects", "sha256", unread), "rb") as f:
+                f.read()
+        assert caught.value.errno == errno.EIO
+        assert m.proc.poll() is None and m.mounted()
+        said = [line for line in m.log().splitlines() if "too many connections for role" in line]
+        assert said and "each alkfsd uses up to 27 connections" in said[0], m.log()[-2000:]
+    finally:
+        with psycopg.connect(admin, autocommit=True) as conn:
+            conn.execute("ALTER ROLE alk_lim CONNECTION LIMIT -1")
+    assert cat(m.path("objects", "sha256", unread)) == b"stored before the limit, not read since\n"
+    assert m.tracebacks() == []
+
+
 UNREACHABLE = "postgresql://someone:hunter2-secret@/nodb?host=/nonexistent/socket-dir"
 
 
