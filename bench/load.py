@@ -18,7 +18,9 @@ close) and into `objects/sha256/` (stored, pinned by nothing: the sweeps delete 
 sweeps later). The run is cut into slices (`--slice`, 5 s) taken in turns by alkfs and the
 plain directory, all clients on the same side at once, so a changing machine load falls on
 both; during the alkfs slices this process writes `sweep` into `.alkfs/control` every
-second (window 0: an orphan is staged by one sweep and deleted by the next).
+second (window 0: an orphan is staged by one sweep and deleted by the next; a sweep
+keeps a candidate when a pin changed since it computed what is live, which under steady
+pinning is most of them: "kept by arbitration").
 
 Printed: p50/p99 latency of a 4 KiB read (open, read, close) and of a write, read and
 write throughput (ops/s over all clients), each alkfs against plain as a ratio (plain
@@ -159,10 +161,11 @@ def run_clients(
     work: Path,
     control: Path | None,
     seed: int = 1,
+    sweep_every: float = SWEEP_EVERY_S,
 ) -> dict[str, Any]:
     """Run `clients` client processes (`writers` of them writing) over `slices` slices of
     `slice_s` seconds, the sides of `roots` in turn; while on "alkfs", write `sweep` into
-    `control` every second. The merged figures: ops, errors, latencies (µs, sorted),
+    `control` every `sweep_every` seconds (a sweep longer than that: the next at once). The merged figures: ops, errors, latencies (µs, sorted),
     pinned ([name, hex]), clients (each one's id, role and ops), sweeps (each {"s", "deleted", "aborted"} or {"errno"})."""
     order = list(roots)
     start = time.monotonic() + 1.0 + 0.05 * clients  # (every client started and waiting)
@@ -199,9 +202,9 @@ def run_clients(
             if now < next_sweep:
                 time.sleep(min(next_sweep, end) - now)
                 continue
-            next_sweep += SWEEP_EVERY_S
+            next_sweep = max(next_sweep + sweep_every, now)
             side = order[int((now - start) // slice_s) % len(order)]
-            if control is None or side != "alkfs":
+            if control is None or not sweep_every or side != "alkfs":
                 continue
             t0 = time.perf_counter()
             try:
@@ -212,7 +215,7 @@ def run_clients(
                 continue
             took = time.perf_counter() - t0
             report = json.loads((control.parent / "status").read_text())["last_sweep"]
-            sweeps.append({"s": took, "deleted": report["deleted"], "aborted": report["aborted"]})
+            sweeps.append({"s": took, **report})
         results = []
         for p in procs:
             out, _ = p.communicate(timeout=120 + slice_s * slices)
@@ -363,6 +366,7 @@ def bench(a: argparse.Namespace) -> int:
             slices=slices,
             work=work,
             control=mnt / ".alkfs" / "control",
+            sweep_every=a.sweep_every,
         )
         load1 = os.getloadavg()[0]
         problems, _ = check_after(mnt, objects, got["pinned"])
@@ -398,6 +402,7 @@ def report(a, got: dict[str, Any], problems: list[str], writers: int, load) -> i
         "writers": writers,
         "duration_s": got["time_s"],
         "objects": a.objects,
+        "sweep_every_s": a.sweep_every,
         "load_average": load,
     }
     print(
@@ -428,7 +433,7 @@ def report(a, got: dict[str, Any], problems: list[str], writers: int, load) -> i
         )
         print(
             f"  {'':<11}  alkfs vs plain: throughput {ratio['ops_s']:.2f}x, "
-            f"p50 {ratio['p50']:.2f}x, p99 {ratio['p99']:.2f}x"
+            f"p50 {ratio['p50']:.2g}x, p99 {ratio['p99']:.2g}x"
         )
     sweeps = got["sweeps"]
     ran = [s for s in sweeps if "s" in s]
@@ -436,14 +441,17 @@ def report(a, got: dict[str, Any], problems: list[str], writers: int, load) -> i
         "count": len(sweeps),
         "p50_s": statistics.median(s["s"] for s in ran) if ran else None,
         "deleted": sum(s["deleted"] for s in ran),
+        "cancelled": sum(s["cancelled_by_arbitration"] for s in ran),
+        "p99_s": pct(sorted(s["s"] for s in ran), 0.99) if ran else None,
         "aborted": [s["aborted"] for s in ran if s["aborted"]],
         "errors": [s["errno"] for s in sweeps if "errno" in s],
     }
     sw = rows["sweeps"]
-    p50 = f"{sw['p50_s'] * 1e3:.0f} ms" if sw["p50_s"] is not None else "-"
+    took = f"p50 {sw['p50_s'] * 1e3:.0f} ms, p99 {sw['p99_s'] * 1e3:.0f} ms" if ran else "-"
     print(
-        f"  sweeps: {sw['count']} (p50 {p50}), {sw['deleted']:,} objects deleted, "
-        f"aborted {sw['aborted'] or 'none'}, errors {sw['errors'] or 'none'}"
+        f"  sweeps: {sw['count']} in {got['time_s']['alkfs']:.0f} s ({took}), {sw['deleted']:,} objects deleted, "
+        f"{sw['cancelled']:,} kept by arbitration, aborted {sw['aborted'] or 'none'}, "
+        f"errors {sw['errors'] or 'none'}"
     )
     rows["errors"] = got["errors"]
     rows["pinned_written"] = len(got["pinned"])
@@ -457,7 +465,7 @@ def report(a, got: dict[str, Any], problems: list[str], writers: int, load) -> i
     print("all checks PASS" if not problems else "FAILED")
     out = HERE / "out"
     out.mkdir(exist_ok=True)
-    name = "load-quick.json" if a.quick else "load.json"
+    name = ("load-quick" if a.quick else "load") + ("" if a.sweep_every else "-nosweep") + ".json"
     (out / name).write_text(json.dumps(rows, indent=2) + "\n")
     return 1 if problems else 0
 
@@ -476,6 +484,7 @@ def main() -> int:
     ap.add_argument("--writers", type=int, default=None, help="of them writing (a quarter)")
     ap.add_argument("--duration", type=float, default=None, help="seconds on alkfs (60)")
     ap.add_argument("--slice", type=float, default=5.0, help="seconds a turn (5)")
+    ap.add_argument("--sweep-every", type=float, default=SWEEP_EVERY_S, help="s (1; 0: none)")
     ap.add_argument("--objects", type=int, default=None, help="pinned objects read (20,000)")
     a = ap.parse_args()
     a.clients = a.clients or (8 if a.quick else 16)
