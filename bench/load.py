@@ -70,13 +70,19 @@ def errname(code: int | None) -> str:
 def client(config: dict[str, Any]) -> dict[str, Any]:
     """Run one client on the schedule in `config`; its counts, errnos and pins.
 
-    config: roots (side -> directory), order (the sides in turn), start (CLOCK_MONOTONIC,
-    shared by every process), slice_s, slices, role (read/write), objects (hex of the read
-    set), id, seed, lat (a path prefix: latencies in µs, one array file per side and op).
+    config: roots (side -> directory), order (the sides in turn), ready (a file this
+    client makes once it is set up), go (a file holding the start, CLOCK_MONOTONIC, which
+    every process shares: it appears once every client is ready), slice_s, slices, role
+    (read/write), objects (hex of the read set), id, seed, lat (a path prefix: latencies in
+    µs, one array file per side and op).
     """
     roots = {side: Path(p) for side, p in config["roots"].items()}
     order: list[str] = config["order"]
-    start, slice_s, slices = config["start"], config["slice_s"], config["slices"]
+    Path(config["ready"]).touch()
+    while not os.path.exists(config["go"]):
+        time.sleep(0.01)
+    start = float(Path(config["go"]).read_text())
+    slice_s, slices = config["slice_s"], config["slices"]
     end = start + slice_s * slices
     rng = random.Random(config["seed"])
     objects: list[str] = config["objects"]
@@ -165,10 +171,12 @@ def run_clients(
 ) -> dict[str, Any]:
     """Run `clients` client processes (`writers` of them writing) over `slices` slices of
     `slice_s` seconds, the sides of `roots` in turn; while on "alkfs", write `sweep` into
-    `control` every `sweep_every` seconds (a sweep longer than that: the next at once). The merged figures: ops, errors, latencies (µs, sorted),
-    pinned ([name, hex]), clients (each one's id, role and ops), sweeps (each {"s", "deleted", "aborted"} or {"errno"})."""
+    `control` every `sweep_every` seconds (a sweep longer than that: the next at once),
+    from the moment every client is ready. The merged figures: ops, errors, latencies (µs,
+    sorted), pinned ([name, hex]), clients (each one's id, role and ops), sweeps (each
+    sweep's report with "s", its time through the control file, or {"errno"})."""
     order = list(roots)
-    start = time.monotonic() + 1.0 + 0.05 * clients  # (every client started and waiting)
+    go = work / "go"
     procs = []
     objects_file = work / "objects.json"
     objects_file.write_text(json.dumps(objects))
@@ -176,7 +184,8 @@ def run_clients(
         config = {
             "roots": {side: str(p) for side, p in roots.items()},
             "order": order,
-            "start": start,
+            "ready": str(work / f"ready-{i}"),
+            "go": str(go),
             "slice_s": slice_s,
             "slices": slices,
             "role": "write" if i < writers else "read",
@@ -196,6 +205,14 @@ def run_clients(
         )
     sweeps: list[dict[str, Any]] = []
     try:
+        deadline = time.monotonic() + 120
+        while not all((work / f"ready-{i}").exists() for i in range(clients)):
+            if any(p.poll() is not None for p in procs) or time.monotonic() > deadline:
+                raise RuntimeError("a client exited or was not ready within 120 s")
+            time.sleep(0.01)
+        start = time.monotonic() + 0.1
+        (work / "go.tmp").write_text(repr(start))
+        os.rename(work / "go.tmp", go)
         end = start + slice_s * slices
         next_sweep = start
         while (now := time.monotonic()) < end:

