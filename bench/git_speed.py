@@ -1,6 +1,6 @@
 """git through the mount with derived packs, against a native packed clone.
 
-    python bench/git_speed.py [--commits 4000] [--runs 7] [--quick]
+    python bench/git_speed.py [--commits 4000] [--runs 7] [--quick] [--versus DIR]
 
 A generated history of realistic shape (deep directories, files edited a few lines at a
 time, one long file edited by many commits; ~14 objects a commit) is imported into a fresh
@@ -13,6 +13,11 @@ warm against three sides, interleaved, medians of paired runs:
 
 It prints the ratios A/N and R/N, the pack count and sizes of both sides, and the time
 the import and the packing took. Commands under 50 ms native get at least 21 runs.
+
+`--versus DIR` also mounts a copy of the store with the daemon found on DIR (put first
+on PYTHONPATH: e.g. `mkdir -p /tmp/old && git archive HEAD~3 alkfs daemon | tar -x -C
+/tmp/old && ln -s daemon /tmp/old/alkfsd`) and times its A and R in the same rounds
+(columns A0/N, R0/N): a before/after comparison under the same load.
 """
 
 from __future__ import annotations
@@ -126,6 +131,14 @@ def listed_ids(mnt: Path) -> set[str]:
     return out
 
 
+def alternates_user(path: Path, mnt: Path, refs: bytes) -> Path:
+    """A bare repository whose objects/info/alternates is MNT/git/sha1, with `refs`."""
+    git("init", "-q", "--bare", "-b", "main", str(path))
+    (path / "objects" / "info" / "alternates").write_text(f"{mnt}/git/sha1\n")
+    git(f"--git-dir={path}", "update-ref", "--stdin", input=refs)
+    return path
+
+
 def time_to_packed(src: Path, repo: Path, mnt: Path) -> float:
     """Push 200 new commits into MNT/repos/ID; seconds from the push's end until every
     object of it is in a listed pack (the daemon runs with ALKFS_PACK_EVERY=1)."""
@@ -162,11 +175,12 @@ def main() -> int:
     p.add_argument("--commits", type=int, default=4000)
     p.add_argument("--runs", type=int, default=7)
     p.add_argument("--quick", action="store_true")
+    p.add_argument("--versus", type=Path, help="a source tree to compare with (A0, R0)")
     args = p.parse_args()
     if args.quick:
         args.commits, args.runs = 400, 3
     tmp = Path(tempfile.mkdtemp(prefix="alkfs-git-speed-"))
-    mount = None
+    mount = versus = None
     try:
         src = tmp / "src.git"
         t0 = time.perf_counter()
@@ -196,6 +210,29 @@ def main() -> int:
             )
         mnt = tmp / "mnt"
         os.environ["ALKFS_PACK_EVERY"] = "1"  # the intake pack of the push below
+        refs = git(f"--git-dir={src}", "for-each-ref", "--format=update %(refname) %(objectname)")
+        sides = {"N": native}
+        if args.versus is not None:
+            shutil.copytree(store, tmp / "store0", symlinks=True)
+            versus = Mount(
+                "alkfsd (versus)",
+                [
+                    "env",
+                    f"PYTHONPATH={args.versus.resolve()}",
+                    str(BIN / "python"),
+                    "-m",
+                    "alkfsd.main",
+                    str(tmp / "store0"),
+                    str(tmp / "mnt0"),
+                    "--window",
+                    "1h",
+                ],
+                tmp / "mnt0",
+                tmp / "alkfsd0.log",
+            )
+            versus.start()
+            sides["A0"] = alternates_user(tmp / "alt0.git", tmp / "mnt0", refs)
+            sides["R0"] = tmp / "mnt0" / "repos" / "bench"
         mount = Mount(
             "alkfsd",
             [str(BIN / "python"), "-m", "alkfsd.main", str(store), str(mnt), "--window", "1h"],
@@ -203,12 +240,9 @@ def main() -> int:
             tmp / "alkfsd.log",
         )
         mount.start()
-        alt = tmp / "alt.git"
-        git("init", "-q", "--bare", "-b", "main", str(alt))
-        (alt / "objects" / "info" / "alternates").write_text(f"{mnt}/git/sha1\n")
-        refs = git(f"--git-dir={src}", "for-each-ref", "--format=update %(refname) %(objectname)")
-        git(f"--git-dir={alt}", "update-ref", "--stdin", input=refs)
+        alt = alternates_user(tmp / "alt.git", mnt, refs)
         repo = mnt / "repos" / "bench"
+        sides["A"], sides["R"] = alt, repo
         n_packs, n_bytes = packs_of(native / "objects")
         m_packs, m_bytes = packs_of(mnt / "git" / "sha1")
         print(
@@ -220,31 +254,51 @@ def main() -> int:
             f"mount:  {m_packs} pack(s), {m_bytes / 1e6:.1f} MB, bitmap no, commit-graph "
             f"{'yes (split chain)' if (mnt / 'git/sha1/info/commit-graphs').exists() else 'no'}"
         )
-        results = {}
-        print(f"{'command':45} {'native ms':>10} {'A/N':>6} {'R/N':>6}")
+        results: dict = {"load": os.getloadavg()[0]}
+        others = [k for k in sides if k != "N"]
+        print(
+            f"{'command':45} {'native ms':>10} "
+            + " ".join(f"{k + '/N':>6}" for k in others)
+            + " "
+            + " ".join(f"{k + ' ms':>8}" for k in others)
+        )
         for name, cmd in COMMANDS.items():
-            for side in (native, alt, repo):  # warm every side first
+            for side in sides.values():  # warm every side first
                 timed(side, cmd)
             base = timed(native, cmd)
             runs = max(args.runs, 21 if base < 0.05 else args.runs)
-            t = {"N": [], "A": [], "R": []}
+            t: dict[str, list[float]] = {k: [] for k in sides}
             for _ in range(runs):
-                t["N"].append(timed(native, cmd))
-                t["A"].append(timed(alt, cmd))
-                t["R"].append(timed(repo, cmd))
+                for k, side in sides.items():
+                    t[k].append(timed(side, cmd))
             med = {k: statistics.median(v) for k, v in t.items()}
-            ra = statistics.median(a / n for a, n in zip(t["A"], t["N"], strict=True))
-            rr = statistics.median(r / n for r, n in zip(t["R"], t["N"], strict=True))
-            results[name] = {"native_ms": med["N"] * 1e3, "A": ra, "R": rr, "runs": runs}
-            print(f"{name:45} {med['N'] * 1e3:10.1f} {ra:6.2f} {rr:6.2f}")
+            ratio = {
+                k: statistics.median(x / n for x, n in zip(t[k], t["N"], strict=True))
+                for k in others
+            }
+            results[name] = {
+                "native_ms": med["N"] * 1e3,
+                **ratio,
+                **{f"{k}_ms": med[k] * 1e3 for k in others},
+                "runs": runs,
+            }
+            print(
+                f"{name:45} {med['N'] * 1e3:10.1f} "
+                + " ".join(f"{ratio[k]:6.2f}" for k in others)
+                + " "
+                + " ".join(f"{med[k] * 1e3:8.1f}" for k in others)
+            )
+        results["load_after"] = os.getloadavg()[0]
+        print(f"load average {results['load']:.1f} before, {results['load_after']:.1f} after")
         results["time_to_packed_s"] = time_to_packed(src, repo, mnt)
         out = ROOT / "bench" / "out" / ("git-speed-quick.json" if args.quick else "git-speed.json")
         out.parent.mkdir(exist_ok=True)
         out.write_text(json.dumps(results, indent=1) + "\n")
         return 0
     finally:
-        if mount is not None:
-            mount.stop()
+        for m in (mount, versus):
+            if m is not None:
+                m.stop()
         shutil.rmtree(tmp, ignore_errors=True)
 
 

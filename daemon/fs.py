@@ -23,6 +23,7 @@ to 1024 bytes through) and an extended attribute value over XATTR_VALUE_MAX byte
 from __future__ import annotations
 
 import errno
+import functools
 import logging
 import os
 from collections.abc import Sequence
@@ -30,8 +31,10 @@ from typing import Any
 
 import pyfuse3
 
+from . import listings
 from .context import Context
 from .errors import RateLimit, fail, fuse_op
+from .listings import Listings
 from .nodes.base import DirHandle, Handle, Node, wants_write
 from .nodes.root import Root
 
@@ -432,14 +435,27 @@ class Operations(pyfuse3.Operations):
             await h.release()
 
     # -- directories --------------------------------------------------------------------
+    # A node with `caches_listing` has its listing cached by the kernel, checked at every
+    # open against the listing now (daemon/listings.py): READDIRs of such an open are
+    # served from the snapshot its OPENDIR took, and come only when the cache was dropped.
+    @functools.cached_property
+    def listings(self) -> Listings:
+        return listings.of(self.ctx)
+
     @fuse_op(_ino)
-    async def opendir(self, inode: int, ctx: Any) -> int:
+    async def opendir(  # type: ignore[override]  # (a stock pyfuse3 says int only)
+        self, inode: int, ctx: Any
+    ) -> int | pyfuse3.FileInfo:
         node = self.node(inode)
         self._may_read(ctx, node)
         dh = await node.opendir(ctx)
         fh = self._fh_for()
         self.dirs[fh] = dh
-        return fh
+        try:
+            return await self.listings.open(inode, fh, node, dh)
+        except BaseException:
+            self.dirs.pop(fh, None)
+            raise
 
     @fuse_op(_dh)
     async def readdir(self, fh: int, start_id: int, token: Any) -> None:
@@ -458,13 +474,28 @@ class Operations(pyfuse3.Operations):
             count(node)
             return True
 
+        snap = self.listings.snapshots.get(fh) if self.listings.snapshots else None
+        if snap is not None:
+            entries = self.listings.entries_after(snap, start_id)
+            if entries is not None:
+                if start_id == 0:
+                    self.listings.filling(snap)
+                for name, node, next_id in entries:
+                    if not emit(name, node, next_id):
+                        return
+                return
         await dh.node.readdir(dh, start_id, emit)
 
-    @fuse_op(_dh)
+    # (every listing ends in one: a handle with nothing to release skips the wrapper)
     async def releasedir(self, fh: int) -> None:
+        self.listings.release(fh)
         dh = self.dirs.pop(fh, None)
-        if dh is not None:
-            await dh.release()
+        if dh is not None and type(dh).release is not DirHandle.release:
+            await self._releasedir(fh, dh)
+
+    @fuse_op(_dh)
+    async def _releasedir(self, fh: int, dh: DirHandle) -> None:
+        await dh.release()
 
     @fuse_op(_dh)
     async def fsyncdir(self, fh: int, datasync: bool) -> None:

@@ -29,14 +29,19 @@ class Invalidator:
 
     def __init__(self, live: bool) -> None:
         self.live = live
-        self.recorded: list[tuple[int, bytes, int]] = []
-        self._q: queue.SimpleQueue[tuple[int, bytes, int] | None] = queue.SimpleQueue()
+        self.recorded: list[tuple[int, bytes | None, int]] = []
+        self._q: queue.SimpleQueue[tuple[int, bytes | None, int] | None] = queue.SimpleQueue()
         self._cond = threading.Condition()
         self._submitted = 0
         self._done = 0
         self._thread: threading.Thread | None = None
 
-    def submit(self, parent_ino: int, name: bytes, deleted_ino: int = 0) -> int:
+    def submit_inode(self, ino: int) -> int:
+        """Queue the invalidation of an inode's attributes (a directory's cached listing is
+        then checked against its mtime: daemon/listings.py); returns its sequence number."""
+        return self.submit(ino, None)
+
+    def submit(self, parent_ino: int, name: bytes | None, deleted_ino: int = 0) -> int:
         """Queue one invalidation (thread-safe); returns its sequence number."""
         with self._cond:
             self._submitted += 1
@@ -73,7 +78,10 @@ class Invalidator:
         while (item := self._q.get()) is not None:
             parent, name, deleted = item
             try:
-                pyfuse3.invalidate_entry(parent, name, deleted)
+                if name is None:
+                    pyfuse3.invalidate_inode(parent, attr_only=True)
+                else:
+                    pyfuse3.invalidate_entry(parent, name, deleted)
             except OSError as exc:
                 if exc.errno not in (errno.ENOENT, errno.ENOTDIR, errno.EBADF, errno.ENODEV):
                     log.warning(

@@ -66,6 +66,7 @@ class Served:
         self.last_built: dict[str, float] = {}
         self._base: dict[str, tuple[int, dict[int, list[bytes]]]] = {}
         self._new: dict[str, tuple[int, int, dict[int, list[bytes]]]] = {}
+        self._memo: dict[tuple[str, int], tuple[tuple[int, int], list[bytes]]] = {}
         off = os.environ.get("ALKFS_PACKS", "").lower() in ("0", "off", "no")
         for fmt in () if off else FORMATS:
             try:
@@ -109,24 +110,33 @@ class Served:
         if new is None or new[0] != gen.number or new[1] != top:
             new = (gen.number, top, await self.ctx.run_sync(self._stored_since, d, gen))
             self._new[fmt] = new
-        digests = set(base[1].get(prefix, ())) | set(new[2].get(prefix, ()))
+        # the kv candidates of one prefix, sorted, while the set and the highest row stay
+        memo = self._memo.get((fmt, prefix))
+        if memo is None or memo[0] != (gen.number, top):
+            kv = set(base[1].get(prefix, ())) | set(new[2].get(prefix, ()))
+            memo = ((gen.number, top), sorted(kv))
+            self._memo[(fmt, prefix)] = memo
+        ordered = memo[1]
         store = self.ctx.store
         algo = d.algo
         if store.large is not None:  # large/<algo>/<xx>/<hex> (alkfs/tiers/local.py)
             try:
-                names = os.listdir(store.large.root / algo.label / f"{prefix:02x}")
+                names = os.listdir(f"{store.large.root}/{algo.label}/{prefix:02x}")
             except FileNotFoundError:
                 names = []
+            extra = set()
             for name in names:
                 try:
                     digest = bytes.fromhex(name)
                 except ValueError:
                     continue
                 if len(digest) == algo.digest_len and digest[0] == prefix and digest not in gen:
-                    digests.add(digest)
+                    extra.add(digest)
+            if extra:
+                ordered = sorted(extra.union(ordered))
         out = []
         tag = bytes([algo.value])
-        for digest in sorted(digests):
+        for digest in ordered:  # each stat'ed: one deleted since is not listed
             st = store.stat(Key(tag + digest))
             if st is not None:
                 out.append(st)
@@ -182,7 +192,9 @@ class Served:
             self._removing |= {(fmt, n) for n in doomed}
         try:
             on_disk = set(d.generations_on_disk())
-            gone = d.prune(on_disk - doomed)  # only these: one retired since is not counted
+            # only these: one retired since is not counted (a fleet's member: `held` are
+            # its own holds, and the fleet's decide: alkfs/git/shared_packs.py)
+            gone = d.prune(on_disk - doomed, mine=held)
             if gone:
                 log.info("derived %s: removed retired generation(s) %s", fmt, gone)
         except OSError as exc:
@@ -201,10 +213,14 @@ class Served:
                 log.exception("derived %s: a view failed to drop retired names", fmt)
         self.prune(fmt)
 
-    async def build(self, fmt: str) -> dict[str, Any]:
+    async def build(self, fmt: str, wait: bool = True) -> dict[str, Any]:
+        """Build and publish a set now; in a fleet, if another daemon is building it and
+        not `wait`, nothing (that daemon publishes it for every member)."""
         d = self.derived[fmt]
         async with self.building:
-            result = await self.ctx.run_sync(d.build)
+            result = await self.ctx.run_sync(functools.partial(d.build, wait=wait))
+        if result is None:
+            return {"built": False, "why": "another daemon of the fleet is building"}
         self.last_built[fmt] = time.monotonic()
         return result.to_dict()
 
@@ -272,14 +288,14 @@ async def run(ctx: Context) -> None:
                 if staging and bool(await ctx.run_sync(d.staged_in_current)):
                     # a set without them, published before their window ends, so that
                     # the sweep that deletes them need not rebuild
-                    await s.build(fmt)
+                    await s.build(fmt, wait=False)
                     continue
                 new = await ctx.run_sync(d.new_since, gen)
                 if not new:
                     continue
                 since = time.monotonic() - s.last_built.get(fmt, 0.0)
                 if gen is None or new >= batch or since >= every:
-                    await s.build(fmt)
+                    await s.build(fmt, wait=False)
             except Exception:
                 log.exception("derived %s: the intake build failed", fmt)
                 s.last_built[fmt] = time.monotonic()  # not again before `every`

@@ -26,7 +26,10 @@ directory that appeared only once it held an object would need a negative entry
 with a short timeout, or an invalidation on every first object of a prefix, and
 git would re-ask for it. git's enumerations (`--batch-all-objects`, fsck,
 abbreviated ids) open all 256 paths anyway, and in any store of more than a few
-thousand objects every prefix is populated.
+thousand objects every prefix is populated. The kernel caches the listings of the fan-out
+directories and of `pack/` and `info/` (FOPEN_CACHE_DIR, checked at every open against the
+listing then: daemon/listings.py), so a git process's 256 listings cost an OPENDIR and a
+RELEASEDIR each, no READDIR.
 
 Writes are git's own loose-object protocol (daemon/scratch.py): a temporary file made
 in `<format>/` or `<format>/<xx>/` lives in the scratch area; `link` or `rename` of it to
@@ -59,8 +62,8 @@ from alkfs.git.objects import BLOCK, encode_loose, loose_size
 from alkfs.keys import Algorithm, Key
 from alkfs.store import ObjectStat
 
+from .. import listings, scratch
 from .. import packs as derived_packs
-from .. import scratch
 from ..context import DYNAMIC_TIMEOUT, OBJECT_TIMEOUT
 from ..errors import fail
 from .base import (
@@ -254,9 +257,14 @@ class EmptyDir(Dir):
 
 class DerivedDir(Dir):
     """`pack/`, `info/` or `info/commit-graphs/` of /git/<format>: the published set's
-    files under that path (nothing when no set is published)."""
+    files under that path (nothing when no set is published). The kernel caches the
+    listing, checked at each open (daemon/listings.py)."""
 
+    caches_listing = True
     __slots__ = ("fmt", "rel")
+
+    def mtime_ns(self) -> int:
+        return listings.of(self.ctx).mtime_ns(self.ino, self.ctx.started_ns)
 
     def __init__(self, ctx: Context, parent: Node, fmt: str, rel: str, name: bytes) -> None:
         super().__init__(ctx, ("dir", f"{parent.path}/{name.decode()}"), parent, name)
@@ -382,9 +390,16 @@ class DerivedHandle(Handle):
 
 class FanoutDir(scratch.ScratchOverlay, Dir):
     """/git/<format>/<xx>: the objects whose id starts with xx, listed a page at a time in
-    key order (offsets are the objects' cookies, as in /objects)."""
+    key order (offsets are the objects' cookies, as in /objects). The kernel caches the
+    listing, checked at each open against the listing then (daemon/listings.py): git lists
+    all 256 in every process that abbreviates an id, and most hold nothing unpacked. So
+    does /repos/<id>/objects/<xx>, which lists nothing."""
 
+    caches_listing = True
     __slots__ = ("algo", "prefix")
+
+    def mtime_ns(self) -> int:
+        return listings.of(self.ctx).mtime_ns(self.ino, self.ctx.started_ns)
 
     def __init__(
         self, ctx: Context, parent: Node, algo: Algorithm, xx: bytes, ident: tuple | None = None
