@@ -428,6 +428,16 @@ class FanoutDir(scratch.ScratchOverlay, Dir):
         them waits in `dh.state` for the next call, which resumes after the last entry
         it was given (any other offset restarts from that offset's key)."""
         algo, prefix, state_ = self.algo, self.prefix, dh.state
+        fmt = "sha1" if algo is Algorithm.GIT_SHA1 else "sha256"
+        unpacked = await derived_packs.served(self.ctx).unpacked(fmt, prefix)
+        if unpacked is not None:  # a set is published: list only what it lacks
+            for st in unpacked:
+                c = cookie(st.key)
+                if c <= start:
+                    continue
+                if not emit(st.key.hex[2:].encode(), LooseFile.fresh(self.ctx, self, st), c):
+                    return
+            return
         recent: dict[int, bytes] = state_.setdefault("recent", {})
         if start >= FIRST_OFFSET and state_.get("last") == start:
             ahead: list[ObjectStat] = state_["ahead"]
@@ -441,16 +451,6 @@ class FanoutDir(scratch.ScratchOverlay, Dir):
                 raw = recent.get(start)
                 after = Key(raw) if raw is not None else after_cookie(algo, start)
                 count = -1  # not listed from the start: says nothing about the prefix's size
-        fmt = "sha1" if algo is Algorithm.GIT_SHA1 else "sha256"
-        unpacked = await derived_packs.served(self.ctx).unpacked(fmt, prefix)
-        if unpacked is not None:  # a set is published: list only what it lacks
-            for st in unpacked:
-                c = cookie(st.key)
-                if c <= start:
-                    continue
-                if not emit(st.key.hex[2:].encode(), LooseFile.fresh(self.ctx, self, st), c):
-                    return
-            return
         typical = getattr(self.parent, "typical", FIRST_PAGE)
         limit = max(FIRST_PAGE, typical + typical // 4 + 8)
         i = 0
