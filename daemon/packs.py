@@ -192,9 +192,7 @@ class Served:
             self._removing |= {(fmt, n) for n in doomed}
         try:
             on_disk = set(d.generations_on_disk())
-            # only these: one retired since is not counted (a fleet's member: `held` are
-            # its own holds, and the fleet's decide: alkfs/git/shared_packs.py)
-            gone = d.prune(on_disk - doomed, mine=held)
+            gone = d.prune(on_disk - doomed)  # only these: one retired since is not counted
             if gone:
                 log.info("derived %s: removed retired generation(s) %s", fmt, gone)
         except OSError as exc:
@@ -213,14 +211,10 @@ class Served:
                 log.exception("derived %s: a view failed to drop retired names", fmt)
         self.prune(fmt)
 
-    async def build(self, fmt: str, wait: bool = True) -> dict[str, Any]:
-        """Build and publish a set now; in a fleet, if another daemon is building it and
-        not `wait`, nothing (that daemon publishes it for every member)."""
+    async def build(self, fmt: str) -> dict[str, Any]:
         d = self.derived[fmt]
         async with self.building:
-            result = await self.ctx.run_sync(functools.partial(d.build, wait=wait))
-        if result is None:
-            return {"built": False, "why": "another daemon of the fleet is building"}
+            result = await self.ctx.run_sync(d.build)
         self.last_built[fmt] = time.monotonic()
         return result.to_dict()
 
@@ -288,14 +282,14 @@ async def run(ctx: Context) -> None:
                 if staging and bool(await ctx.run_sync(d.staged_in_current)):
                     # a set without them, published before their window ends, so that
                     # the sweep that deletes them need not rebuild
-                    await s.build(fmt, wait=False)
+                    await s.build(fmt)
                     continue
                 new = await ctx.run_sync(d.new_since, gen)
                 if not new:
                     continue
                 since = time.monotonic() - s.last_built.get(fmt, 0.0)
                 if gen is None or new >= batch or since >= every:
-                    await s.build(fmt, wait=False)
+                    await s.build(fmt)
             except Exception:
                 log.exception("derived %s: the intake build failed", fmt)
                 s.last_built[fmt] = time.monotonic()  # not again before `every`
