@@ -3,13 +3,17 @@
 A pin names exactly one object and survives restarts. A pin on a git object
 keeps its whole closure (as a ref would); a pin on any other object keeps that
 object. `contains` answers from an in-memory memo (never I/O under the
-arbitration lock), conservatively live when the memo is cold or a pin write
-landed after the memo was built.
+arbitration lock): live when the memo is cold, when the memo holds the key, or when
+a pin written after the memo was built names it or is a git object (whose closure
+would need a walk: conservatively live). Only `pin` can make an object live, so only
+it moves `write_counter`; unpins and renames cannot, and a sweep under a steady
+stream of new pins of plain objects still collects what none of them names.
 """
 
 from __future__ import annotations
 
 import builtins
+import functools
 import hashlib
 import re
 import threading
@@ -18,15 +22,17 @@ from typing import TYPE_CHECKING
 
 from .db import now_ns
 from .errors import Exists, Invalid, Missing
-from .git.closure import Walker, memo_contains
+from .git.closure import Walker
 from .git.tables import Tables
-from .keys import Key
+from .keys import Algorithm, Key
 from .schema import PINS
 
 if TYPE_CHECKING:
     from .git.closure import RefClosure
     from .store import Store
 
+ADDED_MAX = 100_000  # pins remembered for `contains` between two memos
+GIT_ALGOS = frozenset(a.value for a in Algorithm if a.is_git)
 PIN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}\Z")
 
 
@@ -54,13 +60,21 @@ class Pins:
         else:
             self.walker = closure.walker
         self.write_counter = 0
+        # (counter after the pin, its key) of the pins written since the memo's counter;
+        # `_lost` is the highest counter whose entry was dropped (the log's cap)
+        self._added: list[tuple[int, bytes]] = []
+        self._lost = 0
         self.builds = 0
         self._memo: tuple[str | None, int, set[bytes]] | None = None
         self._lock = threading.Lock()
 
-    def _bump(self) -> None:
+    def _bump(self, key: bytes) -> None:
         with self._lock:
             self.write_counter += 1
+            self._added.append((self.write_counter, key))
+            if len(self._added) > ADDED_MAX:
+                self._lost = self._added[0][0]
+                del self._added[0]
 
     def _check_name(self, name: str) -> None:
         if not valid_pin_name(name):
@@ -99,13 +113,14 @@ class Pins:
             return record
         finally:
             # The counter moves after the commit, in the same locked step that drops the pin.
-            self.store.arbiter.convert(held, self._bump if wrote else lambda: None)
+            bump = functools.partial(self._bump, key.raw) if wrote else lambda: None
+            self.store.arbiter.convert(held, bump)
 
     def unpin(self, name: str) -> None:
         with self.tables.tx() as conn:
             if conn.execute("DELETE FROM pins WHERE name = ?", (name,)).rowcount != 1:
                 raise Missing(f"no pin {name!r}")
-        self._bump()
+        # (no counter move: an unpin makes nothing live)
 
     def rename(self, old: str, new: str, replace: bool = False) -> None:
         """Rename a pin (Missing: no `old`); a pin `new` is Exists, or with `replace`
@@ -121,7 +136,7 @@ class Pins:
                     raise Exists(f"the pin {new!r} exists")
                 conn.execute("DELETE FROM pins WHERE name = ?", (new,))
             conn.execute("UPDATE pins SET name = ? WHERE name = ?", (new, old))
-        self._bump()
+        # (no counter move: the same objects stay pinned)
 
     def list(self) -> list[PinRecord]:
         rows = self.tables.read("SELECT name, key, created_ns FROM pins ORDER BY name")
@@ -155,7 +170,22 @@ class Pins:
         with self._lock:
             self.builds += 1
             self._memo = (fingerprint if missing == 0 else None, counter, live)
+            self._added = [(c, k) for c, k in self._added if c > counter]
         return live
 
     def contains(self, key: bytes) -> bool:
-        return memo_contains(self._memo, key, lambda: self.write_counter)
+        memo = self._memo
+        if memo is None or key in memo[2]:
+            return True
+        with self._lock:
+            since = memo[1]
+            if self.write_counter == since:
+                return False
+            if self._lost > since:
+                return True  # (more pins since than the log keeps)
+            for counter, added in reversed(self._added):
+                if counter <= since:
+                    break
+                if added == key or added[0] in GIT_ALGOS:
+                    return True
+            return False

@@ -180,3 +180,28 @@ def test_a_pin_write_straddling_a_mark_answers_live_never_dead(app):
     assert app.store.arbiter.pin_count(key) == 0
     assert app.pins.write_counter == 1
     assert app.pins.contains(key.raw) is True
+
+
+def test_pins_written_after_the_mark_keep_only_what_they_name_unless_git(app):
+    """A sweep's arbitration after its mark (the memo): a dead object stays dead while
+    other plain objects are pinned, unpinned and renamed (steady churn must not starve
+    the sweep); the newly pinned object is live; a git object pinned since makes every
+    candidate live (its closure would need a walk)."""
+    dead = app.store.add(b"nobody keeps this")
+    kept = app.store.add(b"pinned before the mark")
+    app.pins.pin("before", kept)
+    app.pins.live_keys()  # (what the sweep's mark computes)
+    assert app.pins.contains(dead.raw) is False
+    later = [app.store.add(f"pinned after the mark {i}".encode()) for i in range(50)]
+    for i, key in enumerate(later):
+        app.pins.pin(f"later-{i}", key)
+    app.pins.rename("later-0", "renamed")
+    app.pins.unpin("later-1")
+    assert app.pins.contains(dead.raw) is False
+    assert all(app.pins.contains(k.raw) for k in later)
+    assert app.pins.contains(kept.raw) is True
+    blob = app.store.add(canonical("blob", b"git\n"), algo=Algorithm.GIT_SHA1)
+    app.pins.pin("a-git-object", blob)
+    assert app.pins.contains(dead.raw) is True
+    app.pins.live_keys()  # the next mark: exact again
+    assert app.pins.contains(dead.raw) is False
