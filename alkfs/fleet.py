@@ -22,9 +22,11 @@ family; `alkfs/schema.py` documents the tables):
   that also runs the sweep's statements, so losing the lock ends the sweep as report
   data. The lease holder removes what dead sessions left.
 - **What one daemon changes, the others learn**: deletions go to `fleet_deletions` with
-  `NOTIFY alkfs_deleted`, ref changes to `NOTIFY alkfs_refs` (payload: the repository);
-  a listener thread replays the log from where it was (after a reconnect too) into the
-  store's deletion hooks, and calls `on_refs` callbacks.
+  `NOTIFY alkfs_deleted`, ref changes to `NOTIFY alkfs_refs` (payload: the repository),
+  a derived pack set published for the fleet to `NOTIFY alkfs_packs` (payload: the
+  format; alkfs/git/shared_packs.py); a listener thread replays the log from where it
+  was (after a reconnect too) into the store's deletion hooks, and calls the `on_refs`
+  and `on_packs` callbacks.
 """
 
 from __future__ import annotations
@@ -73,6 +75,7 @@ class Fleet:
         self.tainted: set[bytes] = set()  # pinned when the session lapsed, and gone since
         self.lapses = 0
         self.on_refs: list[Callable[[str | None], None]] = []
+        self.on_packs: list[Callable[[str | None], None]] = []  # (a format, None: any)
         self._stop = threading.Event()
         self.node = node  # (also the name of its in-flight directories)
         self._join()
@@ -130,6 +133,8 @@ class Fleet:
             len(held),
             len(lost),
         )
+        # (the derived sets it held may have been retired and removed meanwhile)
+        self._tell(self.on_packs, None)
 
     def _beat(self) -> None:
         every = max(0.05, self.ttl_ns / 3e9)
@@ -280,6 +285,7 @@ class Fleet:
         for node in dead:
             with self.db.tx() as conn:
                 conn.execute("DELETE FROM fleet_pins WHERE node = ?", (node,))
+                conn.execute("DELETE FROM fleet_pack_holds WHERE node = ?", (node,))
                 conn.execute("DELETE FROM fleet_nodes WHERE id = ?", (node,))
             self.remove_files_of(node)
         self.db.execute(f"DELETE FROM fleet_deletions WHERE at_ns < {NOW} - ?", (LOG_KEEP_NS,))
@@ -292,6 +298,8 @@ class Fleet:
         if root is None:
             return
         for path in (root / NODES_DIR / node, root / "large" / ".staging" / node):
+            shutil.rmtree(path, ignore_errors=True)
+        for path in root.glob(f"derived/*/tmp-{node}-*"):  # (its derived builds cut short)
             shutil.rmtree(path, ignore_errors=True)
 
     def inflight_dir(self) -> Path | None:
@@ -310,25 +318,28 @@ class Fleet:
                 with self.db.dedicated() as conn:
                     conn.execute("LISTEN alkfs_deleted")
                     conn.execute("LISTEN alkfs_refs")
+                    conn.execute("LISTEN alkfs_packs")
                     self.replay()
                     if lost:  # (not at the first connection: nothing was missed then)
                         lost = False
                         log.info("fleet: the listener is back; the deletion log replayed")
                         for fn in list(self.on_refs):
                             fn(None)  # (ref changes missed while away: any repository's)
+                        self._tell(self.on_packs, None)
                     while not self._stop.is_set():
                         repos: set[str] = set()
-                        deletions = False
+                        packs: set[str] = set()
                         for note in conn.notifies(timeout=1.0, stop_after=1):
                             if note.channel == "alkfs_refs":
                                 repos.add(note.payload)
-                            else:
-                                deletions = True
+                            elif note.channel == "alkfs_packs":
+                                packs.add(note.payload)
                         self.replay()
-                        if deletions or repos:
-                            for repo in repos:
-                                for fn in list(self.on_refs):
-                                    fn(repo)
+                        for repo in repos:
+                            for fn in list(self.on_refs):
+                                fn(repo)
+                        for fmt in packs:
+                            self._tell(self.on_packs, fmt)
             except Exception as exc:
                 if self._stop.is_set():
                     return
@@ -336,6 +347,14 @@ class Fleet:
                     lost = True
                     log.warning("fleet: listener lost its connection (%s); again each second", exc)
                 self._stop.wait(1.0)
+
+    @staticmethod
+    def _tell(callbacks: list[Callable[[str | None], None]], what: str | None) -> None:
+        for fn in list(callbacks):
+            try:
+                fn(what)
+            except Exception:
+                log.exception("fleet: a notice's callback failed (%s)", what)
 
     def replay(self) -> int:
         """Run the deletion hooks for what the log has after `last_seq`."""
@@ -386,6 +405,7 @@ class Fleet:
         try:
             with self.db.tx() as conn:
                 conn.execute("DELETE FROM fleet_pins WHERE node = ?", (self.node,))
+                conn.execute("DELETE FROM fleet_pack_holds WHERE node = ?", (self.node,))
                 conn.execute("DELETE FROM fleet_nodes WHERE id = ?", (self.node,))
         except AlkfsError as exc:
             log.warning("fleet: could not leave cleanly (%s): the session expires", exc)

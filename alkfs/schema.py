@@ -189,6 +189,34 @@ FLEET_DELETIONS = Table(
     engines=frozenset({"postgresql"}),
 )
 
+FLEET_PACKS = Table(
+    "fleet_packs",
+    "The derived pack set each object format publishes to the whole fleet (its files "
+    "are in STORE/derived/<fmt>/gen-<generation>/, a directory every daemon sees); "
+    "changed by the one daemon that builds at a time, with NOTIFY alkfs_packs.",
+    (
+        Column("fmt", "text", "the object format: sha1, sha256"),
+        Column("generation", "int", "the published generation (0: none)"),
+        Column("published_ns", "int", "when (the database's clock)"),
+    ),
+    ("fmt",),
+    engines=frozenset({"postgresql"}),
+)
+
+FLEET_PACK_HOLDS = Table(
+    "fleet_pack_holds",
+    "The derived generations each daemon serves or still has files of open: a "
+    "generation's directory is removed only when no live session holds it.",
+    (
+        Column("node", "text", "fleet_nodes.id of the holding daemon"),
+        Column("fmt", "text", "the object format"),
+        Column("generation", "int", "the generation held"),
+        Column("serving", "int", "1: the set this daemon lists now; 0: open files only"),
+    ),
+    ("node", "fmt", "generation"),
+    engines=frozenset({"postgresql"}),
+)
+
 TABLES = (
     META,
     BLOBS,
@@ -201,6 +229,8 @@ TABLES = (
     FLEET_PINS,
     FLEET_EPOCH,
     FLEET_DELETIONS,
+    FLEET_PACKS,
+    FLEET_PACK_HOLDS,
 )
 
 MIGRATIONS: dict[int, tuple[str, ...]] = {}

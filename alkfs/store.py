@@ -142,7 +142,9 @@ class Store:
         self.deleted_hooks: list[Callable[[bytes], None]] = []
         # Held around each batch of a sweep's deletions (the layers above register them:
         # alkfs/app.py adds the derived packs' guard).
-        self.delete_guards: list[Callable[[list[bytes]], AbstractContextManager[object]]] = []
+        self.delete_guards: list[
+            Callable[[list[bytes]], AbstractContextManager[set[bytes] | None]]
+        ] = []
         self._verified: dict[bytes, tuple[int, int, int, int]] = {}
         self._lock_fd: int | None = None
         self._vlock = threading.Lock()

@@ -37,12 +37,15 @@ from alkfs.git.packs import FORMATS, Derived, Generation, derived_for
 from alkfs.keys import Key
 from alkfs.store import ObjectStat
 
+from .context import DYNAMIC_TIMEOUT
+
 if TYPE_CHECKING:
     from .context import Context
 
 log = logging.getLogger("alkfsd")
 
 View = Callable[[str, Generation | None, Generation | None], None]
+RETIRE_GRACE_S = 2 * DYNAMIC_TIMEOUT  # a retired generation stays at least this long
 
 
 def _env_float(name: str, default: float) -> float:
@@ -61,6 +64,7 @@ class Served:
         self.views: list[View] = []
         self._holds: collections.Counter[tuple[str, int]] = collections.Counter()
         self._removing: set[tuple[str, int]] = set()
+        self._retired: dict[tuple[str, int], float] = {}  # retired when (monotonic)
         self._lock = threading.Lock()
         self.building = trio.Lock()
         self.last_built: dict[str, float] = {}
@@ -179,10 +183,18 @@ class Served:
             await trio.to_thread.run_sync(self.prune, fmt)
 
     def prune(self, fmt: str) -> None:
-        """Remove the retired generations of `fmt` that no handle holds (any thread)."""
+        """Remove the retired generations of `fmt` that no handle holds and that were
+        retired at least RETIRE_GRACE_S ago (any thread): a lookup answered just before
+        a publish can leave the kernel an entry of a reused name (multi-pack-index) that
+        the publish's invalidation missed; it lives for DYNAMIC_TIMEOUT at most."""
         d = self.derived[fmt]
         with self._lock:
+            now = time.monotonic()
+            for key, at in list(self._retired.items()):
+                if now - at >= RETIRE_GRACE_S:
+                    del self._retired[key]
             held = {n for (f, n) in self._holds if f == fmt}
+            held |= {n for (f, n) in self._retired if f == fmt}
             cur = d.current()
             doomed = {
                 n
@@ -192,11 +204,19 @@ class Served:
             self._removing |= {(fmt, n) for n in doomed}
         try:
             on_disk = set(d.generations_on_disk())
-            gone = d.prune(on_disk - doomed)  # only these: one retired since is not counted
+            # only these: one retired since is not counted (a fleet's member: `held` are
+            # its own holds, and the fleet's decide: alkfs/git/shared_packs.py)
+            gone = d.prune(on_disk - doomed, mine=held)
             if gone:
                 log.info("derived %s: removed retired generation(s) %s", fmt, gone)
         except OSError as exc:
             log.warning("derived %s: could not remove retired generations: %s", fmt, exc)
+
+    def grace_over(self, grace_s: float = RETIRE_GRACE_S) -> set[str]:
+        """The formats with a retired generation kept longer than `grace_s`."""
+        now = time.monotonic()
+        with self._lock:
+            return {f for (f, _n), at in self._retired.items() if now - at >= grace_s}
 
     def held(self) -> dict[str, int]:
         with self._lock:
@@ -204,6 +224,9 @@ class Served:
 
     # -- publishing (any thread) ------------------------------------------------------------
     def _published(self, fmt: str, old: Generation | None, new: Generation | None) -> None:
+        if old is not None and (new is None or new.number != old.number):
+            with self._lock:
+                self._retired[(fmt, old.number)] = time.monotonic()
         for view in list(self.views):
             try:
                 view(fmt, old, new)
@@ -211,10 +234,14 @@ class Served:
                 log.exception("derived %s: a view failed to drop retired names", fmt)
         self.prune(fmt)
 
-    async def build(self, fmt: str) -> dict[str, Any]:
+    async def build(self, fmt: str, wait: bool = True) -> dict[str, Any]:
+        """Build and publish a set now; in a fleet, if another daemon is building it and
+        not `wait`, nothing (that daemon publishes it for every member)."""
         d = self.derived[fmt]
         async with self.building:
-            result = await self.ctx.run_sync(d.build)
+            result = await self.ctx.run_sync(functools.partial(d.build, wait=wait))
+        if result is None:
+            return {"built": False, "why": "another daemon of the fleet is building"}
         self.last_built[fmt] = time.monotonic()
         return result.to_dict()
 
@@ -257,6 +284,8 @@ async def repack_now(ctx: Context) -> dict:
 async def run(ctx: Context) -> None:
     """The background task (see the module docstring)."""
     s = served(ctx)
+    for d in s.derived.values():  # a fleet's member: the set published for the fleet
+        await ctx.run_sync(d.refresh)
     if not s.derived or ctx.read_only:
         return
     for fmt, d in s.derived.items():  # a set that no longer verifies is withdrawn, rebuilt
@@ -282,15 +311,17 @@ async def run(ctx: Context) -> None:
                 if staging and bool(await ctx.run_sync(d.staged_in_current)):
                     # a set without them, published before their window ends, so that
                     # the sweep that deletes them need not rebuild
-                    await s.build(fmt)
+                    await s.build(fmt, wait=False)
                     continue
                 new = await ctx.run_sync(d.new_since, gen)
                 if not new:
                     continue
                 since = time.monotonic() - s.last_built.get(fmt, 0.0)
                 if gen is None or new >= batch or since >= every:
-                    await s.build(fmt)
+                    await s.build(fmt, wait=False)
             except Exception:
                 log.exception("derived %s: the intake build failed", fmt)
                 s.last_built[fmt] = time.monotonic()  # not again before `every`
-        await trio.sleep(poll)
+        for fmt in s.grace_over():  # retired sets kept for RETIRE_GRACE_S: removable now
+            await ctx.run_sync(s.prune, fmt)
+        await trio.sleep(min(poll, RETIRE_GRACE_S) if s.grace_over(0.0) else poll)

@@ -177,10 +177,13 @@ def _run(store: Store, report: SweepReport, window_ns: int) -> None:
         # e.g. derived packs: none published after these deletes lists them (git/packs.py)
         with contextlib.ExitStack() as guards:
             raws = [key for key, _ in batch]
+            kept: set[bytes] = set()
             for guard in store.delete_guards:
-                guards.enter_context(guard(raws))
+                more = guards.enter_context(guard(raws))  # (keys it must keep, if any)
+                if more:
+                    kept |= more
             try:
-                protected_now = _protected_set(store)
+                protected_now = _protected_set(store) | kept
             except Exception:
                 store.log.exception("sweep: protect failed at delete time; batch cancelled")
                 report.cancelled_by_arbitration += len(batch)

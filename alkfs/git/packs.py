@@ -66,6 +66,7 @@ from ..errors import StoreIO
 from ..keys import Algorithm
 from ..tiers.local import fsync_dir
 from ..tiers.sql import SqlTier
+from .shared_packs import SharedPacks
 
 if TYPE_CHECKING:
     from ..store import Store
@@ -466,12 +467,19 @@ class Derived:
         self.lock = threading.RLock()
         self.on_publish: list[Callable[[Generation | None, Generation | None], None]] = []
         self._current: Generation | None = None
+        self._swap = threading.Lock()  # (the published generation changes under it)
         self.last_build: BuildResult | None = None
         self.last_error: str | None = None
+        fleet = getattr(store, "fleet", None)
+        # a fleet's members share the sets: published in the database (shared_packs.py)
+        self.shared = None if fleet is None else SharedPacks(fleet, fmt)
+        self._who = str(os.getpid()) if fleet is None else fleet.node
         self._open()
 
     # -- state on disk -----------------------------------------------------------------
     def _read_current(self) -> int:
+        if self.shared is not None:
+            return self.shared.published()
         try:
             text = (self.root / CURRENT).read_text().strip()
             return int(text)
@@ -481,6 +489,8 @@ class Derived:
     def _open(self) -> None:
         """Load the published generation; remove every other file (orphans, builds cut
         short, retired generations: nobody in this process can hold them yet)."""
+        if self.shared is not None:
+            return  # (read at the first refresh, in a thread; nothing removed: the fleet's)
         if not self.root.exists():
             return
         number = self._read_current()
@@ -513,6 +523,48 @@ class Derived:
     def current(self) -> Generation | None:
         return self._current
 
+    def refresh(self, what: str | None = None) -> None:
+        """A fleet member: serve the generation published for the fleet, if it changed
+        (the listener's `alkfs_packs` notice, a reconnect, before a build or a guard)."""
+        if self.shared is None or what not in (None, self.fmt):
+            return
+        with self._swap:
+            for _ in range(5):
+                number = self.shared.published()
+                cur = self._current
+                if number == (0 if cur is None else cur.number):
+                    return
+                self.shared.will_serve(number)  # (before the second look: see shared_packs)
+                if self.shared.published() != number:
+                    continue
+                try:
+                    gen = None
+                    if number:
+                        where = self.root / f"gen-{number}"
+                        if not where.is_dir():
+                            raise FileNotFoundError(f"{where} is not there")
+                        gen = Generation.load(self.fmt, number, where)
+                except (OSError, StoreIO, ValueError) as exc:
+                    log.error("derived %s: generation %d is unreadable: %s", self.fmt, number, exc)
+                    return
+                self._current = gen
+                self.shared.serve_only(number)
+                self._tell(cur, gen)
+                return
+
+    def _tell(self, old: Generation | None, new: Generation | None) -> None:
+        for callback in list(self.on_publish):
+            try:
+                callback(old, new)
+            except Exception:
+                log.exception("derived %s: a publish callback failed", self.fmt)
+
+    def _next_number(self) -> int:
+        on_disk = self.generations_on_disk()
+        if self.shared is not None:
+            return self.shared.new_number(on_disk)
+        return max([*on_disk, self._read_current(), 0]) + 1
+
     def generations_on_disk(self) -> list[int]:
         if not self.root.exists():
             return []
@@ -523,8 +575,19 @@ class Derived:
                 out.append(int(m.group(1)))
         return sorted(out)
 
-    def prune(self, held: Iterable[int] = ()) -> list[int]:
-        """Remove retired generations nobody holds; returns their numbers."""
+    def prune(self, held: Iterable[int] = (), mine: Iterable[int] | None = None) -> list[int]:
+        """Remove retired generations nobody holds; returns their numbers. In a fleet,
+        `mine` (default `held`) are the generations this process has files of open, and
+        a generation goes only when no live member holds it."""
+        if self.shared is not None:
+            cur = self._current
+            serving = 0 if cur is None else cur.number
+            self.shared.sync(set(held if mine is None else mine), serving)
+            gone = []
+            for number in self.shared.removable(self.generations_on_disk()):
+                shutil.rmtree(self.root / f"gen-{number}", ignore_errors=True)
+                gone.append(number)
+            return gone
         keep = set(held)
         cur = self._current
         if cur is not None:
@@ -677,16 +740,24 @@ class Derived:
         return n
 
     # -- building and publishing ---------------------------------------------------------
-    def build(self, exclude: Iterable[bytes] = (), *, prune: bool = False) -> BuildResult:
+    def build(
+        self, exclude: Iterable[bytes] = (), *, prune: bool = False, wait: bool = True
+    ) -> BuildResult | None:
         """Build and publish a new set of every kv object of the format except `exclude`
         (digests) and anything staged for deletion. `prune`: remove the retired
-        generation at once (no reader can hold it: no mount)."""
-        with self.lock:
+        generation at once (no reader can hold it: no mount). In a fleet, only its one
+        builder builds: None when another is and `wait` was not asked."""
+        with self.lock, self._builder(wait) as building:
+            if not building:
+                return None
+            self.refresh()  # (a fleet member builds on the latest published set)
             t0 = time.monotonic()
             try:
                 result = self._build(set(exclude))
             except BaseException as exc:
                 self.last_error = str(exc)
+                if self.shared is not None:
+                    self.shared.building.clear()  # (its directory, if any, is pruned)
                 raise
             result.seconds = round(time.monotonic() - t0, 3)
             self.last_build = result
@@ -695,6 +766,11 @@ class Derived:
                 self.prune()
             log.info("derived %s: published %s", self.fmt, json.dumps(result.to_dict()))
             return result
+
+    def _builder(self, wait: bool) -> contextlib.AbstractContextManager[bool]:
+        if self.shared is None:
+            return contextlib.nullcontext(True)
+        return self.shared.builder(wait)
 
     def staged_in_current(self) -> int:
         """How many objects staged for deletion the published set holds (a build would
@@ -778,9 +854,9 @@ class Derived:
             if plan is not None:
                 return self._build_intake(prev, *plan)
         order, graph_commits, top, fresh = self._plan(prev, exclude | self._staged())
-        number = max([*self.generations_on_disk(), self._read_current(), 0]) + 1
+        number = self._next_number()
         self.root.mkdir(parents=True, exist_ok=True)
-        tmp = self.root / f"tmp-{number}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        tmp = self.root / f"tmp-{self._who}-{number}-{uuid.uuid4().hex[:8]}"
         try:
             repo = tmp / "repo"
             out = tmp / "gen"
@@ -870,8 +946,8 @@ class Derived:
         """A set of the previous set's files (hard links: the same immutable files) plus
         one intake pack of `new`, a new multi-pack-index and one more commit-graph layer."""
         n = 20 if self.fmt == "sha1" else 32
-        number = max([*self.generations_on_disk(), self._read_current(), 0]) + 1
-        tmp = self.root / f"tmp-{number}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        number = self._next_number()
+        tmp = self.root / f"tmp-{self._who}-{number}-{uuid.uuid4().hex[:8]}"
         linked: set[Path] = set()
         try:
             repo = tmp / "repo"
@@ -997,6 +1073,13 @@ class Derived:
 
     def _publish(self, gen: Generation | None) -> None:
         number = 0 if gen is None else gen.number
+        if self.shared is not None:
+            with self._swap:
+                if not self.shared.publish(number):
+                    raise StoreIO(f"derived {self.fmt}: generation {number} was overtaken")
+                old, self._current = self._current, gen
+            self._tell(old, gen)
+            return
         tmp = self.root / f"{CURRENT}.tmp"
         with open(tmp, "w") as f:
             f.write(f"{number}\n")
@@ -1005,11 +1088,7 @@ class Derived:
         os.rename(tmp, self.root / CURRENT)
         fsync_dir(self.root)
         old, self._current = self._current, gen
-        for callback in list(self.on_publish):
-            try:
-                callback(old, gen)
-            except Exception:
-                log.exception("derived %s: a publish callback failed", self.fmt)
+        self._tell(old, gen)
 
     def verify(self) -> str | None:
         """Re-check every file of the published set (trailer checksums, each idx's copy
@@ -1028,8 +1107,8 @@ class Derived:
 
     def withdraw(self) -> None:
         """Publish an empty set (every object is served loose until the next build)."""
-        with self.lock:
-            number = max([*self.generations_on_disk(), self._read_current(), 0]) + 1
+        with self.lock, self._builder(True):
+            number = self._next_number()
             self.root.mkdir(parents=True, exist_ok=True)
             final = self.root / f"gen-{number}"
             final.mkdir()
@@ -1046,16 +1125,20 @@ _REGISTRY_LOCK = threading.Lock()
 def derived_for(store: Store, fmt: str) -> Derived | None:
     """The store's derived packs of `fmt`: None for a store without a directory, and for
     one opened beside its lock holder (`Store.open(lock=False)`): the sets are the lock
-    holder's alone (it builds, publishes and removes them)."""
+    holder's alone (it builds, publishes and removes them). A fleet's members share
+    theirs (alkfs/git/shared_packs.py)."""
     if store.path is None or not isinstance(store.kv, SqlTier):
         return None
-    if getattr(store, "_lock_fd", None) is None:
-        return None  # (beside the lock holder; and a fleet's members: not yet shared)
+    fleet = getattr(store, "fleet", None)
+    if getattr(store, "_lock_fd", None) is None and fleet is None:
+        return None  # (beside the lock holder)
     with _REGISTRY_LOCK:
         per = _REGISTRY.setdefault(store, {})
         d = per.get(fmt)
         if d is None:
             d = per[fmt] = Derived(store, fmt)
+            if fleet is not None:
+                fleet.on_packs.append(d.refresh)
         return d
 
 
@@ -1069,21 +1152,24 @@ def build(store: Store, fmt: str | None = None, *, prune: bool = True) -> list[B
             continue
         if fmt is None and d.current() is None and not d.new_since(None):
             continue
-        out.append(d.build(prune=prune))
+        result = d.build(prune=prune)
+        if result is not None:
+            out.append(result)
     return out
 
 
 @contextlib.contextmanager
-def guard_deletes(store: Store, raws: Iterable[bytes]) -> Iterator[None]:
+def guard_deletes(store: Store, raws: Iterable[bytes]) -> Iterator[set[bytes]]:
     """Held around the deletion of these keys (raw): afterwards no published set lists
-    them (see the module docstring)."""
+    them (see the module docstring). Yields the keys to keep instead: in a fleet, those
+    a member still serves in an older set after SERVE_WAIT_S (shared_packs.py)."""
+    keep: set[bytes] = set()
     if store.path is None or not (store.path / DERIVED_DIR).exists():
-        yield
+        yield keep
         return
-    if getattr(store, "_lock_fd", None) is None:
-        if getattr(store, "fleet", None) is None:  # (a fleet member builds none)
-            log.warning("a sweep beside the store's lock holder: its derived packs are not guarded")
-        yield
+    if getattr(store, "_lock_fd", None) is None and getattr(store, "fleet", None) is None:
+        log.warning("a sweep beside the store's lock holder: its derived packs are not guarded")
+        yield keep
         return
     by_fmt: dict[str, list[bytes]] = {}
     for raw in raws:
@@ -1095,6 +1181,8 @@ def guard_deletes(store: Store, raws: Iterable[bytes]) -> Iterator[None]:
             if d is None:
                 continue
             stack.enter_context(d.lock)
+            stack.enter_context(d._builder(True))  # (a fleet's: waits for its builder)
+            d.refresh()
             gen = d.current()
             if gen is not None and any(x in gen for x in digests):
                 try:
@@ -1102,4 +1190,34 @@ def guard_deletes(store: Store, raws: Iterable[bytes]) -> Iterator[None]:
                 except Exception as exc:
                     log.error("derived %s: rebuild before deleting failed (%s)", fmt, exc)
                     d.withdraw()
-        yield
+            if d.shared is not None:
+                keep |= _served_elsewhere(d, digests)
+        yield keep
+
+
+def _served_elsewhere(d: Derived, digests: list[bytes]) -> set[bytes]:
+    """The keys of `digests` another live member still serves in an older set once the
+    wait is over (their deletion waits for a later sweep)."""
+    assert d.shared is not None
+    cur = d.current()
+    sets: dict[int, Generation | None] = {}
+
+    def holding(number: int) -> set[bytes]:
+        if number not in sets:
+            try:
+                sets[number] = Generation.load(d.fmt, number, d.root / f"gen-{number}")
+            except (OSError, StoreIO, ValueError):
+                sets[number] = None  # (unreadable: assume it holds them all)
+        gen = sets[number]
+        return {x for x in digests if gen is None or x in gen}
+
+    held = d.shared.await_served(0 if cur is None else cur.number, holding)
+    if held:
+        log.warning(
+            "derived %s: another daemon still serves an older set: %d objects kept for a "
+            "later sweep",
+            d.fmt,
+            len(held),
+        )
+    tag = bytes([d.algo.value])
+    return {tag + x for x in held}

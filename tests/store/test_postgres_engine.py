@@ -27,7 +27,14 @@ from alkfs.tiers.postgres import PgTier
 from .conftest import register, sha256_key
 
 TABLES = ("meta", "blobs", "gc_window", "catalog", "git_repos", "git_refs", "pins")
-FLEET = ("fleet_nodes", "fleet_pins", "fleet_epoch", "fleet_deletions")
+FLEET = (
+    "fleet_nodes",
+    "fleet_pins",
+    "fleet_epoch",
+    "fleet_deletions",
+    "fleet_packs",
+    "fleet_pack_holds",
+)
 
 
 def pg_one(uri: str, sql: str, params: tuple = ()) -> object:

@@ -1,0 +1,162 @@
+"""Derived packs in a fleet (issue 15): two daemons on one PostgreSQL store and the same STORE
+directory. A set is built once for the fleet and served by both mounts; a sweep through one
+daemon publishes a set without what it deletes before it deletes, and neither mount lists a
+pack holding a deleted object afterwards; a retired set stays on disk while a daemon still
+has one of its files open, and goes once the last is closed.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+
+import psycopg
+import pytest
+from helpers import status
+from test_packs_mount import git, idx_ids, last_sweep, listing, source_repo, wait_for
+
+FAST_INTAKE = {"ALKFS_PACK_EVERY": "0", "ALKFS_PACK_POLL": "0.2"}
+
+
+@pytest.fixture
+def fleet(start_pg_mount, tmp_path):
+    """Two daemons (`--window 0`, fast intake) on one database and STORE directory, and a
+    repository `r` pushed through mount 1."""
+    store = tmp_path / "store"
+    m1 = start_pg_mount(store, "--window", "0", mnt=tmp_path / "mnt1", env=FAST_INTAKE)
+    m2 = start_pg_mount(store, "--window", "0", mnt=tmp_path / "mnt2", env=FAST_INTAKE)
+    src = source_repo(tmp_path / "src.git", "sha1")
+    os.mkdir(m1.path("repos", "r"))
+    git(f"--git-dir={src}", "push", "-q", m1.path("repos", "r"), "main", "side", "--tags")
+    yield m1, m2, src
+    for m in (m1, m2):
+        assert m.tracebacks() == [], m.all_logs()[-3000:]
+
+
+def generation(m) -> int | None:
+    return status(m)["packs"].get("sha1", {}).get("generation")
+
+
+def rows(uri: str, sql: str) -> list[tuple]:
+    with psycopg.connect(uri, autocommit=True) as conn:
+        return conn.execute(sql).fetchall()
+
+
+def both_serve_one_set(m1, m2, src) -> int:
+    """Wait until both mounts list the same set holding all of `src`'s objects; its number."""
+    want = set(git(f"--git-dir={src}", "rev-list", "--objects", "--all").split()[::2])
+    want = {x for x in want if len(x) == 40}
+    wait_for(
+        "one set holding the push, served by both mounts",
+        lambda: (
+            (g := generation(m1)) is not None
+            and g == generation(m2)
+            and listing(m1.mnt, "sha1") == listing(m2.mnt, "sha1")
+            and want <= idx_ids(m2.mnt, "sha1")
+        ),
+    )
+    return generation(m1)
+
+
+def test_a_set_built_once_is_served_by_both_daemons(fleet, tmp_path):
+    m1, m2, src = fleet
+    number = both_serve_one_set(m1, m2, src)
+    assert rows(m1.database, "SELECT fmt, generation FROM fleet_packs WHERE fmt = 'sha1'") == [
+        ("sha1", number)
+    ]
+    serving = rows(
+        m1.database,
+        "SELECT node, generation FROM fleet_pack_holds WHERE fmt = 'sha1' AND serving = 1",
+    )
+    assert sorted(g for _n, g in serving) == [number, number]
+    assert len({n for n, _g in serving}) == 2
+    # one directory for the fleet: every file each mount lists is that generation's
+    gen_dir = m1.store_path / "derived" / "sha1" / f"gen-{number}" / "pack"
+    assert listing(m2.mnt, "sha1") == sorted(os.listdir(gen_dir))
+    for m in (m1, m2):
+        for name in listing(m.mnt, "sha1"):
+            if name.endswith(".pack"):
+                git("verify-pack", m.path("git", "sha1", "pack", name.replace(".pack", ".idx")))
+        git("multi-pack-index", f"--object-dir={m.mnt}/git/sha1", "verify")
+        git(f"--git-dir={m.path('repos', 'r')}", "fsck", "--full", "--strict", "--no-dangling")
+    clone = tmp_path / "clone"
+    git("clone", "-q", "--no-local", "--mirror", m2.path("repos", "r"), clone)
+    assert git(f"--git-dir={clone}", "rev-parse", "main") == git(
+        f"--git-dir={src}", "rev-parse", "main"
+    )
+
+
+def test_a_sweep_leaves_no_deleted_object_in_any_set_either_daemon_lists(fleet):
+    m1, m2, src = fleet
+    both_serve_one_set(m1, m2, src)
+    side = git(f"--git-dir={src}", "rev-parse", "side").strip()
+    side_blob = git(f"--git-dir={src}", "rev-parse", "side:side.txt").strip()
+    assert {side, side_blob} <= idx_ids(m1.mnt, "sha1") & idx_ids(m2.mnt, "sha1")
+    os.unlink(m2.path("repos", "r", "refs", "heads", "side"))
+    control = m2.path(".alkfs", "control")
+    control.write_text("sweep\n")  # stages them
+    assert last_sweep(m2.mnt)["candidates_staged"] == 3  # the side commit, its tree, its blob
+    deleted = 0
+    for _ in range(5):  # (a sweep keeps all when a ref or pin moved since it marked: again)
+        control.write_text("sweep\n")
+        report = last_sweep(m2.mnt)
+        assert report["aborted"] is None, report
+        deleted += report["deleted"]
+        if deleted == 3:
+            break
+    assert deleted == 3
+    for m in (m2, m1):  # (mount 1 learns the new set by its notice: read at once after)
+        wait_for("the new set on both", lambda m=m: generation(m) == generation(m2))
+        assert {side, side_blob}.isdisjoint(idx_ids(m.mnt, "sha1")), m.mnt
+        git(f"--git-dir={m.path('repos', 'r')}", "fsck", "--full", "--strict", "--no-dangling")
+    wait_for(
+        "mount 1 to drop the deleted objects",
+        lambda: not os.path.exists(m1.path("git", "sha1", side[:2], side[2:])),
+    )
+
+
+def test_a_retired_set_stays_while_a_daemon_holds_its_files_and_goes_after(fleet):
+    m1, m2, src = fleet
+    old = both_serve_one_set(m1, m2, src)
+    [name] = [n for n in listing(m2.mnt, "sha1") if n.endswith(".pack")][:1]
+    backing = m1.store_path / "derived" / "sha1" / f"gen-{old}" / "pack" / name
+    expected = backing.read_bytes()
+    fd = os.open(m2.path("git", "sha1", "pack", name), os.O_RDONLY)  # held by daemon 2
+    try:
+        new = git(
+            "hash-object",
+            "-w",
+            "--stdin",
+            env={"GIT_OBJECT_DIRECTORY": f"{m1.mnt}/git/sha1", "GIT_DIR": m1.path("repos", "r")},
+            input=b"a new object: the next set is built through mount 1\n",
+        ).strip()
+        m1.path(".alkfs", "control").write_text("repack\n")
+        wait_for(
+            "the new set on both",
+            lambda: (generation(m1) or 0) > old and generation(m2) == generation(m1),
+        )
+        assert new in idx_ids(m2.mnt, "sha1")
+        node2 = next(n["id"] for n in status(m2)["fleet"]["nodes"] if n["self"])
+
+        def holders() -> set[str]:
+            sql = f"SELECT node FROM fleet_pack_holds WHERE fmt = 'sha1' AND generation = {old}"
+            return {node for (node,) in rows(m1.database, sql)}
+
+        # daemon 1 lets go of it after its grace; daemon 2's open file keeps it
+        wait_for("only daemon 2 to hold the retired set", lambda: holders() == {node2})
+        assert backing.parent.parent.is_dir() and backing.read_bytes() == expected
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)  # the read reaches daemon 2
+        assert os.pread(fd, len(expected) + 10, 0) == expected
+    finally:
+        os.close(fd)
+    wait_for("the retired set to go", lambda: not backing.parent.parent.exists())
+    done = subprocess.run(["cat", m2.path("git", "sha1", "pack", "multi-pack-index")])
+    assert done.returncode == 0, (
+        status(m2)["packs"],
+        status(m1)["packs"],
+        sorted(os.listdir(m1.store_path / "derived" / "sha1")),
+        listing(m2.mnt, "sha1"),
+        rows(m1.database, "SELECT * FROM fleet_pack_holds"),
+        rows(m1.database, "SELECT * FROM fleet_packs"),
+        m2.log()[-3000:],
+    )
