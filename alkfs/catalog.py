@@ -6,7 +6,9 @@ the row before the file is linked into place, under the put's pin. So a read of 
 range checks only the chunks it covers, and `stat` shows the recorded size whatever the
 file's. A row is a pure function of the object's content (except `stored_ns`), so a row
 left without its file by a crash between the commit and the link is inert: the next put
-of the same content replaces it and a delete removes it. A file without a row (stored
+of the same content replaces it, and a sweep removes it once it is INERT_GRACE_NS old
+(`Store.reap_inert_rows`; a sweep's delete removes the file first, then the row, in
+its transaction). A file without a row (stored
 before the catalog existed, or its row lost with the last commits of a power failure:
 `synchronous=NORMAL`) is verified whole at its first read or `verify`, which records it.
 
@@ -168,3 +170,17 @@ class Catalog:
 
     def rows(self) -> int:
         return self.db.execute("SELECT count(*) FROM catalog").fetchone()[0]
+
+    def stored_between(self, lo_ns: int, hi_ns: int) -> list[bytes]:
+        """Keys of the rows whose stored time is in (lo_ns, hi_ns]."""
+        rows = self.db.execute(
+            "SELECT key FROM catalog WHERE stored_ns > ? AND stored_ns <= ?", (lo_ns, hi_ns)
+        ).fetchall()
+        return [bytes(k) for (k,) in rows]
+
+    def delete_stored_by(self, key: bytes, upto_ns: int) -> bool:
+        """Delete the row if it was stored at or before `upto_ns` (not re-put since)."""
+        cur = self.db.execute(
+            "DELETE FROM catalog WHERE key = ? AND stored_ns <= ?", (key, upto_ns)
+        )
+        return cur.rowcount == 1

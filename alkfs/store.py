@@ -48,6 +48,7 @@ from .tiers.staging import StagingWriter
 
 DEFAULT_THRESHOLD = 131072
 DEFAULT_WINDOW_S = 3600
+INERT_GRACE_NS = 3600 * 10**9  # a catalog row without its file is removed once this old
 CHUNK = 1 << 20
 MODES = ("dual-tier", "kv-only", "mem")
 LARGE_DIR = "large"
@@ -147,6 +148,7 @@ class Store:
         ] = []
         self._verified: dict[bytes, tuple[int, int, int, int]] = {}
         self._lock_fd: int | None = None
+        self._inert_upto = 0  # catalog rows stored up to this were looked at (reap_inert_rows)
         self._vlock = threading.Lock()
         self.reserve: Reserve | None = None  # STORE/reserve (alkfs/reserve.py): the lock holder's
 
@@ -773,10 +775,41 @@ class Store:
 
     def sweep(self, window_s: float | None = None) -> SweepReport:
         try:
-            return sweep(self, None if window_s is None else int(window_s * 1e9))
+            report = sweep(self, None if window_s is None else int(window_s * 1e9))
+            if report.aborted is None:
+                try:
+                    self.reap_inert_rows()
+                except AlkfsError as exc:  # (the next sweep tries again)
+                    self.log.warning("sweep: inert catalog rows not looked at: %s", exc)
+            return report
         finally:
             if self.reserve is not None:
                 self.reserve.recheck(reclaim=True)  # (what it freed may end a full disk)
+
+    def reap_inert_rows(self, now: int | None = None) -> int:
+        """Remove the catalog rows without their file (a large put cut short between
+        its row's commit and its link) stored more than INERT_GRACE_NS ago, each checked
+        again under its row lock (a put of the same content waits, then records afresh).
+        Incremental: each row's stored time is looked at once (per process) after the
+        grace; a file without a row is never removed (an object stored before the
+        catalog). How many went."""
+        if self.catalog is None or self.large is None or self.db is None:
+            return 0
+        upto = (now_ns() if now is None else now) - INERT_GRACE_NS
+        if upto <= self._inert_upto:
+            return 0
+        gone = 0
+        for key in self.catalog.stored_between(self._inert_upto, upto):
+            if os.path.exists(self.large.path(key)):
+                continue
+            with self.db.tx():
+                self.catalog.lock(key)
+                if not os.path.exists(self.large.path(key)):
+                    gone += self.catalog.delete_stored_by(key, upto)
+        self._inert_upto = upto
+        if gone:
+            self.log.info("sweep: removed %d catalog rows whose files were never linked", gone)
+        return gone
 
     def engine_delete(self, key: bytes) -> int | None:
         """Remove from whichever tier holds it: bytes freed, or None if it was absent."""

@@ -5,6 +5,7 @@ before the catalog is verified whole at its first read, which records its row.""
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import blake3
@@ -248,3 +249,52 @@ def test_a_row_left_without_its_file_is_inert_and_replaced_by_the_next_put(
     assert result.created is True
     assert store.read_range(key, 3 * MIB, 5)[0] == data[3 * MIB : 3 * MIB + 5]
     assert row(store, key)[0] == SIZE
+
+
+@pytest.fixture(params=["dual-tier", "pg-dual-tier"])
+def large_column(request: pytest.FixtureRequest, tmp_path: Path):
+    from .conftest import _open
+
+    col = _open(request, tmp_path)
+    yield col
+    col.store.close()
+
+
+def test_a_row_whose_file_was_never_linked_is_removed_by_a_sweep_once_past_its_grace(
+    large_column, monkeypatch
+) -> None:
+    """A large put cut short between its row's commit and its link leaves a row without a
+    file: a sweep removes it once it is INERT_GRACE_NS old (not before), re-checked under
+    its row lock; a row with its file, and a file without a row, stay."""
+    from alkfs.store import INERT_GRACE_NS
+
+    store = large_column.store
+    kept = store.put(content(2 * MIB)).key
+    cut = store.put(content(3 * MIB)).key
+    young = store.put(content(3 * MIB + 7)).key
+    rowless = store.put(content(2 * MIB + 5)).key
+    for key in (kept, cut, young, rowless):
+        assert store.pin(key) is not None  # (live: a sweep collects none of them)
+    for key in (cut, young):  # the crash: their files never linked
+        os.unlink(store.large_path(key))
+    store.db.execute("DELETE FROM catalog WHERE key = ?", (rowless.raw,))
+    base = time.time_ns() - 10 * INERT_GRACE_NS  # (stored times in the past)
+    set_stored = "UPDATE catalog SET stored_ns = ? WHERE key = ?"
+    store.db.execute(set_stored, (base, cut.raw))
+    store.db.execute(set_stored, (base + 2 * 10**9, young.raw))
+    now = base + INERT_GRACE_NS + 1
+    assert store.reap_inert_rows(now) == 1
+    assert store.record(cut) is None
+    assert store.record(young) is not None and store.record(kept) is not None
+    assert store.get(rowless) == content(2 * MIB + 5)  # (verified whole: its row again)
+    assert store.get(kept) == content(2 * MIB)
+    assert store.reap_inert_rows(now) == 0  # (looked at once)
+    assert store.reap_inert_rows(now + 3 * 10**9) == 1  # the young one, past its grace now
+    assert store.record(young) is None
+    # a sweep reaps too (here with no grace)
+    again = store.put(content(2 * MIB + 9)).key
+    os.unlink(store.large_path(again))
+    monkeypatch.setattr("alkfs.store.INERT_GRACE_NS", 0)
+    register(store, [kept, cut, young, rowless, again])
+    assert store.sweep().aborted is None
+    assert store.record(again) is None and store.record(kept) is not None
