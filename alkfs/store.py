@@ -212,7 +212,12 @@ class Store:
         store._lock_fd = lock_fd
         if lock:
             try:
-                store.reserve = Reserve(root)
+                # A fleet member keeps its own (the members' STORE is one directory: one
+                # shared file would be made and removed by each of them in turn).
+                where = root if store.fleet is None else store.inflight
+                assert where is not None
+                where.mkdir(mode=0o700, parents=True, exist_ok=True)
+                store.reserve = Reserve(where)
                 if db.engine == "sqlite":  # (PostgreSQL's disk is the server's)
                     db.on_full = store.reserve.hit  # type: ignore[attr-defined]
                 store.reserve.spare = db.spare_bytes

@@ -221,3 +221,17 @@ def test_the_lease_holders_connection_killed_mid_sweep_ends_it_as_report_data(
         total += r.deleted
     assert total == 3
     assert b.kv.rows() == 0
+
+
+def test_each_member_keeps_its_disk_reserve_in_its_own_directory(two) -> None:
+    """The members' STORE is one directory: each keeps its reserve (alkfs/reserve.py) in
+    its own in-flight directory, never STORE/reserve, and takes it along when it leaves."""
+    a, b = two
+    assert a.reserve is not None and b.reserve is not None
+    for s in (a, b):
+        assert s.reserve.path == s.path / "nodes" / s.fleet.node / "reserve"
+    assert a.reserve.path != b.reserve.path
+    a.reserve.path.write_bytes(b"\0" * 4096)  # (as if the disk had filled: it is made)
+    a.close()
+    assert not a.reserve.path.parent.exists() and not (b.path / "reserve").exists()
+    assert b.reserve.path.parent.is_dir()
