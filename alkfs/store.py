@@ -146,6 +146,9 @@ class Store:
         self.delete_guards: list[
             Callable[[list[bytes]], AbstractContextManager[set[bytes] | None]]
         ] = []
+        # Run at the end of `verify` (the layers above register them: alkfs/app.py adds
+        # the derived packs' check).
+        self.verify_hooks: list[Callable[[], object]] = []
         self._verified: dict[bytes, tuple[int, int, int, int]] = {}
         self._lock_fd: int | None = None
         self._inert_upto = 0  # catalog rows stored up to this were looked at (reap_inert_rows)
@@ -755,6 +758,11 @@ class Store:
                 bad.append(key)
             if progress is not None:
                 progress(n)
+        for hook in list(self.verify_hooks):  # e.g. the derived packs (alkfs/git/packs.py)
+            try:
+                hook()
+            except AlkfsError as exc:
+                self.log.error("verify: %s", exc)
         return sorted(bad)
 
     def _verify_one(self, key: Key) -> bool:

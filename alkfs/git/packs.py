@@ -1158,6 +1158,25 @@ def build(store: Store, fmt: str | None = None, *, prune: bool = True) -> list[B
     return out
 
 
+def verify_sets(store: Store) -> list[str]:
+    """Re-check every file of each published set (`verify`); one that fails is withdrawn
+    (its objects are served loose), logged and left in `last_error` (status) until the
+    next build rebuilds it. The formats withdrawn."""
+    out = []
+    for fmt in FORMATS:
+        d = derived_for(store, fmt)
+        if d is None:
+            continue
+        problem = d.verify()
+        if problem is None:
+            continue
+        log.error("derived %s: the published set is corrupt, withdrawn: %s", fmt, problem)
+        d.withdraw()
+        d.last_error = f"withdrawn at verify: {problem}"
+        out.append(fmt)
+    return out
+
+
 @contextlib.contextmanager
 def guard_deletes(store: Store, raws: Iterable[bytes]) -> Iterator[set[bytes]]:
     """Held around the deletion of these keys (raw): afterwards no published set lists

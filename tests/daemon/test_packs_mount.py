@@ -420,3 +420,35 @@ def test_a_set_without_staged_objects_is_published_before_their_window_ends(star
     assert (mnt / "git" / "sha1" / oid[:2] / oid[2:]).exists()  # still stored, served loose
     assert oid in fanout_listed(mnt, "sha1")
     assert git(f"--git-dir={mnt}/repos/r", "cat-file", "-p", oid) == "staged for an hour\n"
+
+
+def test_verify_withdraws_a_set_corrupted_while_mounted_and_the_intake_rebuilds_it(
+    start_mount, tmp_path
+):
+    store, src = imported_store(tmp_path)
+    m = start_mount(store, "--window", "1h", env=FAST_INTAKE)
+    mnt = m.mnt
+    current = store / "derived" / "sha1" / "CURRENT"
+    number = int(current.read_text())
+    pack = next((store / "derived" / "sha1" / f"gen-{number}" / "pack").glob("*.pack"))
+    data = bytearray(pack.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # in place, behind the daemon's back
+    pack.chmod(0o644)
+    pack.write_bytes(bytes(data))
+    (mnt / ".alkfs" / "control").write_text("verify\n")
+    assert "the published set is corrupt, withdrawn" in m.log()
+    wait_for("a rebuilt set", lambda: int(current.read_text()) >= number + 2)
+    packs = json.loads((mnt / ".alkfs" / "status").read_text())["packs"]["sha1"]
+    assert packs["objects"] > 0 and packs["generation"] >= number + 2
+    everything = set(
+        git(
+            f"--git-dir={src}", "cat-file", "--batch-all-objects", "--batch-check=%(objectname)"
+        ).split()
+    )
+    assert idx_ids(mnt, "sha1") == everything
+    user = alternates_user(tmp_path, mnt, "sha1", src)
+    git(f"--git-dir={user}", "fsck", "--full", "--strict", "--no-dangling")
+    for name in listing(mnt, "sha1"):
+        if name.endswith(".idx"):
+            git("verify-pack", mnt / "git" / "sha1" / "pack" / name)
+    assert m.tracebacks() == []
