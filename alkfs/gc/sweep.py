@@ -84,6 +84,10 @@ def sweep(store: Store, window_ns: int | None = None) -> SweepReport:
     try:
         with _lease(store) as leased:
             if leased:
+                # (in a fleet, from when the lease is held: the lease's own connection
+                # takes a moment to open, while another member's sweep may still end)
+                report.started_at = SweepReport().started_at
+                t0 = time.monotonic()
                 _run(store, report, store.window_ns if window_ns is None else window_ns)
             else:
                 report.aborted = AbortCause.SWEEPER_LOCK.value  # (another daemon's sweep)
