@@ -1,8 +1,12 @@
 """What every node can reach: the store, its refs and pins, the options, the one helper for
-blocking work, the inode table and the invalidator."""
+blocking work, the inode table, the invalidator and the mount's write state.
+
+The context sits at the top of the write-state layer (it owns `Writes`); the framework
+below names it for types only."""
 
 from __future__ import annotations
 
+import functools
 import grp
 import logging
 import os
@@ -22,14 +26,12 @@ from alkfs.store import Store
 
 from .inodes import InodeTable
 from .invalidate import Invalidator
+from .staging.writes import Writes
 
 log = logging.getLogger("alkfsd")
 
 T = TypeVar("T")
 
-OBJECT_TIMEOUT = 3600.0  # entry and attribute timeout of immutable things
-DIR_TIMEOUT = 3600.0
-DYNAMIC_TIMEOUT = 1.0  # status, metrics: their size changes
 INVALIDATE_WAIT_S = 10.0  # how long a sweep request waits for the kernel to drop entries
 
 # A deletion view maps a deleted key to the kernel entries that showed it:
@@ -131,6 +133,17 @@ class Context:
         self.gid = o.owner_gid if o.owner_gid is not None else self.daemon_gid
         store.deleted_hooks.append(self._on_deleted)
 
+    @functools.cached_property
+    def writes(self) -> Writes:
+        """What git's writes leave in memory, and the scratch area (emptied when made:
+        `main` makes it before the first request)."""
+        return Writes(self)
+
+    def prepare(self) -> None:
+        """At mount start, before any request: the write state is made (and the scratch
+        area emptied)."""
+        _ = self.writes
+
     @property
     def read_only(self) -> bool:
         return self.options.read_only
@@ -172,6 +185,10 @@ class Context:
         return bad
 
     def close(self) -> None:
+        """At the mount's end: pins of push sessions released, scratch bytes removed."""
+        writes = self.__dict__.pop("writes", None)
+        if writes is not None:
+            writes.close()
         try:
             self.store.deleted_hooks.remove(self._on_deleted)
         except ValueError:

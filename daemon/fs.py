@@ -27,16 +27,18 @@ import functools
 import logging
 import os
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyfuse3
 
 from . import listings
-from .context import Context
 from .errors import RateLimit, fail, fuse_op
 from .listings import Listings
 from .nodes.base import DirHandle, Handle, Node, wants_write
 from .nodes.root import Root
+
+if TYPE_CHECKING:
+    from .context import Context
 
 log = logging.getLogger("alkfsd")
 

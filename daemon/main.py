@@ -6,7 +6,7 @@
 
 `--push-grace` is how long the objects a push (or any git write through
 /repos/<id>/objects) stored stay pinned when no ref write of it commits (default
-max(10 min, the window); see daemon/scratch.py). The config file (TOML) takes the same
+max(10 min, the window); see daemon/staging/scratch.py). The config file (TOML) takes the same
 keys (`store`, `mountpoint`, `threshold`, `window`, `kv_only`, `sweep_every`,
 `push_grace`, `read_only`, `allow_other`, `owner`, `demo`); flags on the command line win.
 Readiness is reported to systemd (`READY=1` on $NOTIFY_SOCKET) once the mount answers.
@@ -39,11 +39,11 @@ from alkfs.durations import parse_duration
 from alkfs.errors import AlkfsError, StoreLocked
 from alkfs.store import Store
 
-from . import packs, scratch
+from . import packs
 from .context import Context, Options, parse_owner
 from .errors import ClipFormatter
 from .fs import Operations
-from .handles import clear_spool, spool_dir
+from .staging.spool import clear_spool, spool_dir
 
 log = logging.getLogger("alkfsd")
 
@@ -396,7 +396,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         ctx = Context(store, app=app, options=options, live=True)
         ctx.mountpoint = mnt
-        scratch.prepare(ctx)  # its scratch dir emptied: nothing of a previous daemon is used
+        ctx.prepare()  # its scratch dir emptied now: nothing of a previous daemon is used
         ops = Operations(ctx)
         fuse_options = set(pyfuse3.default_options)
         fuse_options |= {"fsname=alkfs:" + store_path.replace(",", "_"), "subtype=alkfs"}
@@ -427,8 +427,7 @@ def main(argv: list[str] | None = None) -> int:
             pyfuse3.close(unmount=True)
             log.info("unmounted %s", mnt)
         if ctx is not None:
-            scratch.close(ctx)
-            ctx.close()
+            ctx.close()  # (push sessions' pins released, scratch bytes removed)
         app.close()
     return 0
 

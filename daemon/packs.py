@@ -37,7 +37,7 @@ from alkfs.git.packs import FORMATS, Derived, Generation, derived_for
 from alkfs.keys import Key
 from alkfs.store import ObjectStat
 
-from .context import DYNAMIC_TIMEOUT
+from .nodes.base import DYNAMIC_TIMEOUT
 
 if TYPE_CHECKING:
     from .context import Context

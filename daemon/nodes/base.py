@@ -79,7 +79,6 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import pyfuse3
 
-from ..context import DIR_TIMEOUT, OBJECT_TIMEOUT
 from ..errors import fail
 from ..inodes import derive
 
@@ -87,6 +86,9 @@ if TYPE_CHECKING:
     from ..context import Context
 
 Emit = Callable[[bytes, "Node", int], bool]
+OBJECT_TIMEOUT = 3600.0  # entry and attribute timeout of immutable things
+DIR_TIMEOUT = 3600.0
+DYNAMIC_TIMEOUT = 1.0  # status, metrics: their size changes
 FIRST_OFFSET = 3  # readdir offsets are never 0, 1 or 2 (NFS re-export reads those specially)
 # st_blksize: cp and cat size their buffers from it (at least 128 KiB). 1 MiB, the mount's
 # max_write, makes cp into the mount write 1 MiB at a time: 8x fewer WRITE requests and

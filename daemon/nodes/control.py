@@ -24,11 +24,10 @@ from typing import TYPE_CHECKING, Any
 
 from alkfs.durations import parse_duration
 
-from ..context import DYNAMIC_TIMEOUT
 from ..errors import clip, fail
 from ..packs import repack_now
 from ..status import metrics_text, status_json
-from .base import BytesHandle, File, Handle, Node, StaticDir, wants_write
+from .base import DYNAMIC_TIMEOUT, BytesHandle, File, Handle, Node, StaticDir, wants_write
 
 if TYPE_CHECKING:
     from ..context import Context

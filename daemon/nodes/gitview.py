@@ -31,7 +31,7 @@ directories and of `pack/` and `info/` (FOPEN_CACHE_DIR, checked at every open a
 listing then: daemon/listings.py), so a git process's 256 listings cost an OPENDIR and a
 RELEASEDIR each, no READDIR.
 
-Writes are git's own loose-object protocol (daemon/scratch.py): a temporary file made
+Writes are git's own loose-object protocol (daemon/staging/scratch.py): a temporary file made
 in `<format>/` or `<format>/<xx>/` lives in the scratch area; `link` or `rename` of it to
 `<xx>/<rest>` inflates it, checks it is one canonical object with that id and stores it
 (EIO and nothing stored otherwise); unlinking the temporary name, fsync and chmod of it,
@@ -53,31 +53,27 @@ from __future__ import annotations
 import errno
 import logging
 import os
-import zlib
-from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from alkfs.errors import Corrupt, Invalid
-from alkfs.git.objects import BLOCK, encode_loose, loose_size
 from alkfs.keys import Algorithm, Key
-from alkfs.store import ObjectStat
 
-from .. import listings, scratch
+from .. import listings
 from .. import packs as derived_packs
-from ..context import DYNAMIC_TIMEOUT, OBJECT_TIMEOUT
 from ..errors import fail
+from ..staging import scratch
 from .base import (
+    DYNAMIC_TIMEOUT,
     FIRST_OFFSET,
+    OBJECT_TIMEOUT,
     Dir,
     DirHandle,
     Emit,
     Handle,
     Node,
     StaticDir,
-    changes_anything,
     wants_write,
 )
-from .objects import INLINE_VERIFY, PAGE, LargeHandle, ObjectFile, after_cookie, cookie
+from .loose import FANOUT, FIRST_PAGE, FanoutDir, repo_fanout_ident
 
 if TYPE_CHECKING:
     from ..context import Context
@@ -85,57 +81,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("alkfsd")
 
 FORMATS = {b"sha1": Algorithm.GIT_SHA1, b"sha256": Algorithm.GIT_SHA256}
-FANOUT = tuple(b"%02x" % i for i in range(256))
-FIRST_PAGE = 64  # objects asked for by the first listing query of a fan-out directory
-ADLER_CHUNK = 1 << 20
-LOOSE_INO = 1 << 61  # keeps loose-file inode numbers apart from /objects' ones
 INLINE_READ = 128 << 10  # derived-file reads up to this are a pread on the trio thread
 REUSED_NAMES = (b"multi-pack-index", b"commit-graph-chain", b"commit-graph")
-
-_ZHEADER = b"\x78\x01"
-_STRIDE = BLOCK + 5  # a stored block: 5 header bytes, then up to BLOCK bytes of the object
-
-
-# -- the loose form by arithmetic ---------------------------------------------------------------
-def loose_segments(n: int, offset: int, size: int) -> Iterator[bytes | tuple[int, int] | slice]:
-    """Bytes [offset, offset+size) of the loose file of an `n`-byte object, in order, as
-    `bytes` (framing: the zlib header, stored-block headers), `(start, length)` (a range
-    of the canonical object) or a `slice` of the big-endian adler32 trailer."""
-    total = loose_size(n)
-    end = min(offset + size, total)
-    trailer = total - 4
-    last = max(1, -(-n // BLOCK)) - 1
-    pos = max(offset, 0)
-    while pos < end:
-        if pos < 2:
-            yield _ZHEADER[pos:end]
-            pos = min(end, 2)
-        elif pos >= trailer:
-            yield slice(pos - trailer, end - trailer)
-            pos = end
-        else:
-            block, within = divmod(pos - 2, _STRIDE)
-            start = block * BLOCK
-            clen = min(BLOCK, n - start)
-            if within < 5:
-                head = (
-                    bytes([block == last])
-                    + clen.to_bytes(2, "little")
-                    + (clen ^ 0xFFFF).to_bytes(2, "little")
-                )
-                piece = head[within : within + end - pos]
-                yield piece
-                pos += len(piece)
-            else:
-                cpos = start + within - 5
-                length = min(start + clen, cpos + end - pos) - cpos
-                yield (cpos, length)
-                pos += length
-
-
-def repo_fanout_ident(repo: Any, xx: bytes) -> tuple:
-    """The identity of /repos/<id>/objects/<xx> (repos.py), found here when objects go."""
-    return ("repo-fanout", repo.id, repo.created_ns, xx)
 
 
 # -- nodes ----------------------------------------------------------------------------------------
@@ -386,260 +333,3 @@ class DerivedHandle(Handle):
         if fd >= 0:
             os.close(fd)
             await derived_packs.served(node.ctx).release(node.fmt, self.number)
-
-
-class FanoutDir(scratch.ScratchOverlay, Dir):
-    """/git/<format>/<xx>: the objects whose id starts with xx, listed a page at a time in
-    key order (offsets are the objects' cookies, as in /objects). The kernel caches the
-    listing, checked at each open against the listing then (daemon/listings.py): git lists
-    all 256 in every process that abbreviates an id, and most hold nothing unpacked. So
-    does /repos/<id>/objects/<xx>, which lists nothing."""
-
-    caches_listing = True
-    __slots__ = ("algo", "prefix")
-
-    def mtime_ns(self) -> int:
-        return listings.of(self.ctx).mtime_ns(self.ino, self.ctx.started_ns)
-
-    def __init__(
-        self, ctx: Context, parent: Node, algo: Algorithm, xx: bytes, ident: tuple | None = None
-    ) -> None:
-        super().__init__(ctx, ident or ("dir", f"{parent.path}/{xx.decode()}"), parent, xx)
-        self.algo = algo
-        self.prefix = int(xx, 16)
-
-    async def lookup(self, name: bytes, ctx: Any) -> Node:
-        if len(name) != self.algo.hex_len - 2:
-            node = scratch.lookup_in(self, name)  # git's tmp_obj_* (never 38 or 62 long)
-            if node is None:
-                fail(errno.ENOENT)
-            return node
-        try:
-            key = Key.from_hex(self.algo, self.name.decode() + name.decode("ascii"))
-        except (UnicodeDecodeError, Invalid):
-            fail(errno.ENOENT)
-        st = self.ctx.store.stat(key)
-        if st is None:
-            fail(errno.ENOENT)
-        return LooseFile.fresh(self.ctx, self, st)
-
-    async def readdir(self, dh: DirHandle, start: int, emit: Emit) -> None:
-        """The kernel takes a few dozen entries per call: what one query fetched beyond
-        them waits in `dh.state` for the next call, which resumes after the last entry
-        it was given (any other offset restarts from that offset's key)."""
-        algo, prefix, state_ = self.algo, self.prefix, dh.state
-        fmt = "sha1" if algo is Algorithm.GIT_SHA1 else "sha256"
-        unpacked = await derived_packs.served(self.ctx).unpacked(fmt, prefix)
-        if unpacked is not None:  # a set is published: list only what it lacks
-            for st in unpacked:
-                c = cookie(st.key)
-                if c <= start:
-                    continue
-                if not emit(st.key.hex[2:].encode(), LooseFile.fresh(self.ctx, self, st), c):
-                    return
-            return
-        recent: dict[int, bytes] = state_.setdefault("recent", {})
-        if start >= FIRST_OFFSET and state_.get("last") == start:
-            ahead: list[ObjectStat] = state_["ahead"]
-            after, done, count = state_["after"], state_["done"], state_["count"]
-        else:
-            ahead, done, count = [], False, 0
-            if start < FIRST_OFFSET:
-                rest = algo.digest_len - 1
-                after = Key.of(algo, bytes([prefix - 1]) + b"\xff" * rest) if prefix else None
-            else:
-                raw = recent.get(start)
-                after = Key(raw) if raw is not None else after_cookie(algo, start)
-                count = -1  # not listed from the start: says nothing about the prefix's size
-        typical = getattr(self.parent, "typical", FIRST_PAGE)
-        limit = max(FIRST_PAGE, typical + typical // 4 + 8)
-        i = 0
-        try:
-            while True:
-                while i < len(ahead):
-                    st = ahead[i]
-                    c = cookie(st.key)
-                    if not emit(st.key.hex[2:].encode(), LooseFile.fresh(self.ctx, self, st), c):
-                        return
-                    i += 1
-                    state_["last"] = c
-                    if len(recent) > 4 * PAGE:
-                        recent.clear()
-                    recent[c] = st.key.raw
-                if done:
-                    return
-                page = self.ctx.store.list(after=after, limit=limit, algo=algo)
-                ahead, i = [st for st in page if st.key.raw[1] == prefix], 0
-                done = len(ahead) < len(page) or len(page) < limit
-                if page:
-                    after = page[-1].key
-                if count >= 0:
-                    count += len(ahead)
-                    if done and hasattr(self.parent, "typical"):
-                        self.parent.typical = count  # type: ignore[attr-defined,union-attr]
-                limit = min(limit * 2, PAGE)
-        finally:
-            state_.update(ahead=ahead[i:], after=after, done=done, count=count)
-
-    # -- git's writes ---------------------------------------------------------------------
-    def repo_key(self) -> scratch.RepoKey | None:
-        """The repository whose pins objects stored here join (none in /git/<format>)."""
-        return None
-
-    def key_of(self, name: bytes) -> Key | None:
-        if len(name) != self.algo.hex_len - 2:
-            return None
-        try:
-            return Key.from_hex(self.algo, self.name.decode() + name.decode("ascii"))
-        except (UnicodeDecodeError, Invalid):
-            return None
-
-    async def adopt(self, name: bytes, node: Node, ctx: Any) -> Node:
-        """`link`/`rename` of a scratch file to `<xx>/<rest>`: verify and store it."""
-        key = self.key_of(name)
-        if key is None:
-            fail(errno.EINVAL, f"{name!r} is not an object name of {self.path}")
-        if not isinstance(node, scratch.ScratchFile):
-            fail(errno.EPERM, f"{node.path} is not a file git is writing")
-        st = await scratch.ingest(
-            self.ctx, node, self.algo, key.hex, self.repo_key(), scratch.pid_of(ctx)
-        )
-        return LooseFile.fresh(self.ctx, self, st)
-
-    async def create(self, name: bytes, mode: int, flags: int, ctx: Any) -> tuple[Node, Handle]:
-        if self.key_of(name) is not None:
-            fail(errno.EPERM, "objects are written as a temporary file, then linked")
-        return await super().create(name, mode, flags, ctx)
-
-    async def link(self, name: bytes, node: Node, ctx: Any) -> Node:
-        if self.key_of(name) is not None:
-            return await self.adopt(name, node, ctx)
-        return await super().link(name, node, ctx)
-
-    # unlink of an object falls through the overlay to EPERM (deletion is the sweep's)
-
-
-class LooseFile(ObjectFile):
-    """One object in loose form. The same inode under /git/<format>/<xx>/ and every
-    /repos/<id>/objects/<xx>/, so the kernel's cached pages serve them all. Attributes,
-    times (touch freshens: git freshens what it finds in an alternate) and extended
-    attributes are the object's, as in /objects."""
-
-    __slots__ = ()
-
-    def __init__(self, ctx: Context, parent: Node, st: ObjectStat) -> None:
-        super().__init__(ctx, parent, st, st.key.raw[2:].hex().encode())
-        self.ident = ("loose", st.key.raw)
-
-    def ino_seed(self) -> int:
-        raw = self.st.key.raw
-        return int.from_bytes(raw[1:9], "big") ^ (raw[0] << 56) ^ LOOSE_INO
-
-    def describe(self) -> str:
-        return f"{self.st.key} (loose)"
-
-    def size(self) -> int:
-        return loose_size(self.st.size)
-
-    async def setattr(self, attr: Any, fields: Any, handle: Handle | None, ctx: Any) -> Any:
-        """touch/utime freshens (ObjectFile); a toucher working for a push pins it first."""
-        if changes_anything(fields):
-            await scratch.freshened(self.ctx, self.key, scratch.pid_of(ctx))
-        return await super().setattr(attr, fields, handle, ctx)
-
-    async def open(self, flags: int, ctx: Any) -> Handle:
-        if wants_write(flags):
-            fail(errno.EPERM, f"{self.key} is immutable")
-        if self.st.tier == "large":
-            inner = await super().open(flags, ctx)
-            assert isinstance(inner, LargeHandle)
-            return LooseLargeHandle(self, inner)
-        handle = LooseKvHandle(self)
-        if self.may_push():
-            self.push(await handle.load())
-        return handle
-
-    async def load(self) -> bytes:
-        """The loose file of a kv object, verified (small ones inline, no thread hop)."""
-        store = self.ctx.store
-        if self.st.size <= INLINE_VERIFY:
-            canonical = store.get(self.key)
-        else:
-            canonical = await self.ctx.run_sync(store.get, self.key)
-        if canonical is None:
-            fail(errno.ENOENT, f"{self.key} is gone")
-        return encode_loose(canonical)
-
-
-class LooseKvHandle(Handle):
-    """A kv object in loose form, loaded at the first read: an open of a file whose pages
-    the kernel already holds costs no query."""
-
-    keep_cache = True
-
-    def __init__(self, node: LooseFile) -> None:
-        super().__init__(node)
-        self.loose = node
-        self.data: bytes | None = None
-
-    async def load(self) -> bytes:
-        if self.data is None:
-            self.data = await self.loose.load()
-        return self.data
-
-    async def read(self, off: int, size: int) -> bytes:
-        return (await self.load())[off : off + size]
-
-
-class LooseLargeHandle(Handle):
-    """A large object in loose form: the canonical bytes come from the /objects reader
-    (pread, verified as they are served), the framing is arithmetic, and the adler32
-    trailer is summed along sequential reads (a thread finishes it otherwise)."""
-
-    keep_cache = True
-
-    def __init__(self, node: LooseFile, inner: LargeHandle) -> None:
-        super().__init__(node)
-        self.loose = node
-        self.inner = inner
-        self.n = inner.size
-        self.adler_pos = 0
-        self.adler = 1
-
-    async def read(self, off: int, size: int) -> bytes:
-        out = bytearray()
-        for seg in loose_segments(self.n, off, size):
-            if isinstance(seg, bytes):
-                out += seg
-            elif isinstance(seg, tuple):
-                start, length = seg
-                data = await self.inner.read(start, length)
-                if len(data) != length:
-                    raise Corrupt(f"{self.loose.key}: the file is shorter than its size")
-                if start == self.adler_pos:
-                    self.adler = zlib.adler32(data, self.adler)
-                    self.adler_pos += length
-                out += data
-            else:
-                out += (await self._adler32()).to_bytes(4, "big")[seg]
-        return bytes(out)
-
-    async def _adler32(self) -> int:
-        if self.n:
-            await self.inner.read(self.n - 1, 1)  # completes the verification, or fails
-        if self.adler_pos < self.n:  # not read in order: sum the rest in a thread
-            await self.loose.ctx.run_sync(self._sum_rest)
-        return self.adler
-
-    def _sum_rest(self) -> None:
-        value, pos = self.adler, self.adler_pos
-        while pos < self.n:
-            chunk = os.pread(self.inner.fd, min(ADLER_CHUNK, self.n - pos), pos)
-            if not chunk:
-                raise Corrupt(f"{self.loose.key}: the file is shorter than its size")
-            value = zlib.adler32(chunk, value)
-            pos += len(chunk)
-        self.adler, self.adler_pos = value, pos
-
-    async def release(self) -> None:
-        await self.inner.release()

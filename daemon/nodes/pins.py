@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import errno
 import re
-import threading
 from typing import TYPE_CHECKING, Any
 
 import pyfuse3
@@ -35,21 +34,20 @@ import pyfuse3
 from alkfs.errors import Invalid, Missing
 from alkfs.keys import Algorithm, Key
 from alkfs.pins import PinRecord, valid_pin_name
-from alkfs.store import PutResult
+from alkfs.store import ObjectStat, PutResult
 
-from ..context import DYNAMIC_TIMEOUT
 from ..errors import clip, fail
-from ..handles import StagedFile, noop_setattr
-from .base import Dir, DirHandle, Emit, Handle, Node, Symlink, wants_write
-from .repos import readdir_snapshot
+from ..staging.staged import StagedFile
+from . import pinning
+from .base import DYNAMIC_TIMEOUT, Dir, DirHandle, Emit, File, Handle, Node, Symlink, wants_write
+from .listing import readdir_snapshot
+from .listing import text_of as _text
+from .objfile import ObjectFile
+from .policy import noop_setattr
 
 if TYPE_CHECKING:
     from ..context import Context
 
-# Every change the daemon makes to pins runs under this lock, so a replacing rename
-# (unpin the target, rename the source: two library calls) is one step to every other
-# pin change through the mount.
-PIN_LOCK = threading.Lock()
 LINK_TARGET = re.compile(rb"\.\./objects/([a-z0-9-]+)/([0-9a-f]+)\Z")
 # rsync's temporary for NAME is `.NAME.XXXXXX`; any short suffix of letters and digits
 TEMPORARY = re.compile(r"\.([A-Za-z0-9][A-Za-z0-9._-]{0,127})\.[A-Za-z0-9]{1,16}\Z")
@@ -57,13 +55,6 @@ TEMPORARY = re.compile(r"\.([A-Za-z0-9][A-Za-z0-9._-]{0,127})\.[A-Za-z0-9]{1,16}
 
 def target(rec: PinRecord) -> bytes:
     return f"../objects/{rec.key.algo.label}/{rec.key.hex}".encode()
-
-
-def _text(name: bytes) -> str | None:
-    try:
-        return name.decode("utf-8")
-    except UnicodeDecodeError:
-        return None
 
 
 def is_temporary(text: str | None) -> bool:
@@ -82,75 +73,6 @@ def _writable_name(name: bytes) -> bool:
 
 def _shown(name: bytes) -> str:
     return clip(repr(name), 160)
-
-
-def _pins(ctx: Context) -> Any:
-    if ctx.pins is None:
-        fail(errno.ENOTSUP, "pins are not available on this store")
-    return ctx.pins
-
-
-def _pins_dir_ino(ctx: Context) -> int | None:
-    node = ctx.inodes.known(("dir", "/pins"))
-    return None if node is None else node.ino
-
-
-def _changed(ctx: Context, *names: str) -> None:
-    """Tell the kernel that these /pins entries changed (off the request path)."""
-    ino = _pins_dir_ino(ctx)
-    if ino is not None:
-        for name in names:
-            ctx.invalidator.submit(ino, name.encode(), 0)
-
-
-# -- pin changes (worker threads, under PIN_LOCK) ---------------------------------------
-def _pin(pins: Any, name: str, key: Key, replace: Key | None = None) -> PinRecord:
-    """Pin `key` as `name` (Invalid: bad name; Missing: not stored). A pin `name` on
-    `replace` (what this writer stored before) is replaced; on any other object, Exists."""
-    with PIN_LOCK:
-        return pins.pin(name, key, replace=replace or False)
-
-
-def _pin_over(pins: Any, name: str, key: Key) -> PinRecord:
-    """Pin `key` as `name`, replacing whatever `name` named (a rename onto it): one transaction."""
-    with PIN_LOCK:
-        return pins.pin(name, key, replace=True)
-
-
-def _rename_over(pins: Any, old: str, new: str) -> PinRecord:
-    """Rename the pin `old` to `new`, replacing a pin `new`: one transaction."""
-    with PIN_LOCK:
-        pins.rename(old, new, replace=True)
-        rec = pins.get(new)
-        assert rec is not None
-        return rec
-
-
-def _unpin(pins: Any, name: str, key: Key | None = None) -> None:
-    with PIN_LOCK:
-        rec = pins.get(name)
-        if rec is None or (key is not None and rec.key != key):
-            raise Missing(f"no pin {name!r}" + (f" on {key}" if key is not None else ""))
-        pins.unpin(name)
-
-
-async def pin_object(ctx: Context, name: str, key: Key) -> None:
-    """setfattr -n user.alkfs.pin.NAME: EINVAL bad name, EEXIST taken, ENOENT gone."""
-    pins = _pins(ctx)
-    await ctx.run_sync(_pin, pins, name, key)
-    _changed(ctx, name)
-
-
-async def unpin_object(ctx: Context, name: str, key: Key) -> None:
-    """setfattr -x user.alkfs.pin.NAME: ENODATA unless NAME pins this object."""
-    pins = ctx.pins
-    if pins is None:
-        fail(errno.ENODATA)
-    try:
-        await ctx.run_sync(_unpin, pins, name, key)
-    except Missing:
-        fail(errno.ENODATA, f"no pin {name!r} on {key}")
-    _changed(ctx, name)
 
 
 class PinsDir(Dir):
@@ -199,10 +121,14 @@ class PinsDir(Dir):
         if name in self.staged:
             return True
         text = _text(name)
-        return text is not None and valid_pin_name(text) and _pins(self.ctx).get(text) is not None
+        return (
+            text is not None
+            and valid_pin_name(text)
+            and pinning.pins_of(self.ctx).get(text) is not None
+        )
 
     async def create(self, name: bytes, mode: int, flags: int, ctx: Any) -> tuple[Node, Handle]:
-        _pins(self.ctx)
+        pinning.pins_of(self.ctx)
         if not _writable_name(name):
             fail(
                 errno.EINVAL,
@@ -216,7 +142,7 @@ class PinsDir(Dir):
         return node, node.new_handle()
 
     async def symlink(self, name: bytes, link: bytes, ctx: Any) -> Node:
-        pins = _pins(self.ctx)
+        pins = pinning.pins_of(self.ctx)
         text = _text(name)
         if text is None or not valid_pin_name(text):
             fail(errno.EINVAL, f"invalid pin name {_shown(name)}")
@@ -224,7 +150,7 @@ class PinsDir(Dir):
             fail(errno.EEXIST, f"/pins/{text} exists")
         key = self._target_key(link)
         try:
-            rec = await self.ctx.run_sync(_pin, pins, text, key)
+            rec = await self.ctx.run_sync(pinning.pin, pins, text, key)
         except Missing:
             fail(errno.EINVAL, f"{key} is not in the store")
         return PinLink(self.ctx, self, rec)
@@ -251,8 +177,11 @@ class PinsDir(Dir):
         text = _text(node.name)
         if node.unlinked or text is None or not valid_pin_name(text):
             return
-        _pin(_pins(self.ctx), text, result.key, node.key)
+        pinning.pin(pinning.pins_of(self.ctx), text, result.key, node.key)
         result.pin.release()
+
+    def stored_file(self, st: ObjectStat) -> File:
+        return ObjectFile(self.ctx, self, st)
 
     async def publish(self, node: StagedFile, result: PutResult) -> None:
         if node.unlinked:
@@ -291,11 +220,11 @@ class PinsDir(Dir):
     async def unlink(self, name: bytes, ctx: Any) -> None:
         if self._drop(name):
             return
-        pins = _pins(self.ctx)
+        pins = pinning.pins_of(self.ctx)
         text = _text(name)
         if text is None or not valid_pin_name(text):
             fail(errno.ENOENT)
-        await self.ctx.run_sync(_unpin, pins, text)
+        await self.ctx.run_sync(pinning.unpin, pins, text)
 
     async def rename(
         self, name: bytes, new_parent: Node, new_name: bytes, flags: int, ctx: Any
@@ -304,7 +233,7 @@ class PinsDir(Dir):
             fail(errno.EINVAL, "pins cannot be exchanged")
         if new_parent is not self:
             fail(errno.EXDEV, "a pin can only be renamed within /pins")
-        pins = _pins(self.ctx)
+        pins = pinning.pins_of(self.ctx)
         staged = self.staged.get(name)
         text = _text(name)
         is_pin = (
@@ -327,9 +256,9 @@ class PinsDir(Dir):
         if is_pin:
             assert text is not None
             self._drop(new_name)
-            rec = await self.ctx.run_sync(_rename_over, pins, text, new_text)
+            rec = await self.ctx.run_sync(pinning.rename_over, pins, text, new_text)
             self._renamed_link(text, rec)
-            _changed(self.ctx, text, rec.name)
+            pinning.changed(self.ctx, text, rec.name)
             return
         assert staged is not None
         if staged.extra is not None and new_valid:
@@ -337,13 +266,13 @@ class PinsDir(Dir):
             # in-process pin goes (after the pin row committed)
             assert staged.key is not None and new_text is not None
             self._drop_other(new_name, staged)
-            await self.ctx.run_sync(_pin_over, pins, new_text, staged.key)
+            await self.ctx.run_sync(pinning.pin_over, pins, new_text, staged.key)
             held, staged.extra = staged.extra, None
             held.release()
             if self.staged.get(name) is staged:
                 del self.staged[name]
             staged.name = new_name
-            _changed(self.ctx, new_text)
+            pinning.changed(self.ctx, new_text)
             return
         # still being written (pinned at close under its new name), or a temporary
         # renamed to another temporary name
@@ -351,7 +280,7 @@ class PinsDir(Dir):
         if new_valid:
             assert new_text is not None
             try:
-                await self.ctx.run_sync(_unpin, pins, new_text)
+                await self.ctx.run_sync(pinning.unpin, pins, new_text)
             except Missing:
                 pass
         if self.staged.get(name) is staged:

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pyfuse3
 from alkfsd import fs, listings
-from alkfsd.handles import StagedHandle
 from alkfsd.nodes.base import BytesHandle
+from alkfsd.staging.staged import StagedHandle
 
 
 def test_the_venvs_pyfuse3_is_built_with_fileinfo_noflush() -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 import pysqlite3.dbapi2 as sqlite3  # the store's own sqlite library (see tests/store)
 import pytest
 from alkfsd.context import Context
-from alkfsd.nodes.objects import LargeHandle, ObjectFile
+from alkfsd.nodes.objfile import LargeHandle, ObjectFile
 
 from alkfs.keys import Key
 from alkfs.store import Store

@@ -44,379 +44,26 @@ scratch file never outlives the daemon.
 from __future__ import annotations
 
 import errno
-import logging
 import os
-import shutil
 import stat
-import subprocess
-import tempfile
 import time
-import weakref
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import trio
-
-from alkfs.errors import Verification
-from alkfs.git.objects import decode_loose
-from alkfs.keys import Algorithm, Key
-from alkfs.store import ObjectStat
-
-from .errors import fail
-from .handles import inflight_root
-from .nodes.base import FIRST_OFFSET, Dir, DirHandle, Emit, File, Handle, Node
+from ..errors import fail
+from ..nodes.base import FIRST_OFFSET, Dir, DirHandle, Emit, File, Handle, Node
+from .writes import RepoKey, Writes, pid_of
 
 if TYPE_CHECKING:
-    from alkfs.gc.arbiter import Batch, Pin
+    from ..context import Context
 
-    from .context import Context
-
-log = logging.getLogger("alkfsd")
-
-SCRATCH_DIR = "scratch"
-GRACE_MIN_S = 600.0  # pins of a push that never writes a ref go after this (or the window)
-EXPIRE_EVERY_S = 30.0
-EXPIRE_MIN_S = 0.5  # the expiry loop's shortest period (a grace of a few seconds)
 SCRATCH_TIMEOUT = 60.0  # entry/attribute timeout of scratch files and directories
-RepoKey = tuple[str, int]  # (repository id, creation time): a re-created id is another repo
 
 
-# -- the area on disk -----------------------------------------------------------------------
-def clean(root: Path) -> None:
-    """Empty (or create) a scratch directory: nothing in it survives a daemon."""
-    shutil.rmtree(root, ignore_errors=True)
-    root.mkdir(mode=0o700, parents=True, exist_ok=True)
-
-
-def scratch_root(store: Any) -> Path | None:
-    """STORE/scratch, or a fleet member's own STORE/nodes/<node>/scratch (emptied at start:
-    another daemon's is never touched); None for a memory store (a temporary directory)."""
-    root = inflight_root(store)
-    return None if root is None else root / SCRATCH_DIR
-
-
-class ScratchArea:
-    """One directory of scratch files, each under a serial number."""
-
-    def __init__(self, root: Path | None) -> None:
-        self.temporary = root is None
-        self.root = Path(tempfile.mkdtemp(prefix="alkfs-scratch-")) if root is None else root
-        clean(self.root)
-        self.serial = 0
-
-    def new_file(self) -> tuple[int, Path]:
-        self.serial += 1
-        path = self.root / f"{self.serial:016x}"
-        flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
-        try:
-            fd = os.open(path, flags, 0o600)
-        except FileNotFoundError:
-            # a fleet member paused past its session's end: the lease holder removed its
-            # directories as a dead member's (alkfs/fleet.py); it joined again, they come back
-            self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
-            fd = os.open(path, flags, 0o600)
-        os.close(fd)
-        return self.serial, path
-
-    def next_serial(self) -> int:
-        self.serial += 1
-        return self.serial
-
-    def close(self) -> None:
-        shutil.rmtree(self.root, ignore_errors=True)
-        if not self.temporary:
-            self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
-
-
-# -- processes --------------------------------------------------------------------------------
-def pid_of(ctx: Any) -> int:
-    return int(getattr(ctx, "pid", 0) or 0)
-
-
-def alive(pid: int) -> bool:
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def parent_of(pid: int) -> int:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read()
-        return int(data[data.rindex(b")") + 2 :].split()[1])
-    except (OSError, ValueError, IndexError):
-        return 0
-
-
-# -- per-mount write state --------------------------------------------------------------------
-@dataclass
-class Session:
-    """The pins one process took in one repository, released together."""
-
-    batch: Batch
-    since: float = field(default_factory=time.monotonic)
-
-
-class Writes:
-    """What git's writes leave in the daemon's memory for one mount."""
-
-    def __init__(self, ctx: Context) -> None:
-        self.ctx = ctx
-        self.area = ScratchArea(scratch_root(ctx.store))
-        self.overlays: dict[tuple, dict[bytes, Node]] = {}
-        self.sessions: dict[tuple[RepoKey, int], Session] = {}
-        self.quarantines: dict[int, ScratchDir] = {}  # serial -> a scratch dir made in objects/
-        self.locks: dict[tuple[RepoKey, str], Node] = {}  # git's .lock files, by ref
-        self.ref_dirs: dict[RepoKey, set[str]] = {}  # mkdir'ed ref directories holding no ref
-        configured = ctx.options.push_grace_s  # alkfsd --push-grace
-        self.grace_s = (
-            max(GRACE_MIN_S, ctx.store.window_ns / 1e9) if configured is None else configured
-        )
-        # looked at often enough for a short grace to mean what it says
-        self.expire_every_s = min(EXPIRE_EVERY_S, max(EXPIRE_MIN_S, self.grace_s / 2))
-        self._expiring = False
-
-    # -- scratch names inside store-backed directories ------------------------------------
-    def overlay(self, host: Node) -> dict[bytes, Node]:
-        found = self.overlays.get(host.ident)
-        if found is None:
-            found = self.overlays[host.ident] = {}
-        return found
-
-    def peek(self, host: Node, name: bytes) -> Node | None:
-        names = self.overlays.get(host.ident)
-        return None if not names else names.get(name)
-
-    def new_file(self, host: Node, name: bytes, mode: int) -> ScratchFile:
-        serial, path = self.area.new_file()
-        node = ScratchFile(self.ctx, host, name, serial, path, mode & 0o7777)
-        return node
-
-    # -- pins -----------------------------------------------------------------------------
-    def hold(self, repo: RepoKey, pid: int, pin: Pin) -> None:
-        """Keep `pin` until the process `pid` (or anyone, once it is gone) commits a ref
-        in `repo`, or the grace period passes."""
-        self._start_expiry()
-        s = self.sessions.get((repo, pid))
-        if s is None:
-            s = self.sessions[(repo, pid)] = Session(self.ctx.store.arbiter.batch())
-        s.batch.add(pin)
-
-    def committed(self, repo: RepoKey, pid: int) -> int:
-        """A ref write by `pid` in `repo` committed: release that process's pins there and
-        those of processes that have exited. Returns how many sessions went."""
-        gone = [k for k in self.sessions if k[0] == repo and (k[1] == pid or not alive(k[1]))]
-        for k in gone:
-            self.sessions.pop(k).batch.release()
-        return len(gone)
-
-    def forget_repo(self, repo: RepoKey) -> None:
-        """The repository is gone: its pins, locks, ref directories and scratch go too."""
-        for k in [k for k in self.sessions if k[0] == repo]:
-            self.sessions.pop(k).batch.release()
-        for lk in [lk for lk in self.locks if lk[0] == repo]:
-            del self.locks[lk]
-        self.ref_dirs.pop(repo, None)
-        for serial, q in list(self.quarantines.items()):
-            if q.repo == repo:
-                q.drop_from_host()
-                del self.quarantines[serial]
-
-    def pinned(self, repo: RepoKey | None = None) -> int:
-        return sum(len(s.batch) for k, s in self.sessions.items() if repo is None or k[0] == repo)
-
-    def push_of(self, pid: int) -> tuple[RepoKey, int] | None:
-        """The (repository, receive-pack pid) of the push `pid` works for: it created a
-        quarantine directory, or its parent did."""
-        if not self.quarantines or pid <= 0:
-            return None
-        creators = {q.creator: q.repo for q in self.quarantines.values() if q.repo is not None}
-        if pid in creators:
-            return creators[pid], pid
-        parent = parent_of(pid)
-        if parent in creators:
-            return creators[parent], parent
-        return None
-
-    def expire(self, now: float | None = None) -> None:
-        """Release sessions older than the grace period; drop quarantines whose creator
-        has exited (git removes its own; these are a killed push's)."""
-        now = time.monotonic() if now is None else now
-        for k, session in list(self.sessions.items()):
-            if alive(k[1]):
-                # a writer that is still there (a push slower than any grace, a hung
-                # `git hash-object`) keeps its pins: the grace counts from its exit
-                session.since = now
-            elif now - session.since > self.grace_s:
-                log.info(
-                    "releasing %d pin(s) of repository %s after the grace period",
-                    len(session.batch),
-                    k[0][0],
-                )
-                self.sessions.pop(k).batch.release()
-        for serial, q in list(self.quarantines.items()):
-            if not alive(q.creator):
-                q.drop_from_host()
-                self.quarantines.pop(serial, None)
-
-    def _start_expiry(self) -> None:
-        if self._expiring:
-            return
-        try:
-            trio.lowlevel.spawn_system_task(self._expiry_loop, name="alkfsd pin expiry")
-            self._expiring = True
-        except RuntimeError:  # not inside trio (direct calls): expired lazily
-            pass
-
-    async def _expiry_loop(self) -> None:
-        while True:
-            await trio.sleep(self.expire_every_s)
-            try:
-                self.expire()
-            except Exception:
-                log.exception("scratch expiry failed")
-
-    def close(self) -> None:
-        for s in self.sessions.values():
-            s.batch.release()
-        self.sessions.clear()
-        self.area.close()
-
-
-_WRITES: weakref.WeakKeyDictionary[Context, Writes] = weakref.WeakKeyDictionary()
-
-
-def writes(ctx: Context) -> Writes:
-    w = _WRITES.get(ctx)
-    if w is None:
-        w = _WRITES[ctx] = Writes(ctx)
-    return w
-
-
-def prepare(ctx: Context) -> Writes:
-    """At daemon start: the scratch area is emptied now, before any request."""
-    return writes(ctx)
-
-
-# -- ingest -------------------------------------------------------------------------------------
-def ingest_blocking(ctx: Context, data: bytes, algo: Algorithm, key: Key) -> Any:
-    """Store a loose object's inflated content under `key` (Verification on any mismatch:
-    not zlib, not one canonical object, another digest). Returns the PutResult."""
-    canonical = decode_loose(data)
-    return ctx.store.put(canonical, len(canonical), algo=algo, expect=key)
-
-
-async def ingest(
-    ctx: Context, node: ScratchFile, algo: Algorithm, hexname: str, repo: RepoKey | None, pid: int
-) -> ObjectStat:
-    """A scratch file named `hexname` in a fan-out directory: verify and store it; pinned
-    for `repo`'s session when it came through a repository, released at once otherwise."""
-    key = Key.from_hex(algo, hexname)
-    data = node.read_all()
-    # Always off the trio thread: the put writes sqlite and may wait out a sweep's delete.
-    result = await ctx.run_sync(ingest_blocking, ctx, data, algo, key)
-    if repo is not None:
-        writes(ctx).hold(repo, pid, result.pin)
-    else:
-        result.pin.release()
-    st = ctx.store.stat(key)
-    if st is None:  # swept between the put and now: cannot happen while pinned
-        fail(errno.EIO, f"{key} vanished after it was stored")
-    return st
-
-
-PACK_BATCH = 8192  # objects a put_many batch when a pushed pack is ingested
-GIT_ENV = {"GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": os.devnull, "LC_ALL": "C"}
-
-
-def ingest_pack_blocking(
-    ctx: Context, pack: Path, idx: Path, object_format: str, algo: Algorithm
-) -> list[Any]:
-    """Every object of a pack git indexed (a push's pack, migrated out of its
-    quarantine), verified and stored; returns the PutResults (their pins are the
-    caller's). git itself reads the pack (`cat-file --batch-all-objects`) from a
-    throwaway repository in the scratch area holding links to the two files."""
-    results: list[Any] = []
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")} | GIT_ENV
-    with tempfile.TemporaryDirectory(dir=writes(ctx).area.root, prefix="pack-") as tmp:
-        gitdir = Path(tmp) / "repo.git"
-        subprocess.run(
-            ["git", "init", "-q", "--bare", f"--object-format={object_format}", str(gitdir)],
-            env=env,
-            check=True,
-            capture_output=True,
-            umask=0o077,  # its files are the daemon's alone, whatever the daemon's umask
-        )
-        os.link(pack, gitdir / "objects" / "pack" / "pack-pushed.pack")
-        os.link(idx, gitdir / "objects" / "pack" / "pack-pushed.idx")
-        cat = ["git", f"--git-dir={gitdir}", "cat-file", "--batch-all-objects", "--batch"]
-        with subprocess.Popen(
-            [*cat, "--unordered"],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            stdin=subprocess.DEVNULL,
-        ) as proc:
-            assert proc.stdout is not None and proc.stderr is not None
-            items: list[tuple[bytes, Algorithm, bytes]] = []
-            tag = bytes([algo.value])
-            try:
-                while line := proc.stdout.readline():
-                    oid, kind, size = line.split()
-                    n = int(size)
-                    body = proc.stdout.read(n + 1)
-                    if len(body) != n + 1:
-                        raise Verification(f"git cat-file ended inside {oid.decode()}")
-                    canonical = kind + b" " + size + b"\0" + body[:n]
-                    items.append((canonical, algo, tag + bytes.fromhex(oid.decode())))
-                    if len(items) >= PACK_BATCH:
-                        results += ctx.store.put_many(items)
-                        items = []
-                if items:
-                    results += ctx.store.put_many(items)
-                err = proc.stderr.read()
-                if proc.wait() != 0:
-                    why = err.decode(errors="replace").strip()
-                    raise Verification(f"git could not read the pushed pack: {why}")
-            except BaseException:
-                proc.kill()
-                for r in results:
-                    r.pin.release()
-                raise
-    return results
-
-
-async def ingest_pack(
-    ctx: Context, pack: ScratchFile, idx: ScratchFile, repo: Any, pid: int
-) -> int:
-    """A push's pack arrived in /repos/<id>/objects/pack: store every object in it,
-    pinned for the push's session. Returns how many objects it held."""
-    results = await ctx.run_sync(
-        ingest_pack_blocking, ctx, pack.disk, idx.disk, repo.object_format, repo.algo
-    )
-    w = writes(ctx)
-    for r in results:
-        w.hold((repo.id, repo.created_ns), pid, r.pin)
-    log.info("repository %s: stored %d object(s) of a pushed pack", repo.id, len(results))
-    return len(results)
-
-
-async def freshened(ctx: Context, key: Key, pid: int) -> None:
-    """A loose file was touched: if the toucher works for a push, pin the object for it
-    (in a worker thread: the pin waits out an in-flight delete of the key)."""
-    w = _WRITES.get(ctx)
-    if w is None:
-        return
-    owner = w.push_of(pid)
-    if owner is not None:
-        w.hold(owner[0], owner[1], await ctx.run_sync(ctx.store.pin, key))
+def new_file(w: Writes, host: Node, name: bytes, mode: int) -> ScratchFile:
+    """A new scratch file named `name` in `host` (its bytes: a new file of the area)."""
+    serial, path = w.area.new_file()
+    return ScratchFile(host.ctx, host, name, serial, path, mode & 0o7777)
 
 
 # -- nodes --------------------------------------------------------------------------------------
@@ -554,14 +201,14 @@ class ScratchDir(Dir):
     async def create(self, name: bytes, mode: int, flags: int, ctx: Any) -> tuple[Node, Handle]:
         if name in self.entries:
             fail(errno.EEXIST)
-        node = writes(self.ctx).new_file(self, name, mode)
+        node = new_file(self.ctx.writes, self, name, mode)
         self.entries[name] = node
         return node, await node.open(flags & ~os.O_TRUNC, ctx)
 
     async def mkdir(self, name: bytes, mode: int, ctx: Any) -> Node:
         if name in self.entries:
             fail(errno.EEXIST)
-        w = writes(self.ctx)
+        w = self.ctx.writes
         node = ScratchDir(
             self.ctx, self, name, w.area.next_serial(), self.repo, self.creator, None, mode & 0o777
         )
@@ -616,7 +263,7 @@ class ScratchDir(Dir):
 
     def drop_from_host(self) -> None:
         if self.host is not None:
-            names = writes(self.ctx).overlays.get(self.host.ident)
+            names = self.ctx.writes.overlays.get(self.host.ident)
             if names is not None and names.get(self.name) is self:
                 del names[self.name]
         self.destroy()
@@ -673,12 +320,12 @@ async def move(
 # The host directory's own methods call these first; each returns None / False when the
 # name is not a scratch name, so the host answers for its store-backed names as before.
 def lookup_in(host: Node, name: bytes) -> Node | None:
-    w = _WRITES.get(host.ctx)
+    w = host.ctx.writes
     return None if w is None else w.peek(host, name)
 
 
 def entries_in(host: Node) -> list[tuple[bytes, Node]]:
-    w = _WRITES.get(host.ctx)
+    w = host.ctx.writes
     if w is None:
         return []
     names = w.overlays.get(host.ident)
@@ -689,18 +336,18 @@ async def create_in(
     host: Node, name: bytes, mode: int, flags: int, ctx: Any
 ) -> tuple[Node, Handle]:
     """A new scratch file in a store-backed directory (git's tmp_obj_*, a lock file)."""
-    w = writes(host.ctx)
+    w = host.ctx.writes
     names = w.overlay(host)
     if name in names:
         fail(errno.EEXIST)
-    node = w.new_file(host, name, mode)
+    node = new_file(w, host, name, mode)
     names[name] = node
     return node, await node.open(flags & ~os.O_TRUNC, ctx)
 
 
 def mkdir_in(host: Node, name: bytes, mode: int, repo: RepoKey | None, ctx: Any) -> ScratchDir:
     """A scratch directory (a push's quarantine) in a repository's objects/."""
-    w = writes(host.ctx)
+    w = host.ctx.writes
     names = w.overlay(host)
     if name in names:
         fail(errno.EEXIST)
@@ -714,7 +361,7 @@ def mkdir_in(host: Node, name: bytes, mode: int, repo: RepoKey | None, ctx: Any)
 
 
 def unlink_in(host: Node, name: bytes) -> bool:
-    w = _WRITES.get(host.ctx)
+    w = host.ctx.writes
     node = None if w is None else w.peek(host, name)
     if node is None or w is None:
         return False
@@ -727,7 +374,7 @@ def unlink_in(host: Node, name: bytes) -> bool:
 
 
 def rmdir_in(host: Node, name: bytes) -> bool:
-    w = _WRITES.get(host.ctx)
+    w = host.ctx.writes
     node = None if w is None else w.peek(host, name)
     if node is None or w is None:
         return False
@@ -743,7 +390,7 @@ def rmdir_in(host: Node, name: bytes) -> bool:
 async def rename_from(
     host: Node, name: bytes, new_parent: Node, new_name: bytes, flags: int, ctx: Any
 ) -> bool:
-    w = _WRITES.get(host.ctx)
+    w = host.ctx.writes
     node = None if w is None else w.peek(host, name)
     if node is None or w is None:
         return False
@@ -755,7 +402,7 @@ async def link_in(host: Node, name: bytes, node: Node) -> Node:
     """link(2) of a scratch file to another scratch name in a store-backed directory."""
     if not isinstance(node, ScratchFile):
         fail(errno.EPERM, "only scratch files can be linked here")
-    names = writes(host.ctx).overlay(host)
+    names = host.ctx.writes.overlay(host)
     if name in names:
         fail(errno.EEXIST)
     node.names += 1
@@ -775,7 +422,7 @@ class ScratchOverlay:
         return await create_in(self, name, mode, flags, ctx)  # type: ignore[arg-type]
 
     def scratch_names(self) -> dict[bytes, Node]:
-        return writes(self.ctx).overlay(self)  # type: ignore[attr-defined, arg-type]
+        return self.ctx.writes.overlay(self)  # type: ignore[attr-defined, arg-type]
 
     async def link(self, name: bytes, node: Node, ctx: Any) -> Node:
         return await link_in(self, name, node)  # type: ignore[arg-type]
@@ -789,10 +436,3 @@ class ScratchOverlay:
     ) -> None:
         if not await rename_from(self, name, new_parent, new_name, flags, ctx):  # type: ignore[arg-type]
             await super().rename(name, new_parent, new_name, flags, ctx)  # type: ignore[misc]
-
-
-def close(ctx: Context) -> None:
-    """At daemon end: pins released, scratch bytes removed."""
-    w = _WRITES.pop(ctx, None)
-    if w is not None:
-        w.close()

@@ -1,0 +1,418 @@
+"""An object as a file: read-only, verified before any byte is served, cacheable; its
+extended attributes (algorithm, size, tier, git type, pins; `user.alkfs.pin.NAME` pins)."""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import stat
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+import pyfuse3
+
+from alkfs.catalog import Record
+from alkfs.errors import Corrupt
+from alkfs.git.objects import MAX_HEADER, parse_header
+from alkfs.keys import Key
+from alkfs.store import ObjectStat
+
+from ..errors import fail
+from .base import BLKSIZE, File, Handle, Node
+from .pinning import pin_object, unpin_object
+from .policy import noop_setattr
+
+if TYPE_CHECKING:
+    from ..context import Context
+
+log = logging.getLogger("alkfsd")
+
+INLINE_VERIFY = 65536  # kv objects up to this size are loaded and hashed on the trio thread
+
+XATTR = b"user.alkfs."
+X_ALGO = b"user.alkfs.algorithm"
+X_SIZE = b"user.alkfs.size"
+X_TIER = b"user.alkfs.tier"
+X_GIT_TYPE = b"user.alkfs.git.type"
+X_PINS = b"user.alkfs.pins"
+X_PIN = b"user.alkfs.pin."
+READ_ONLY_XATTRS = (X_ALGO, X_SIZE, X_TIER, X_GIT_TYPE, X_PINS)
+OBJECT_MODE = stat.S_IFREG | 0o444
+
+
+def format_ns(ns: int) -> str:
+    """A creation time as text: ISO 8601, UTC, milliseconds (as the sweep report's)."""
+    return datetime.fromtimestamp(ns / 1e9, UTC).isoformat(timespec="milliseconds")
+
+
+class ObjectFile(File):
+    """One object. Attributes come from the listing or lookup that made the node.
+
+    `pushed`: the kernel's inode was given this file's pages at its first open (see
+    `push`). Nodes handed to the kernel are made with `fresh`, which carries the flag
+    over from the instance the inode table holds."""
+
+    times_by_anyone = True  # touch freshens: git does it on what it finds in an alternate
+    __slots__ = ("st", "pushed")
+
+    def __init__(
+        self, ctx: Context, parent: Node, st: ObjectStat, name: bytes | None = None
+    ) -> None:
+        raw = st.key.raw
+        self.ctx = ctx
+        self.ident = ("object", raw)
+        self.parent = parent
+        self.name = raw[1:].hex().encode() if name is None else name
+        self.ino = 0
+        self.st = st
+        self.pushed = False
+
+    @classmethod
+    def fresh(cls, ctx: Context, parent: Node, st: ObjectStat, *args: Any) -> Any:
+        """A node about to be handed to the kernel. It replaces the instance the inode
+        table holds, so it inherits `pushed`; when the table holds none, the kernel has no
+        inode of it (never had, or forgot it) and the next open may push pages again."""
+        node = cls(ctx, parent, st, *args)
+        old = ctx.inodes.known(node.ident)
+        if isinstance(old, ObjectFile):
+            node.pushed = old.pushed
+        return node
+
+    def may_push(self) -> bool:
+        """Claim the one push of this kernel inode's pages, if this is the instance the
+        kernel's inode maps to and the object loads without an await (INLINE_VERIFY):
+        the push must come before any other open of the inode is answered, and an await
+        between the claim and the push would let one be (its read would then hold the
+        page the push needs, and the trio thread would wait on it for ever)."""
+        if self.pushed or not self.ctx.invalidator.live or self.st.size > INLINE_VERIFY:
+            return False
+        if not self.ino or self.ctx.inodes.get(self.ino) is not self:
+            return False
+        self.pushed = True
+        return True
+
+    def push(self, data: bytes) -> None:
+        """Give the kernel's inode the file's pages while answering its first open: the
+        read, and the attribute refresh a read causes, never come.
+
+        Free of deadlock: the kernel holds a page locked while a read of it waits for
+        us, and no read of an inode can be pending before the first open of it is
+        answered (the load before the push never awaits: `may_push`); a later open of the
+        same kernel inode, on this instance or on one that replaced it (`fresh`), never
+        pushes."""
+        if not data:
+            return
+        try:
+            pyfuse3.notify_store(self.ino, 0, data)
+        except OSError as exc:  # the kernel dropped the inode meanwhile: reads still work
+            log.debug("notify_store %s: %s", self.describe(), exc)
+
+    @property
+    def key(self) -> Key:
+        return self.st.key
+
+    def ino_seed(self) -> int:
+        raw = self.st.key.raw
+        return int.from_bytes(raw[1:9], "big") ^ (raw[0] << 56)
+
+    def attr(self) -> pyfuse3.EntryAttributes:
+        # The generic Node.attr, unrolled: readdirplus builds one per listed object.
+        # (size() stays a call: subclasses such as the loose view report another size.)
+        st = self.st
+        a = pyfuse3.EntryAttributes()
+        a.st_ino = self.ino
+        a.entry_timeout = a.attr_timeout = self.entry_timeout
+        a.st_mode = OBJECT_MODE
+        a.st_nlink = 1
+        a.st_uid = self.ctx.uid
+        a.st_gid = self.ctx.gid
+        a.st_size = size = self.size()
+        a.st_blksize = BLKSIZE
+        a.st_blocks = (size + 511) // 512
+        a.st_atime_ns = a.st_mtime_ns = a.st_ctime_ns = st.stored_ns
+        return a
+
+    def describe(self) -> str:
+        return str(self.st.key)
+
+    def mode(self) -> int:
+        return stat.S_IFREG | 0o444
+
+    def size(self) -> int:
+        return self.st.size
+
+    def mtime_ns(self) -> int:
+        return self.st.stored_ns
+
+    # -- reads ------------------------------------------------------------------------
+    async def open(self, flags: int, ctx: Any) -> Handle:
+        # O_APPEND alone is no write (Linux opens O_RDONLY|O_APPEND for reading).
+        if flags & (os.O_WRONLY | os.O_RDWR | os.O_TRUNC):
+            fail(errno.EPERM, f"{self.key} is immutable")
+        store = self.ctx.store
+        key = self.key
+        if self.st.tier == "large":
+            if key.raw in store.corrupt:
+                raise Corrupt(f"{key} is known to be corrupt")
+            path = store.large_path(key)
+            if path is None:
+                fail(errno.ENOENT)
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                fst = os.fstat(fd)
+                verified = store.is_verified(key, fst)
+                record = None if verified else store.record(key)  # (one indexed SELECT)
+            except BaseException:
+                os.close(fd)
+                raise
+            return LargeHandle(self, fd, fst, record, verified)
+        handle = KvHandle(self)
+        if self.may_push():
+            self.push(await handle.load())  # verified: a corrupt object fails its open
+        return handle
+
+    # -- touch: freshen -----------------------------------------------------------------
+    async def setattr(self, attr: Any, fields: Any, handle: Handle | None, ctx: Any) -> Any:
+        # A chmod/chown/truncate to what it is already is a no-op (cp -p, rsync -a).
+        if noop_setattr(self, attr, fields):
+            if not await self.ctx.run_sync(self.ctx.store.freshen, self.key):
+                fail(errno.ENOENT, f"{self.key} is gone")
+            st = self.ctx.store.stat(self.key)
+            if st is not None:
+                self.st = st
+        return self.attr()
+
+    # -- extended attributes -----------------------------------------------------------------
+    def _pin_names(self) -> list[str]:
+        pins = self.ctx.pins
+        if pins is None:
+            return []
+        return sorted(str(n) for n in pins.names_for(self.key))
+
+    def _git_type(self) -> str:
+        store = self.ctx.store
+        head: bytes | None
+        if self.st.tier == "large":
+            path = store.large_path(self.key)
+            with open(path, "rb") as f:  # type: ignore[arg-type]
+                head = f.read(MAX_HEADER)
+        else:
+            value = store.kv_value(self.key)
+            head = None if value is None else value[:MAX_HEADER]
+        if head is None:
+            fail(errno.ENOENT)
+        return parse_header(head)[0]
+
+    async def listxattr(self, ctx: Any) -> list[bytes]:
+        names = [X_ALGO, X_SIZE, X_TIER]
+        if self.key.algo.is_git:
+            names.append(X_GIT_TYPE)
+        names.append(X_PINS)
+        names += [X_PIN + n.encode() for n in self._pin_names()]
+        return names
+
+    async def getxattr(self, name: bytes, ctx: Any) -> bytes:
+        if name == X_ALGO:
+            return self.key.algo.label.encode()
+        if name == X_SIZE:
+            return str(self.st.size).encode()
+        if name == X_TIER:
+            return b"large" if self.st.tier == "large" else b"kv"
+        if name == X_GIT_TYPE and self.key.algo.is_git:
+            return self._git_type().encode()
+        if name == X_PINS:
+            return ",".join(self._pin_names()).encode()
+        if name.startswith(X_PIN) and self.ctx.pins is not None:
+            pin_name = name[len(X_PIN) :].decode("utf-8", "surrogateescape")
+            rec = self.ctx.pins.get(pin_name)
+            if rec is not None and rec.key == self.key:
+                return format_ns(rec.created_ns).encode()
+        fail(errno.ENODATA)
+
+    async def setxattr(self, name: bytes, value: bytes, ctx: Any) -> None:
+        if name in READ_ONLY_XATTRS:
+            fail(errno.EPERM, f"{name.decode()} is read-only")
+        if name.startswith(X_PIN):  # pin as <name>: EINVAL for a bad name, EEXIST if taken
+            await self._pin(name[len(X_PIN) :].decode("utf-8", "surrogateescape"))
+            return
+        fail(errno.ENOTSUP, f"no settable attribute {name!r}")
+
+    async def removexattr(self, name: bytes, ctx: Any) -> None:
+        if name in READ_ONLY_XATTRS:
+            fail(errno.EPERM, f"{name.decode()} is read-only")
+        if name.startswith(X_PIN) and len(name) > len(X_PIN):
+            await self._unpin(name[len(X_PIN) :].decode("utf-8", "surrogateescape"))
+            return
+        fail(errno.ENODATA)
+
+    async def _pin(self, name: str) -> None:
+        await pin_object(self.ctx, name, self.key)
+
+    async def _unpin(self, name: str) -> None:
+        await unpin_object(self.ctx, name, self.key)
+
+
+class KvHandle(Handle):
+    """A small object, loaded and verified at its first read: with keep_cache the kernel
+    serves repeated reads from its pages, so a warm open costs no query at all."""
+
+    keep_cache = True
+
+    def __init__(self, node: ObjectFile) -> None:
+        super().__init__(node)
+        self.obj = node
+        self.data: bytes | None = None
+
+    async def load(self) -> bytes:
+        data = self.data
+        if data is None:
+            obj = self.obj
+            store = obj.ctx.store
+            if obj.st.size <= INLINE_VERIFY:
+                data = store.get(obj.key)
+            else:
+                data = await obj.ctx.run_sync(store.get, obj.key)
+            if data is None:
+                fail(errno.ENOENT, f"{obj.key} is gone")
+            self.data = data
+        return data
+
+    async def read(self, off: int, size: int) -> bytes:
+        return (await self.load())[off : off + size]
+
+
+class LargeHandle(Handle):
+    """A large-tier file, served by pread; no byte is served before it is verified.
+
+    With the object's catalog row, a READ checks the chunks it covers that this handle
+    has not verified yet (a worker thread preads and digests each, and the READ is served
+    from those same bytes), and remembers them: a chunk is hashed once per handle. Once
+    every chunk is, the store remembers the unchanged file as verified, and later opens
+    of it serve by pread alone (`verified`). An object without a row (stored before the
+    catalog) is verified whole at its first READ, which records its row. A mismatch (a
+    changed byte, a file cut short or grown) is Corrupt, EIO, for every READ touching
+    it; the object is marked corrupt (status) and later opens of it fail. Chunks already
+    verified by this handle stay readable through it."""
+
+    keep_cache = True
+
+    def __init__(
+        self,
+        node: ObjectFile,
+        fd: int,
+        fst: os.stat_result,
+        record: Record | None,
+        verified: bool,
+    ) -> None:
+        super().__init__(node)
+        self.obj = node
+        self.fd = fd
+        self.fst = fst
+        self.record = record
+        self.size = record.size if record is not None else fst.st_size
+        self.verified = verified
+        self.good = bytearray(0 if verified or record is None else record.count)
+        self.left = len(self.good)  # chunks not yet verified by this handle
+        self.verifier = None  # (no background verifier: each READ checks what it covers)
+        self.nowait = True
+
+    async def read(self, off: int, size: int) -> bytes | bytearray:
+        if off >= self.size or size <= 0:
+            return b""
+        n = min(size, self.size - off)
+        if not self.verified:
+            if self.record is not None:
+                return await self._read_checked(off, n)
+            await self._verify_whole()
+        data = await self._pread(off, n)
+        if len(data) != n:  # cut short since it was verified
+            self._corrupt(f"{self.obj.key}: the file is shorter than its size")
+        return data
+
+    def _corrupt(self, why: str) -> None:
+        mark_corrupt(self.obj.ctx.store, self.obj.key)
+        raise Corrupt(why)
+
+    async def _verify_whole(self) -> None:
+        """An object without a catalog row: verified whole now, which records its row."""
+        ctx = self.obj.ctx
+        rec = await ctx.run_sync(ctx.store.verify_open, self.obj.key, self.fd, self.fst)
+        if rec is not None:
+            self.record = rec
+            self.size = rec.size
+        self.verified = True
+
+    async def _read_checked(self, off: int, n: int) -> bytes:
+        rec = self.record
+        assert rec is not None
+        cs = rec.chunk_size
+        first, last = off // cs, (off + n - 1) // cs
+        good = self.good
+        fresh: dict[int, bytes] = {}
+        need = [i for i in range(first, last + 1) if not good[i]]
+        if need:
+            fresh = await self.obj.ctx.run_sync(self._check, rec, need)
+            for i in need:
+                if not good[i]:  # (two READs may have checked one chunk at once)
+                    good[i] = 1
+                    self.left -= 1
+            if self.left == 0:
+                self._all_verified()
+        out: list[bytes] = []
+        for i in range(first, last + 1):
+            start, end = rec.span(i)
+            lo, hi = max(off, start), min(off + n, end)
+            chunk = fresh.get(i)
+            if chunk is not None:
+                out.append(chunk[lo - start : hi - start])
+                continue
+            # verified by this handle before (no chunk is kept: a handle may stay open
+            # long, and many may be open at once); page-cached, so read again inline
+            piece = await self._pread(lo, hi - lo)
+            if len(piece) != hi - lo:
+                self._corrupt(f"{self.obj.key}: the file is shorter than its size")
+            out.append(bytes(piece))
+        return out[0] if len(out) == 1 else b"".join(out)
+
+    def _check(self, rec: Record, need: list[int]) -> dict[int, bytes]:
+        """(worker thread) The chunks `need`, each read once and verified."""
+        store, key, fd = self.obj.ctx.store, self.obj.key, self.fd
+        return {i: store.read_chunk(key, fd, rec, i) for i in need}
+
+    def _all_verified(self) -> None:
+        """Every chunk passed: the store remembers this very file (if it did not change
+        since the open) as verified, so later opens of it hash nothing."""
+        self.verified = True
+        try:
+            now = os.fstat(self.fd)
+        except OSError:
+            return
+        store = self.obj.ctx.store
+        if store._identity(now) == store._identity(self.fst):
+            store.remember_verified(self.obj.key, self.fst)
+
+    async def _pread(self, off: int, n: int) -> bytes | bytearray:
+        got = 0
+        buf = bytearray(n)
+        if self.nowait:
+            try:
+                got = os.preadv(self.fd, [buf], off, os.RWF_NOWAIT)
+            except BlockingIOError:
+                got = 0
+            except OSError as exc:
+                if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
+                    raise
+                self.nowait = False
+        if got == n:
+            return buf
+        rest = await self.obj.ctx.run_sync(os.pread, self.fd, n - got, off + got)
+        return bytes(buf[:got]) + rest
+
+    async def release(self) -> None:
+        os.close(self.fd)
+
+
+def mark_corrupt(store: Any, key: Key) -> None:
+    mark = getattr(store, "mark_corrupt", None) or store._mark_corrupt
+    mark(key)

@@ -1,0 +1,91 @@
+"""Pin changes through the mount (worker threads, under PIN_LOCK), shared by /pins and the
+objects' `user.alkfs.pin.NAME` attributes; the kernel is told which /pins entries changed."""
+
+from __future__ import annotations
+
+import errno
+import threading
+from typing import TYPE_CHECKING, Any
+
+from alkfs.errors import Missing
+from alkfs.keys import Key
+from alkfs.pins import PinRecord
+
+from ..errors import fail
+
+if TYPE_CHECKING:
+    from ..context import Context
+
+# Every change the daemon makes to pins runs under this lock, so a replacing rename
+# (unpin the target, rename the source: two library calls) is one step to every other
+# pin change through the mount.
+PIN_LOCK = threading.Lock()
+
+
+def pins_of(ctx: Context) -> Any:
+    if ctx.pins is None:
+        fail(errno.ENOTSUP, "pins are not available on this store")
+    return ctx.pins
+
+
+def pins_dir_ino(ctx: Context) -> int | None:
+    node = ctx.inodes.known(("dir", "/pins"))
+    return None if node is None else node.ino
+
+
+def changed(ctx: Context, *names: str) -> None:
+    """Tell the kernel that these /pins entries changed (off the request path)."""
+    ino = pins_dir_ino(ctx)
+    if ino is not None:
+        for name in names:
+            ctx.invalidator.submit(ino, name.encode(), 0)
+
+
+# -- pin changes (worker threads, under PIN_LOCK) ---------------------------------------
+def pin(pins: Any, name: str, key: Key, replace: Key | None = None) -> PinRecord:
+    """Pin `key` as `name` (Invalid: bad name; Missing: not stored). A pin `name` on
+    `replace` (what this writer stored before) is replaced; on any other object, Exists."""
+    with PIN_LOCK:
+        return pins.pin(name, key, replace=replace or False)
+
+
+def pin_over(pins: Any, name: str, key: Key) -> PinRecord:
+    """Pin `key` as `name`, replacing whatever `name` named (a rename onto it): one transaction."""
+    with PIN_LOCK:
+        return pins.pin(name, key, replace=True)
+
+
+def rename_over(pins: Any, old: str, new: str) -> PinRecord:
+    """Rename the pin `old` to `new`, replacing a pin `new`: one transaction."""
+    with PIN_LOCK:
+        pins.rename(old, new, replace=True)
+        rec = pins.get(new)
+        assert rec is not None
+        return rec
+
+
+def unpin(pins: Any, name: str, key: Key | None = None) -> None:
+    with PIN_LOCK:
+        rec = pins.get(name)
+        if rec is None or (key is not None and rec.key != key):
+            raise Missing(f"no pin {name!r}" + (f" on {key}" if key is not None else ""))
+        pins.unpin(name)
+
+
+async def pin_object(ctx: Context, name: str, key: Key) -> None:
+    """setfattr -n user.alkfs.pin.NAME: EINVAL bad name, EEXIST taken, ENOENT gone."""
+    pins = pins_of(ctx)
+    await ctx.run_sync(pin, pins, name, key)
+    changed(ctx, name)
+
+
+async def unpin_object(ctx: Context, name: str, key: Key) -> None:
+    """setfattr -x user.alkfs.pin.NAME: ENODATA unless NAME pins this object."""
+    pins = ctx.pins
+    if pins is None:
+        fail(errno.ENODATA)
+    try:
+        await ctx.run_sync(unpin, pins, name, key)
+    except Missing:
+        fail(errno.ENODATA, f"no pin {name!r} on {key}")
+    changed(ctx, name)

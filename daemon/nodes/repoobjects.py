@@ -1,0 +1,214 @@
+"""/repos/<id>/objects: every stored object of the repository's format by name (the loose
+files of /git/<format>), git's scratch writes and a push's quarantine, `pack/` (a pushed
+pack is stored when its index arrives) and `info/alternates`. See repos.py."""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+from typing import TYPE_CHECKING, Any
+
+from ..errors import fail
+from ..staging import ingest, scratch
+from ..staging.writes import RepoKey, pid_of, repo_key
+from .base import FIRST_OFFSET, BytesHandle, Dir, DirHandle, Emit, File, Handle, Node, wants_write
+from .listing import Entries, readdir_snapshot
+from .loose import FANOUT, FanoutDir, repo_fanout_ident
+from .refwrites import plumbing_goes
+
+if TYPE_CHECKING:
+    from ..context import Context
+    from .repos import RepoDir
+
+
+class RepoObjectsDir(scratch.ScratchOverlay, Dir):
+    """/repos/<id>/objects: resolves <xx>/<rest>, lists only info/ and pack/."""
+
+    __slots__ = ("repo",)
+
+    def __init__(self, ctx: Context, parent: RepoDir) -> None:
+        repo = parent.repo
+        super().__init__(ctx, ("repo-objects", repo.id, repo.created_ns), parent, b"objects")
+        self.repo = repo
+
+    def _child(self, name: bytes) -> Node | None:
+        if name == b"info":
+            return RepoInfoDir(self.ctx, self)
+        if name == b"pack":
+            return RepoPackDir(self.ctx, self)
+        if name in _FANOUT:
+            return RepoFanoutDir(self.ctx, self, name)
+        return None
+
+    async def lookup(self, name: bytes, ctx: Any) -> Node:
+        node = self._child(name) or scratch.lookup_in(self, name)
+        if node is None:
+            fail(errno.ENOENT)
+        return node
+
+    async def readdir(self, dh: DirHandle, start: int, emit: Emit) -> None:
+        def entries() -> Entries:
+            out = [(n, node) for n in (b"info", b"pack") if (node := self._child(n)) is not None]
+            return out + scratch.entries_in(self)  # a push's quarantine, while it lasts
+
+        await readdir_snapshot(dh, start, emit, entries)
+
+    # -- git's writes: temporary files and quarantine directories (scratch) -------------
+    async def mkdir(self, name: bytes, mode: int, ctx: Any) -> Node:
+        node = self._child(name)
+        if node is not None:
+            return node  # git makes <xx>/ and pack/ before moving objects in: always there
+        return scratch.mkdir_in(self, name, mode, repo_key(self.repo), ctx)
+
+    async def create(self, name: bytes, mode: int, flags: int, ctx: Any) -> tuple[Node, Handle]:
+        if self._child(name) is not None:
+            fail(errno.EEXIST)
+        return await super().create(name, mode, flags, ctx)
+
+    async def rmdir(self, name: bytes, ctx: Any) -> None:
+        if scratch.rmdir_in(self, name):
+            return
+        if name in (b"info", b"pack"):
+            await plumbing_goes(self, name)
+            return
+        await super().rmdir(name, ctx)
+
+
+_FANOUT = frozenset(FANOUT)
+
+
+class RepoFanoutDir(FanoutDir):
+    """/repos/<id>/objects/<xx>: resolves the objects of that prefix (the git view's
+    files), lists none: git enumerates through the alternate, once for all repositories."""
+
+    __slots__ = ()
+
+    def __init__(self, ctx: Context, parent: RepoObjectsDir, xx: bytes) -> None:
+        super().__init__(
+            ctx, parent, parent.repo.algo, xx, ident=repo_fanout_ident(parent.repo, xx)
+        )
+
+    async def readdir(self, dh: DirHandle, start: int, emit: Emit) -> None:
+        return None
+
+    def repo_key(self) -> RepoKey | None:
+        parent = self.parent
+        assert isinstance(parent, RepoObjectsDir)
+        return repo_key(parent.repo)
+
+
+class RepoPackDir(scratch.ScratchOverlay, Dir):
+    """/repos/<id>/objects/pack: lists nothing once a pack is in the store. When a pack's
+    index arrives (git moves it after the pack: a push, or `git repack` run here) every
+    object of the pack is verified and stored, pinned for the push (scratch.ingest_pack);
+    from then on its files still resolve by name for the git process that made them but
+    are no longer listed (every object is served by the store and the derived packs, so
+    a local clone or a later git never copies or re-reads this pack), and they go when git
+    removes the pack's `.keep` (a push's refs are written) or the files themselves."""
+
+    __slots__ = ("repo",)
+
+    def __init__(self, ctx: Context, parent: RepoObjectsDir) -> None:
+        repo = parent.repo
+        super().__init__(ctx, ("repo-pack", repo.id, repo.created_ns), parent, b"pack")
+        self.repo = repo
+
+    async def lookup(self, name: bytes, ctx: Any) -> Node:
+        node = scratch.lookup_in(self, name)
+        if node is None:
+            fail(errno.ENOENT)
+        return node
+
+    async def readdir(self, dh: DirHandle, start: int, emit: Emit) -> None:
+        def entries() -> Entries:
+            stored = self.ctx.ingested_packs.get(repo_key(self.repo), set())
+            listed = scratch.entries_in(self)
+            return [(n, node) for n, node in listed if n.partition(b".")[0] not in stored]
+
+        await readdir_snapshot(dh, start, emit, entries)
+
+    async def link(self, name: bytes, node: Node, ctx: Any) -> Node:
+        out = await super().link(name, node, ctx)
+        await self.arrived(name, ctx)
+        return out
+
+    async def arrived(self, name: bytes, ctx: Any) -> None:
+        """A file was linked or moved in: the index completes a pack, which is ingested."""
+        if not (name.startswith(b"pack-") and name.endswith(b".idx")):
+            return
+        names = self.scratch_names()
+        idx = names.get(name)
+        pack = names.get(name[:-4] + b".pack")
+        if not isinstance(pack, scratch.ScratchFile) or not isinstance(idx, scratch.ScratchFile):
+            fail(errno.EIO, f"{self.path}: {name!r} arrived without its pack")
+        try:
+            await ingest.ingest_pack(self.ctx, pack, idx, self.repo, pid_of(ctx))
+        except BaseException:
+            scratch.unlink_in(self, name)  # a refused pack: its index is not kept
+            raise
+        stem = name.partition(b".")[0]  # pack-<hex>: its .pack, .idx, .rev, .bitmap, .keep
+        self.ctx.ingested_packs.setdefault(repo_key(self.repo), set()).add(stem)
+
+    async def unlink(self, name: bytes, ctx: Any) -> None:
+        if not scratch.unlink_in(self, name):
+            fail(errno.ENOENT)
+        if name.startswith(b"pack-") and name.endswith(b".keep"):
+            stem = name[:-5]  # the push is done: its pack is in the store, the files go
+            for ext in (b".pack", b".idx", b".rev", b".bitmap", b".promisor"):
+                if scratch.lookup_in(self, stem + ext) is not None:
+                    scratch.unlink_in(self, stem + ext)
+
+    async def rename(
+        self, name: bytes, new_parent: Node, new_name: bytes, flags: int, ctx: Any
+    ) -> None:
+        if not await scratch.rename_from(self, name, new_parent, new_name, flags, ctx):
+            fail(errno.ENOENT)
+
+
+class RepoInfoDir(Dir):
+    """/repos/<id>/objects/info: `alternates` only."""
+
+    __slots__ = ("repo",)
+
+    def __init__(self, ctx: Context, parent: RepoObjectsDir) -> None:
+        repo = parent.repo
+        super().__init__(ctx, ("repo-info", repo.id, repo.created_ns), parent, b"info")
+        self.repo = repo
+
+    async def lookup(self, name: bytes, ctx: Any) -> Node:
+        if name != b"alternates":
+            fail(errno.ENOENT)
+        return AlternatesFile(self.ctx, self)
+
+    async def unlink(self, name: bytes, ctx: Any) -> None:
+        if name != b"alternates":
+            fail(errno.ENOENT)
+        await plumbing_goes(self, name)
+
+    async def readdir(self, dh: DirHandle, start: int, emit: Emit) -> None:
+        if start < FIRST_OFFSET:
+            emit(b"alternates", AlternatesFile(self.ctx, self), FIRST_OFFSET)
+
+
+class AlternatesFile(File):
+    """objects/info/alternates: the absolute path of MNT/git/<format>."""
+
+    __slots__ = ("data",)
+
+    def __init__(self, ctx: Context, parent: RepoInfoDir) -> None:
+        repo = parent.repo
+        super().__init__(ctx, ("repo-alternates", repo.id, repo.created_ns), parent, b"alternates")
+        mnt = os.path.abspath(ctx.mountpoint) if ctx.mountpoint else ""
+        self.data = f"{mnt}/git/{repo.object_format}\n".encode()
+
+    def mode(self) -> int:
+        return stat.S_IFREG | 0o444
+
+    def size(self) -> int:
+        return len(self.data)
+
+    async def open(self, flags: int, ctx: Any) -> Handle:
+        if wants_write(flags):
+            fail(errno.EPERM, f"{self.path} is read-only")
+        return BytesHandle(self, self.data)
