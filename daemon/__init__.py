@@ -9,7 +9,7 @@ function (the way a cycle is hidden); a name needed only for types is imported u
     framework    errors (the one errno map), inodes, invalidate, nodes.base (the node
                  contract), nodes.listing, nodes.policy, nodes.root (the top-level
                  registry: its entries are named, resolved when the root is listed),
-                 fs (the dispatch)
+                 workers (the mount's background tasks), fs (the dispatch)
     write state  staging.spool, staging.writes, staging.staged, staging.scratch,
                  staging.ingest, packs (the derived packs served), and
                  at its top context (it owns the write state; the framework names it

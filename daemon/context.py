@@ -27,6 +27,7 @@ from alkfs.store import Store
 from .inodes import InodeTable
 from .invalidate import Invalidator
 from .staging.writes import Writes
+from .workers import Workers
 
 log = logging.getLogger("alkfsd")
 
@@ -117,6 +118,7 @@ class Context:
         self.options = options or Options()
         self.inodes = InodeTable()
         self.invalidator = Invalidator(live)
+        self.workers = Workers()  # the mount's background tasks (main.serve starts them)
         self.limiter = trio.CapacityLimiter(self.options.threads)
         self.deletion_views: list[DeletionView] = []
         self.errors: dict[tuple[str, int], int] = {}
@@ -175,7 +177,7 @@ class Context:
             return report
         log.info("sweep %s", report.to_json())
         seq = self.invalidator.submitted
-        if not await self.run_sync(self.invalidator.wait, seq, INVALIDATE_WAIT_S):
+        if not await self.invalidator.wait(seq, INVALIDATE_WAIT_S):  # (holds no thread)
             log.warning("sweep: the kernel did not take every invalidation in time")
         return report
 
@@ -193,4 +195,3 @@ class Context:
             self.store.deleted_hooks.remove(self._on_deleted)
         except ValueError:
             pass
-        self.invalidator.stop()

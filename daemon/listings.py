@@ -12,7 +12,7 @@ then served from) and compares it with every listing that may be in the kernel's
 the ones opens have filled it with since it was last dropped, and the snapshot of every
 open handle that may still fill it. When they differ the cache is dropped before the reply:
 the directory's mtime moves on (`mtime_ns`, which the node reports) and its attributes are
-invalidated (`pyfuse3.invalidate_inode`, attributes only, through the invalidator thread,
+invalidated (`pyfuse3.invalidate_inode`, attributes only, through the invalidator,
 awaited), so the getdents that follows fetches the attributes, sees another mtime and
 resets the cache (fs/fuse/readdir.c, fuse_readdir_cached) — the only way to drop a cached
 empty listing, which has no pages to invalidate; the reply also lacks FOPEN_KEEP_CACHE.
@@ -90,7 +90,7 @@ class Listings:
         assert ctx is not None
         self._mtimes[ino] = max(time.time_ns(), self._mtimes.get(ino, 0) + 1)
         seq = ctx.invalidator.submit_inode(ino)
-        return await ctx.run_sync(ctx.invalidator.wait, seq, DROP_WAIT_S)
+        return await ctx.invalidator.wait(seq, DROP_WAIT_S)  # (a trio wait: no thread)
 
     async def open(self, ino: int, fh: int, node: Node, dh: DirHandle) -> pyfuse3.FileInfo | int:
         """The reply to an OPENDIR of `node` (inode `ino`, handle `fh`, the node's `dh`)."""

@@ -291,13 +291,19 @@ def demo(app: Alkfs, store: Store) -> None:
 
 
 async def serve(ctx: Context, mnt: str, sweep_every: float | None, ops: Operations) -> None:
+    """Serve the mount until the session ends. Every background task of the mount starts
+    here, under this nursery, and stops here (workers.py)."""
+    workers = ctx.workers
+    workers.add("alkfsd signals", _signals)
+    workers.add("alkfsd ready", _ready, ctx, mnt)
+    workers.add("alkfsd invalidator", ctx.invalidator.run)
+    workers.add("alkfsd pin expiry", ctx.writes.run_expiry)
+    workers.add("alkfsd derived packs", packs.run, ctx)  # first set, then intake
+    workers.add("alkfsd refusal counts", _log_counts, ops)
+    if sweep_every:
+        workers.add("alkfsd sweeper", _sweeper, ctx, sweep_every)
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(_signals)
-        nursery.start_soon(_ready, ctx, mnt)
-        nursery.start_soon(packs.run, ctx)  # derived packs: first set, then intake
-        nursery.start_soon(_log_counts, ops)
-        if sweep_every:
-            nursery.start_soon(_sweeper, ctx, sweep_every)
+        await nursery.start(workers.run)
         await pyfuse3.main(min_tasks=1, max_tasks=MAX_TASKS)
         nursery.cancel_scope.cancel()
 

@@ -1,35 +1,81 @@
 """The spool: where a writer's content past MEM_MAX goes, off the trio thread.
 
-Up to MEM_MAX bytes of a new file stay in memory (staged.py). Past that, one worker per
-writer takes the writes in order from a queue (the trio side only queues them, waiting
-while more than QUEUE_MAX bytes are queued, so memory stays bounded whatever the
-file's size). While the writes only move forward (appends, holes, an extending truncate:
-cp, dd, rsync, tar), the worker streams them straight into `store.put`, whose own staging
-file under the store directory is the only copy. A write below the end, a read or a
-shrinking truncate ends the stream: the part streamed so far is finished as an object,
-copied into a spool file under STORE/spool/ (a fleet member's STORE/nodes/<node>/spool/)
-(unlinked at once; `clear_spool` at start removes what a crash may leave) and left
-unreferenced for the sweep; from then on the writes go to the spool file.
+Up to MEM_MAX bytes of a new file stay in memory (staged.py). Past that, each writer has
+a `Spooler`: a trio task (started under the mount's nursery, workers.py) that takes the
+writer's operations in order from a trio memory channel (the trio side only queues them,
+waiting while more than QUEUE_MAX bytes are queued, so memory stays bounded whatever the
+file's size) and does the blocking part in a thread of its own limiter (one at a time:
+never a token of the requests' limiter, `ctx.run_sync`, so a writer waiting for its
+bytes never holds one).
+
+While the writes only move forward (appends, holes, an extending truncate: cp, dd, rsync,
+tar), the thread streams them straight into `store.put`, whose own staging file under
+the store directory is the only copy; it fetches the next operations from the channel
+with `trio.from_thread.run`. `EndStream` (the commit) ends that put: its result is the
+commit's. `TakeBack` (a write went back, a read, a shrinking truncate) ends it too: the
+part streamed so far is finished as an object, copied into a spool file under
+STORE/spool/ (a fleet member's STORE/nodes/<node>/spool/; unlinked at once,
+`clear_spool` at start removes what a crash may leave) and released, left unreferenced
+for the sweep (deleting it here could delete an identical object another writer has
+just stored and named). From then on the operations are applied to the spool file, a
+batch per thread hop, and a commit puts from it. After a commit, the next operation
+first copies the committed object into the spool file (a descriptor still open may write
+on). Closing the channel (the writer is done) ends the task; a streaming put not yet
+committed then stores nothing.
+
+Every wait of the writer (room in the queue, everything applied, the stream's result)
+is a trio wait on the spooler's progress: no thread is held while waiting.
 """
 
 from __future__ import annotations
 
-import collections
 import contextlib
+import math
 import os
 import tempfile
-import threading
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import trio
 
 from alkfs.errors import AlkfsError, StoreIO
 from alkfs.keys import Algorithm, Key
 from alkfs.store import PutResult
 
 SPOOL_DIR = "spool"
-QUEUE_MAX = 8 << 20  # bytes queued for a writer's spool thread before writes wait
+QUEUE_MAX = 8 << 20  # bytes queued for a writer's spool task before writes wait
 ZEROS = bytes(1 << 20)
+
+
+@dataclass(frozen=True, slots=True)
+class Write:
+    off: int
+    data: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Truncate:
+    size: int
+
+
+@dataclass(frozen=True, slots=True)
+class EndStream:
+    """The commit: the streaming put finishes with everything written before it."""
+
+
+@dataclass(frozen=True, slots=True)
+class TakeBack:
+    """The writes go back: finish the streaming put, copy it into a spool file, go on."""
+
+
+@dataclass(frozen=True, slots=True)
+class Sync:
+    """(spooling) Everything queued before it is in the spool file once it is applied."""
+
+
+Op = Write | Truncate | EndStream | TakeBack | Sync
 
 
 def inflight_root(store: Any) -> Path | None:
@@ -86,13 +132,6 @@ class _Abandoned(AlkfsError):
     """The streaming put was given up (the writer was closed first): it stores nothing."""
 
 
-# Markers queued between writes (a write is ("w", off, bytes), a truncate ("t", size)).
-_EOF = object()  # the commit: the streaming put finishes with everything written
-_SPILL = object()  # the writes go back: finish the put, copy it into a spool file, go on
-_SYNC = object()  # (spooling) everything queued before it is in the spool file
-_CLOSE = object()  # the writer is done: the thread ends (a streaming put stores nothing)
-
-
 def _zeros(n: int) -> Iterator[bytes]:
     while n > 0:
         chunk = ZEROS[: min(n, len(ZEROS))]
@@ -101,15 +140,10 @@ def _zeros(n: int) -> Iterator[bytes]:
 
 
 class Spooler:
-    """The thread behind one writer's content past MEM_MAX, applying queued items in order.
-
-    Streaming first: writes that only move forward go straight into `store.put` (no copy
-    of our own on disk). `_EOF` ends that put: its result is the commit's. `_SPILL`
-    (a write went back, a read, a shrinking truncate) ends it too, and the partial
-    object is copied into a spool file under STORE/spool and released (the sweep takes
-    it unless something names it). From then on the items are applied to the spool
-    file, and a commit puts from it. After a commit, the next item first copies the
-    committed object into the spool file (a descriptor still open may write on)."""
+    """One writer's content past MEM_MAX (see the module docstring). Its task is `run`
+    (the writer starts it under the mount's nursery); the trio side calls `submit`, the
+    waits and `close`; `pread` and `chunks` run in the caller's worker thread once
+    `wait_applied` returned."""
 
     def __init__(self, store: Any, algo: Algorithm, expect: Key | None, stream: bool) -> None:
         self.store = store
@@ -117,128 +151,164 @@ class Spooler:
         self.expect = expect
         self.stream = stream
         self.fd = -1
-        self.cond = threading.Condition()
-        self.items: collections.deque[Any] = collections.deque()
-        self.queued = 0  # bytes of the writes in `items`
+        self._send, self._recv = trio.open_memory_channel[Op](math.inf)
+        self.queued = 0  # bytes of the writes not yet taken by the task
         self.submitted = 0
         self.applied = 0
         self.broken: BaseException | None = None  # every later step fails with this
-        self.stream_done = False
+        self.stream_done = trio.Event()
         self.stream_result: PutResult | None = None
         self.source: Key | None = None  # what the spool file must start from (after a commit)
+        self._progress = trio.Event()  # set (and replaced) whenever something moved
+        self._limiter = trio.CapacityLimiter(1)  # this writer's thread, one hop at a time
+        self._leftover: list[Op] = []  # taken by the stream after its end: for the spool
         self._directory = spool_dir(store)
-        threading.Thread(target=self._run, name="alkfsd-spool", daemon=True).start()
 
-    # -- the trio side (never blocks) -----------------------------------------------
-    def submit(self, item: Any, nbytes: int = 0) -> None:
-        with self.cond:
-            self.items.append(item)
-            self.queued += nbytes
-            self.submitted += 1
-            self.cond.notify_all()
+    # -- the trio side ----------------------------------------------------------------
+    def submit(self, op: Op) -> None:
+        """Queue one operation (never blocks)."""
+        try:
+            self._send.send_nowait(op)
+        except (trio.ClosedResourceError, trio.BrokenResourceError):
+            self._break(StoreIO("the spool is gone"))
+            return
+        if isinstance(op, Write):
+            self.queued += len(op.data)
+        self.submitted += 1
 
-    # -- waits (worker threads) ---------------------------------------------------------
-    def wait_room(self) -> None:
-        with self.cond:
-            self.cond.wait_for(lambda: self.queued <= QUEUE_MAX // 2 or self.broken is not None)
+    def close(self) -> None:
+        """The writer is done: the task applies what is queued, then ends."""
+        self._send.close()
 
-    def wait_applied(self) -> None:
-        with self.cond:
-            upto = self.submitted
-            self.cond.wait_for(lambda: self.applied >= upto or self.broken is not None)
+    async def wait_room(self) -> None:
+        while self.queued > QUEUE_MAX // 2 and self.broken is None:
+            await self._progress.wait()
 
-    def wait_stream(self) -> None:
-        with self.cond:
-            self.cond.wait_for(lambda: self.stream_done)
+    async def wait_applied(self) -> None:
+        upto = self.submitted
+        while self.applied < upto and self.broken is None:
+            await self._progress.wait()
 
-    # -- the thread -------------------------------------------------------------------
-    def _next(self) -> Any:
-        with self.cond:
-            self.cond.wait_for(lambda: bool(self.items))
-            item = self.items.popleft()
-            if type(item) is tuple and item[0] == "w":
-                self.queued -= len(item[2])
-            return item
+    async def wait_stream(self) -> None:
+        await self.stream_done.wait()
 
-    def _done_one(self) -> None:
-        with self.cond:
-            self.applied += 1
-            self.cond.notify_all()
+    def _moved(self) -> None:
+        self._progress.set()
+        self._progress = trio.Event()
 
     def _break(self, exc: BaseException) -> None:
-        with self.cond:
-            if self.broken is None:
-                self.broken = exc
-            self.cond.notify_all()
+        if self.broken is None:
+            self.broken = exc
+        self._moved()
 
-    def _feed(self, end: list[Any]) -> Iterator[bytes]:
-        """The streaming put's input: forward writes, holes and extensions as zeros."""
-        pos = 0
+    async def _take(self, applied: int) -> list[Op]:
+        """The next operations (at least one; [] when the channel is closed and empty),
+        after counting `applied` more as applied."""
+        if applied:
+            self.applied += applied
+            self._moved()
+        if self._leftover:
+            batch, self._leftover = self._leftover, []
+        else:
+            try:
+                batch = [await self._recv.receive()]
+            except trio.EndOfChannel:
+                return []
         while True:
-            item = self._next()
-            if item is _EOF or item is _SPILL:
-                end.append(item)
-                return
-            if item is _CLOSE:
-                end.append(item)
-                raise _Abandoned("the writer was closed")
-            if type(item) is not tuple:
-                self._done_one()
-                continue
-            if item[1] > pos:  # a hole before a write, or an extending truncate
-                yield from _zeros(item[1] - pos)
-                pos = item[1]
-            if item[0] == "w":
-                data = item[2]
-                pos += len(data)
-                yield data
-            self._done_one()
+            try:
+                batch.append(self._recv.receive_nowait())
+            except (trio.WouldBlock, trio.EndOfChannel):
+                break
+        taken = sum(len(op.data) for op in batch if isinstance(op, Write))
+        if taken:
+            self.queued -= taken
+            self._moved()
+        return batch
 
-    def _run(self) -> None:
+    # -- the task -----------------------------------------------------------------------
+    async def run(self) -> None:
+        """The task: the stream first (when streaming), then the spool file, until the
+        writer closes the channel."""
         try:
             if self.stream:
-                try:
-                    self._run_stream()
-                except _Abandoned:
-                    return
-            with self.cond:
-                self.stream_done = True
-                self.cond.notify_all()
-            while True:
-                item = self._next()
-                if item is _CLOSE:
-                    return
+                await self._run_stream()
+            self.stream_done.set()
+            while batch := await self._take(0):
                 if self.broken is None:
                     try:
-                        self._spool_item(item)
+                        await trio.to_thread.run_sync(self._apply, batch, limiter=self._limiter)
                     except Exception as exc:
                         self._break(exc)
-                self._done_one()
+                self.applied += len(batch)
+                self._moved()
+        except _Abandoned:
+            pass
         finally:
-            with self.cond:
-                self.stream_done = True
-                self.cond.notify_all()
+            self.stream_done.set()
+            self._moved()
+            self._recv.close()
             if self.fd >= 0:
                 os.close(self.fd)
                 self.fd = -1
 
-    def _run_stream(self) -> None:
-        end: list[Any] = []
-        result: PutResult | None = None
-        try:
-            result = self.store.put(self._feed(end), algo=self.algo)
-        except _Abandoned:
-            raise
-        except BaseException as exc:
+    async def _run_stream(self) -> None:
+        result, end, unreported, exc = await trio.to_thread.run_sync(
+            self._stream_put, limiter=self._limiter
+        )
+        if exc is not None:
             self._break(exc)  # (the put refused: every later step says so)
-        if end and end[0] is _SPILL and result is not None:
-            self._take_back(result)
+        if isinstance(end, TakeBack) and result is not None:
+            try:
+                await trio.to_thread.run_sync(self._take_back, result, limiter=self._limiter)
+            except Exception as exc2:
+                self._break(exc2)
         else:
-            with self.cond:
-                self.stream_result = result
-                self.source = None if result is None else result.key
-        if end:
-            self._done_one()  # the _EOF or _SPILL
+            self.stream_result = result
+            self.source = None if result is None else result.key
+        self.applied += unreported + (end is not None)
+        self._moved()
+
+    # -- the thread -------------------------------------------------------------------
+    def _stream_put(self) -> tuple[PutResult | None, Op | None, int, BaseException | None]:
+        """(the spooler's thread) The streaming put: its result, the operation that ended
+        it, how many operations of the last batch it consumed before that (the earlier
+        ones are counted by `_take`), the error that stopped it."""
+        end: list[Op] = []
+        unreported = [0]
+        try:
+            result = self.store.put(self._feed(end, unreported), algo=self.algo)
+        except (_Abandoned, trio.Cancelled):
+            raise
+        except Exception as exc:
+            return None, end[0] if end else None, unreported[0], exc
+        return result, end[0] if end else None, unreported[0], None
+
+    def _feed(self, end: list[Op], unreported: list[int]) -> Iterator[bytes]:
+        """The streaming put's input: forward writes, holes and extensions as zeros."""
+        pos = 0
+        done = 0  # operations of this batch the put has taken
+        while True:
+            batch = trio.from_thread.run(self._take, done)
+            done = 0
+            if not batch:
+                raise _Abandoned("the writer was closed")
+            for i, op in enumerate(batch):
+                if isinstance(op, (EndStream, TakeBack)):
+                    end.append(op)
+                    self._leftover = batch[i + 1 :]
+                    unreported[0] = done
+                    return
+                if isinstance(op, Write):
+                    if op.off > pos:  # a hole before a write
+                        yield from _zeros(op.off - pos)
+                        pos = op.off
+                    pos += len(op.data)
+                    yield op.data
+                elif isinstance(op, Truncate) and op.size > pos:  # an extending truncate
+                    yield from _zeros(op.size - pos)
+                    pos = op.size
+                done += 1
+                unreported[0] = done
 
     def _take_back(self, partial: PutResult) -> None:
         """The writes went back: the streamed part becomes the spool file's start. The
@@ -247,10 +317,23 @@ class Spooler:
         an unreferenced object is the sweep's to take, after its window."""
         try:
             self._open(partial.key)
-        except Exception as exc:
-            self._break(exc)
         finally:
             partial.pin.release()
+
+    def _apply(self, batch: list[Op]) -> None:
+        for op in batch:
+            if self.fd < 0:
+                source, self.source = self.source, None
+                self._open(source)
+            if isinstance(op, Write):
+                view = memoryview(op.data)
+                off = op.off
+                while view:
+                    n = os.pwrite(self.fd, view, off)
+                    view = view[n:]
+                    off += n
+            elif isinstance(op, Truncate):
+                os.ftruncate(self.fd, op.size)
 
     def _open(self, source: Key | None) -> None:
         self.fd = _open_spool(self._directory)
@@ -279,26 +362,9 @@ class Spooler:
             finally:
                 os.close(src)
 
-    def _spool_item(self, item: Any) -> None:
-        if self.fd < 0:
-            with self.cond:
-                source, self.source = self.source, None
-            self._open(source)
-        if type(item) is not tuple:
-            return  # _SYNC: nothing more to do
-        if item[0] == "w":
-            _, off, data = item
-            view = memoryview(data)
-            while view:
-                n = os.pwrite(self.fd, view, off)
-                view = view[n:]
-                off += n
-        else:
-            os.ftruncate(self.fd, item[1])
-
     # -- reads of the spool file (worker threads) ----------------------------------------
     def pread(self, size: int, off: int) -> bytes:
-        self.wait_applied()
+        """(after wait_applied)"""
         self.check()
         return os.pread(self.fd, size, off)
 

@@ -11,26 +11,17 @@ Three pieces, shared by every directory that accepts new files (/objects/<algo>,
     then `after(result)` if given (publish a name in the same thread hop). The caller
     owns `result.pin` and releases it once the object's name is published. `close()`
     frees everything (idempotent).
-    Up to MEM_MAX bytes stay in memory. Past that, one thread per writer takes the
-    writes in order from a queue (the trio thread only queues them, waiting while more
-    than QUEUE_MAX bytes are queued, so memory stays bounded whatever the file's size).
-    While the writes only move forward (appends, holes, an extending truncate: cp, dd,
-    rsync, tar), that thread streams them straight into `store.put`, whose own staging
-    file under the store directory is the only copy: by the time the file is closed it
-    is hashed and written, and `commit` only waits for the tail and the fsync. A write
-    below the end, a read or a shrinking truncate ends the stream: the part streamed so
-    far is finished as an object, copied into a spool file under STORE/spool/ (a fleet member's
-    STORE/nodes/<node>/spool/)
-    (unlinked at once; `clear_spool` at start removes what a crash may leave) and
-    left unreferenced for the sweep (deleting it here could delete an identical object
-    another writer has just stored and named); from then on the writes go to the spool
-    file and `commit` puts from it. A file named by its digest (`expect`) is spooled,
-    not streamed, so that nothing is stored unless the content matches the name.
+    Up to MEM_MAX bytes stay in memory. Past that, a Spooler (spool.py) takes the
+    writes in order: streamed straight into `store.put` while they only move forward
+    (by the time the file is closed it is hashed and written, and `commit` only waits
+    for the tail and the fsync), into a spool file once they go back. A file named by
+    its digest (`expect`) is spooled, not streamed, so that nothing is stored unless
+    the content matches the name.
 
 `StagedFile(ctx, parent, name, algo, expect=None, mode=0o644)` — the node of a file
-    being written. `parent` implements `publish(node, result)` (name the stored object
-    and release `result.pin`, on every path), `closed(node)` (the last handle went) and
-    optionally `publish_in_thread(node, result)` (see StagingParent). Its entry timeout
+    being written. `parent` is a StagingParent: `publish(node, result)` (name the stored
+    object and release `result.pin`, on every path), `closed(node)` (the last handle
+    went), `publish_in_thread(node, result)` and `stored_file(st)`. Its entry timeout
     is 0: its name may vanish or turn into another node at close, and the kernel must
     ask again. `chmod`/`chown`/`utime` on it are
     recorded (it is the writer's private file until it is stored); `truncate` applies.
@@ -63,7 +54,7 @@ from alkfs.store import PutResult
 
 from ..errors import errno_of, fail
 from ..nodes.base import File, Handle, Node, wants_write
-from .spool import _CLOSE, _EOF, _SPILL, _SYNC, QUEUE_MAX, Spooler
+from .spool import QUEUE_MAX, EndStream, Spooler, Sync, TakeBack, Truncate, Write
 
 if TYPE_CHECKING:
     from alkfs.store import ObjectStat
@@ -104,16 +95,16 @@ class StagedWriter:
                 mem[off:end] = buf
                 self.size = max(self.size, end)
                 return n
-            self._spill()
+            await self._spill()
         spool = self.spool
         assert spool is not None
         spool.check()
         if off < self.size and self.streaming:
             await self._take_back()
-        spool.submit(("w", off, buf), n)
+        spool.submit(Write(off, buf))
         self.size = max(self.size, end)
         if spool.queued > QUEUE_MAX:
-            await self.ctx.run_sync(spool.wait_room)
+            await spool.wait_room()
             spool.check()
         return n
 
@@ -127,12 +118,12 @@ class StagedWriter:
                     del self.mem[size:]
                 self.size = size
                 return
-            self._spill()
+            await self._spill()
         assert self.spool is not None
         self.spool.check()
         if size < self.size and self.streaming:
             await self._take_back()
-        self.spool.submit(("t", size))
+        self.spool.submit(Truncate(size))
         self.size = size
 
     async def read(self, off: int, size: int) -> bytes:
@@ -148,12 +139,14 @@ class StagedWriter:
             return b""
         if self.streaming:
             await self._take_back()
-        spool.submit(_SYNC)
+        spool.submit(Sync())
+        await spool.wait_applied()
         data = await self.ctx.run_sync(spool.pread, n, off)
         return data + bytes(n - len(data))
 
-    def _spill(self) -> None:
-        """Past MEM_MAX: a thread takes over, streaming into a put."""
+    async def _spill(self) -> None:
+        """Past MEM_MAX: a spooler takes over, streaming into a put (its task starts under
+        the mount's nursery; the state changes before the first await)."""
         assert self.mem is not None
         data = bytes(self.mem)
         if len(data) < self.size:  # an in-memory file extended by truncate
@@ -162,15 +155,16 @@ class StagedWriter:
         # A file named by its digest is not streamed: a put that streams cannot be checked
         # against the name before it stores (a spool file can).
         self.streaming = self.expect is None
-        self.spool = Spooler(self.ctx.store, self.algo, self.expect, self.streaming)
-        self.spool.submit(("w", 0, data), len(data))
+        self.spool = spool = Spooler(self.ctx.store, self.algo, self.expect, self.streaming)
+        spool.submit(Write(0, data))
+        await self.ctx.workers.start_soon(spool.run, name="alkfsd spool")
 
     async def _take_back(self) -> None:
         """End the stream: what was written so far moves into a spool file."""
         assert self.spool is not None
         self.streaming = False
-        self.spool.submit(_SPILL)
-        await self.ctx.run_sync(self.spool.wait_applied)
+        self.spool.submit(TakeBack())
+        await self.spool.wait_applied()
         self.spool.check()
 
     # -- storing ------------------------------------------------------------------------
@@ -191,12 +185,23 @@ class StagedWriter:
             spool = self.spool
             assert spool is not None
             spool.check()
+            # (shielded as a thread hop is: the put this waits for runs on regardless, and
+            # its pin is the caller's once it is taken)
             if self.streaming:
                 self.streaming = False
-                spool.submit(_EOF)
-                put = self._stream_result
+                spool.submit(EndStream())
+                with trio.CancelScope(shield=True):
+                    await spool.wait_stream()
+                spool.check()
+                result, spool.stream_result = spool.stream_result, None
+                if result is None:
+                    raise StoreIO("the streaming put gave no result")
+                put = functools.partial(_given, result)
             else:
-                spool.submit(_SYNC)
+                spool.submit(Sync())
+                with trio.CancelScope(shield=True):
+                    await spool.wait_applied()
+                spool.check()
                 put = self._put_from_spool
         return await self.ctx.run_sync(self._put_then, put, after)
 
@@ -213,34 +218,27 @@ class StagedWriter:
                 raise
         return result
 
-    def _stream_result(self) -> PutResult:
-        spool = self.spool
-        assert spool is not None
-        spool.wait_stream()
-        spool.check()
-        result, spool.stream_result = spool.stream_result, None
-        if result is None:
-            raise StoreIO("the streaming put gave no result")
-        return result
-
     def _put_from_spool(self) -> PutResult:
         spool = self.spool
         assert spool is not None
-        spool.wait_applied()
         spool.check()
         return self.ctx.store.put(
             spool.chunks(self.size), self.size, algo=self.algo, expect=self.expect
         )
 
     def close(self) -> None:
-        """Free the memory or end the thread (a streaming put not committed stores nothing)."""
+        """Free the memory or end the spooler (a streaming put not committed stores nothing)."""
         if self.closed:
             return
         self.closed = True
         self.mem = None
         if self.spool is not None:
-            self.spool.submit(_CLOSE)
+            self.spool.close()
             self.spool = None
+
+
+def _given(result: PutResult) -> PutResult:
+    return result
 
 
 class StagingParent(Protocol):

@@ -139,7 +139,6 @@ class Writes:
         )
         # looked at often enough for a short grace to mean what it says
         self.expire_every_s = min(EXPIRE_EVERY_S, max(EXPIRE_MIN_S, self.grace_s / 2))
-        self._expiring = False
 
     # -- scratch names inside store-backed directories ------------------------------------
     def overlay(self, host: Node) -> dict[bytes, Node]:
@@ -156,7 +155,6 @@ class Writes:
     def hold(self, repo: RepoKey, pid: int, pin: Pin) -> None:
         """Keep `pin` until the process `pid` (or anyone, once it is gone) commits a ref
         in `repo`, or the grace period passes."""
-        self._start_expiry()
         s = self.sessions.get((repo, pid))
         if s is None:
             s = self.sessions[(repo, pid)] = Session(self.ctx.store.arbiter.batch())
@@ -219,16 +217,9 @@ class Writes:
                 q.drop_from_host()
                 self.quarantines.pop(serial, None)
 
-    def _start_expiry(self) -> None:
-        if self._expiring:
-            return
-        try:
-            trio.lowlevel.spawn_system_task(self._expiry_loop, name="alkfsd pin expiry")
-            self._expiring = True
-        except RuntimeError:  # not inside trio (direct calls): expired lazily
-            pass
-
-    async def _expiry_loop(self) -> None:
+    async def run_expiry(self) -> None:
+        """The mount's pin-expiry worker (workers.py): `expire` every `expire_every_s`.
+        Without a mount (direct calls) nothing runs it: expired lazily (`mkdir_in`)."""
         while True:
             await trio.sleep(self.expire_every_s)
             try:

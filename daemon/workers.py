@@ -1,0 +1,99 @@
+"""The mount's background work, in one place.
+
+Every long-lived worker of a mount (the invalidator, the pin expiry, the derived packs'
+intake, the periodic sweep, the refusal counts, the signal handler) is a trio task that
+`Workers.run` starts, under the daemon's nursery, when the mount starts, and that stops
+there: `main.serve` lists them and cancels them all when the session ends. Short-lived
+tasks of the mount (the spool worker of one file being written, staging/spool.py) start
+under the same nursery with `start_soon`, so they end with the mount too.
+
+Outside a mount (the direct-call tests drive Operations without a session) there is no
+daemon nursery: the first `start_soon` opens one in a trio system task, which trio
+cancels when its run ends.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import trio
+
+log = logging.getLogger("alkfsd")
+
+Task = Callable[..., Awaitable[Any]]
+
+
+@dataclass(frozen=True, slots=True)
+class Worker:
+    """One long-lived task: `fn(*args)`, named `name` (trio's task name, in tracebacks)."""
+
+    name: str
+    fn: Task
+    args: tuple[Any, ...] = ()
+
+
+class Workers:
+    """The mount's tasks: the long-lived ones listed with `add` before `run`, and the
+    short-lived ones `start_soon` brings later."""
+
+    def __init__(self) -> None:
+        self.workers: list[Worker] = []
+        self._nursery: trio.Nursery | None = None
+
+    def add(self, name: str, fn: Task, *args: Any) -> None:
+        self.workers.append(Worker(name, fn, args))
+
+    @property
+    def names(self) -> list[str]:
+        return [w.name for w in self.workers]
+
+    async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        """Start every worker under a nursery of our own (itself a task of the daemon's
+        nursery: `nursery.start(workers.run)`); report started once they are; run until
+        cancelled. A worker that raises is logged and the others go on (each one catches
+        its own routine failures; this is the backstop)."""
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            try:
+                for w in self.workers:
+                    nursery.start_soon(self._guarded, w, name=w.name)
+                task_status.started()
+                await trio.sleep_forever()
+            finally:
+                self._nursery = None
+
+    @staticmethod
+    async def _guarded(w: Worker) -> None:
+        try:
+            await w.fn(*w.args)
+        except Exception:
+            log.exception("%s stopped", w.name)
+
+    async def start_soon(self, fn: Task, *args: Any, name: str) -> None:
+        """Start a short-lived task of the mount (it must catch its own errors)."""
+        nursery = self._nursery
+        if nursery is None:
+            nursery = await self._host()
+        nursery.start_soon(fn, *args, name=name)
+
+    async def _host(self) -> trio.Nursery:
+        """No mount runs (direct calls): a nursery in a system task, for this trio run."""
+        ready: trio.Event = trio.Event()
+        box: list[trio.Nursery] = []
+
+        async def host() -> None:
+            async with trio.open_nursery() as nursery:
+                box.append(nursery)
+                self._nursery = nursery
+                ready.set()
+                try:
+                    await trio.sleep_forever()
+                finally:
+                    self._nursery = None
+
+        trio.lowlevel.spawn_system_task(host, name="alkfsd workers (no mount)")
+        await ready.wait()
+        return box[0]
