@@ -11,7 +11,7 @@ function (the way a cycle is hidden); a name needed only for types is imported u
                  registry: its entries are named, resolved when the root is listed),
                  workers (the mount's background tasks), fs (the dispatch)
     write state  staging.spool, staging.writes, staging.staged, staging.scratch,
-                 staging.ingest, packs (the derived packs served), and
+                 staging.overlay, staging.ingest, packs (the derived packs served), and
                  at its top context (it owns the write state; the framework names it
                  for types only)
     views        one module (or a few) per subtree: status, nodes.pinning, nodes.objfile,

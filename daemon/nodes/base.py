@@ -84,6 +84,7 @@ from ..inodes import derive
 
 if TYPE_CHECKING:
     from ..context import Context
+    from ..staging.overlay import ScratchOverlay
 
 Emit = Callable[[bytes, "Node", int], bool]
 OBJECT_TIMEOUT = 3600.0  # entry and attribute timeout of immutable things
@@ -206,6 +207,11 @@ class Node:
 
     def nlink(self) -> int:
         return 1
+
+    def scratch(self) -> ScratchOverlay | None:
+        """The scratch names a directory keeps beside its own entries (git's temporary
+        files, a push's quarantine: staging/overlay.py), or None (most nodes)."""
+        return None
 
     def attr(self) -> pyfuse3.EntryAttributes:
         a = pyfuse3.EntryAttributes()

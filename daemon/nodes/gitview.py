@@ -60,7 +60,7 @@ from alkfs.keys import Algorithm, Key
 from .. import listings
 from .. import packs as derived_packs
 from ..errors import fail
-from ..staging import scratch
+from ..staging.overlay import ScratchOverlay
 from .base import (
     DYNAMIC_TIMEOUT,
     FIRST_OFFSET,
@@ -127,16 +127,18 @@ class GitDir(StaticDir):
         return out
 
 
-class ObjectDir(scratch.ScratchOverlay, StaticDir):
-    """/git/<format>: 256 fan-out directories, then empty `info/` and `pack/`."""
+class ObjectDir(StaticDir):
+    """/git/<format>: 256 fan-out directories, then empty `info/` and `pack/`; git's
+    temporary files beside them (scratch names)."""
 
-    __slots__ = ("algo", "typical")
+    __slots__ = ("algo", "typical", "overlay")
 
     def __init__(self, ctx: Context, parent: Node, algo: Algorithm) -> None:
         label = "sha1" if algo is Algorithm.GIT_SHA1 else "sha256"
         self.algo = algo
         self.typical = FIRST_PAGE  # objects in the last prefix listed whole: sizes the query
         super().__init__(ctx, ("dir", f"/git/{label}"), parent, label.encode())
+        self.overlay = ScratchOverlay(self)
         self._entries()  # now, on the trio thread: the sweep's deletion view reads them
 
     def children(self) -> list[tuple[bytes, Node]]:
@@ -183,7 +185,7 @@ class ObjectDir(scratch.ScratchOverlay, StaticDir):
     # -- git's writes: scratch names beside the fan-out directories ----------------------
     async def lookup(self, name: bytes, ctx: Any) -> Node:
         self._entries()
-        node = self._index.get(name) or scratch.lookup_in(self, name)
+        node = self._index.get(name) or self.overlay.lookup(name)
         if node is None:
             fail(errno.ENOENT)
         return node
@@ -194,6 +196,26 @@ class ObjectDir(scratch.ScratchOverlay, StaticDir):
         if node is None:
             fail(errno.EPERM, "only git's fan-out directories are made here")
         return node  # git makes <xx>/ before writing into it: it is always there
+
+    # -- the scratch names (git's writes): composition, see staging/overlay.py ----------
+    def scratch(self) -> ScratchOverlay:
+        return self.overlay
+
+    async def create(self, name: bytes, mode: int, flags: int, ctx: Any) -> tuple[Node, Handle]:
+        return await self.overlay.create(name, mode, flags, ctx)
+
+    async def link(self, name: bytes, node: Node, ctx: Any) -> Node:
+        return await self.overlay.link(name, node)
+
+    async def unlink(self, name: bytes, ctx: Any) -> None:
+        if not self.overlay.unlink(name):
+            await super().unlink(name, ctx)
+
+    async def rename(
+        self, name: bytes, new_parent: Node, new_name: bytes, flags: int, ctx: Any
+    ) -> None:
+        if not await self.overlay.rename(name, new_parent, new_name, flags, ctx):
+            await super().rename(name, new_parent, new_name, flags, ctx)
 
 
 class EmptyDir(Dir):

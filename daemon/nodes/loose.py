@@ -18,7 +18,9 @@ from alkfs.store import ObjectStat
 from .. import listings
 from .. import packs as derived_packs
 from ..errors import fail
-from ..staging import ingest, scratch
+from ..staging import ingest
+from ..staging.overlay import ScratchOverlay
+from ..staging.scratch import ScratchFile
 from ..staging.writes import RepoKey, pid_of
 from .base import FIRST_OFFSET, Dir, DirHandle, Emit, Handle, Node, changes_anything, wants_write
 from .listing import PAGE, after_cookie, cookie
@@ -79,7 +81,7 @@ def repo_fanout_ident(repo: Any, xx: bytes) -> tuple:
     return ("repo-fanout", repo.id, repo.created_ns, xx)
 
 
-class FanoutDir(scratch.ScratchOverlay, Dir):
+class FanoutDir(Dir):
     """/git/<format>/<xx>: the objects whose id starts with xx, listed a page at a time in
     key order (offsets are the objects' cookies, as in /objects). The kernel caches the
     listing, checked at each open against the listing then (daemon/listings.py): git lists
@@ -87,7 +89,7 @@ class FanoutDir(scratch.ScratchOverlay, Dir):
     does /repos/<id>/objects/<xx>, which lists nothing."""
 
     caches_listing = True
-    __slots__ = ("algo", "prefix")
+    __slots__ = ("algo", "prefix", "overlay")
 
     def mtime_ns(self) -> int:
         return listings.of(self.ctx).mtime_ns(self.ino, self.ctx.started_ns)
@@ -98,10 +100,11 @@ class FanoutDir(scratch.ScratchOverlay, Dir):
         super().__init__(ctx, ident or ("dir", f"{parent.path}/{xx.decode()}"), parent, xx)
         self.algo = algo
         self.prefix = int(xx, 16)
+        self.overlay = ScratchOverlay(self, self)  # (this directory adopts: `adopt`)
 
     async def lookup(self, name: bytes, ctx: Any) -> Node:
         if len(name) != self.algo.hex_len - 2:
-            node = scratch.lookup_in(self, name)  # git's tmp_obj_* (never 38 or 62 long)
+            node = self.overlay.lookup(name)  # git's tmp_obj_* (never 38 or 62 long)
             if node is None:
                 fail(errno.ENOENT)
             return node
@@ -190,22 +193,36 @@ class FanoutDir(scratch.ScratchOverlay, Dir):
         key = self.key_of(name)
         if key is None:
             fail(errno.EINVAL, f"{name!r} is not an object name of {self.path}")
-        if not isinstance(node, scratch.ScratchFile):
+        if not isinstance(node, ScratchFile):
             fail(errno.EPERM, f"{node.path} is not a file git is writing")
         st = await ingest.ingest(self.ctx, node, self.algo, key.hex, self.repo_key(), pid_of(ctx))
         return LooseFile.fresh(self.ctx, self, st)
 
+    async def arrived(self, name: bytes, ctx: Any) -> None:
+        return None
+
+    def scratch(self) -> ScratchOverlay:
+        return self.overlay
+
     async def create(self, name: bytes, mode: int, flags: int, ctx: Any) -> tuple[Node, Handle]:
         if self.key_of(name) is not None:
             fail(errno.EPERM, "objects are written as a temporary file, then linked")
-        return await super().create(name, mode, flags, ctx)
+        return await self.overlay.create(name, mode, flags, ctx)
 
     async def link(self, name: bytes, node: Node, ctx: Any) -> Node:
         if self.key_of(name) is not None:
             return await self.adopt(name, node, ctx)
-        return await super().link(name, node, ctx)
+        return await self.overlay.link(name, node)
 
-    # unlink of an object falls through the overlay to EPERM (deletion is the sweep's)
+    async def unlink(self, name: bytes, ctx: Any) -> None:
+        if not self.overlay.unlink(name):
+            await super().unlink(name, ctx)  # an object: EPERM (deletion is the sweep's)
+
+    async def rename(
+        self, name: bytes, new_parent: Node, new_name: bytes, flags: int, ctx: Any
+    ) -> None:
+        if not await self.overlay.rename(name, new_parent, new_name, flags, ctx):
+            await super().rename(name, new_parent, new_name, flags, ctx)
 
 
 class LooseFile(ObjectFile):

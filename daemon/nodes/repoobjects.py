@@ -10,7 +10,9 @@ import stat
 from typing import TYPE_CHECKING, Any
 
 from ..errors import fail
-from ..staging import ingest, scratch
+from ..staging import ingest
+from ..staging.overlay import ScratchOverlay
+from ..staging.scratch import ScratchFile
 from ..staging.writes import RepoKey, pid_of, repo_key
 from .base import FIRST_OFFSET, BytesHandle, Dir, DirHandle, Emit, File, Handle, Node, wants_write
 from .listing import Entries, readdir_snapshot
@@ -22,15 +24,20 @@ if TYPE_CHECKING:
     from .repos import RepoDir
 
 
-class RepoObjectsDir(scratch.ScratchOverlay, Dir):
-    """/repos/<id>/objects: resolves <xx>/<rest>, lists only info/ and pack/."""
+class RepoObjectsDir(Dir):
+    """/repos/<id>/objects: resolves <xx>/<rest>, lists only info/ and pack/ (and a push's
+    quarantine, scratch names, while it lasts)."""
 
-    __slots__ = ("repo",)
+    __slots__ = ("repo", "overlay")
 
     def __init__(self, ctx: Context, parent: RepoDir) -> None:
         repo = parent.repo
         super().__init__(ctx, ("repo-objects", repo.id, repo.created_ns), parent, b"objects")
         self.repo = repo
+        self.overlay = ScratchOverlay(self)
+
+    def scratch(self) -> ScratchOverlay:
+        return self.overlay
 
     def _child(self, name: bytes) -> Node | None:
         if name == b"info":
@@ -42,7 +49,7 @@ class RepoObjectsDir(scratch.ScratchOverlay, Dir):
         return None
 
     async def lookup(self, name: bytes, ctx: Any) -> Node:
-        node = self._child(name) or scratch.lookup_in(self, name)
+        node = self._child(name) or self.overlay.lookup(name)
         if node is None:
             fail(errno.ENOENT)
         return node
@@ -50,7 +57,7 @@ class RepoObjectsDir(scratch.ScratchOverlay, Dir):
     async def readdir(self, dh: DirHandle, start: int, emit: Emit) -> None:
         def entries() -> Entries:
             out = [(n, node) for n in (b"info", b"pack") if (node := self._child(n)) is not None]
-            return out + scratch.entries_in(self)  # a push's quarantine, while it lasts
+            return out + self.overlay.entries()  # a push's quarantine, while it lasts
 
         await readdir_snapshot(dh, start, emit, entries)
 
@@ -59,20 +66,33 @@ class RepoObjectsDir(scratch.ScratchOverlay, Dir):
         node = self._child(name)
         if node is not None:
             return node  # git makes <xx>/ and pack/ before moving objects in: always there
-        return scratch.mkdir_in(self, name, mode, repo_key(self.repo), ctx)
+        return self.overlay.mkdir(name, mode, repo_key(self.repo), ctx)
 
     async def create(self, name: bytes, mode: int, flags: int, ctx: Any) -> tuple[Node, Handle]:
         if self._child(name) is not None:
             fail(errno.EEXIST)
-        return await super().create(name, mode, flags, ctx)
+        return await self.overlay.create(name, mode, flags, ctx)
 
     async def rmdir(self, name: bytes, ctx: Any) -> None:
-        if scratch.rmdir_in(self, name):
+        if self.overlay.rmdir(name):
             return
         if name in (b"info", b"pack"):
             await plumbing_goes(self, name)
             return
         await super().rmdir(name, ctx)
+
+    async def link(self, name: bytes, node: Node, ctx: Any) -> Node:
+        return await self.overlay.link(name, node)
+
+    async def unlink(self, name: bytes, ctx: Any) -> None:
+        if not self.overlay.unlink(name):
+            await super().unlink(name, ctx)
+
+    async def rename(
+        self, name: bytes, new_parent: Node, new_name: bytes, flags: int, ctx: Any
+    ) -> None:
+        if not await self.overlay.rename(name, new_parent, new_name, flags, ctx):
+            await super().rename(name, new_parent, new_name, flags, ctx)
 
 
 _FANOUT = frozenset(FANOUT)
@@ -98,7 +118,7 @@ class RepoFanoutDir(FanoutDir):
         return repo_key(parent.repo)
 
 
-class RepoPackDir(scratch.ScratchOverlay, Dir):
+class RepoPackDir(Dir):
     """/repos/<id>/objects/pack: lists nothing once a pack is in the store. When a pack's
     index arrives (git moves it after the pack: a push, or `git repack` run here) every
     object of the pack is verified and stored, pinned for the push (scratch.ingest_pack);
@@ -107,15 +127,19 @@ class RepoPackDir(scratch.ScratchOverlay, Dir):
     a local clone or a later git never copies or re-reads this pack), and they go when git
     removes the pack's `.keep` (a push's refs are written) or the files themselves."""
 
-    __slots__ = ("repo",)
+    __slots__ = ("repo", "overlay")
 
     def __init__(self, ctx: Context, parent: RepoObjectsDir) -> None:
         repo = parent.repo
         super().__init__(ctx, ("repo-pack", repo.id, repo.created_ns), parent, b"pack")
         self.repo = repo
+        self.overlay = ScratchOverlay(self, self)  # (a pack's index arriving: `arrived`)
+
+    def scratch(self) -> ScratchOverlay:
+        return self.overlay
 
     async def lookup(self, name: bytes, ctx: Any) -> Node:
-        node = scratch.lookup_in(self, name)
+        node = self.overlay.lookup(name)
         if node is None:
             fail(errno.ENOENT)
         return node
@@ -123,46 +147,52 @@ class RepoPackDir(scratch.ScratchOverlay, Dir):
     async def readdir(self, dh: DirHandle, start: int, emit: Emit) -> None:
         def entries() -> Entries:
             stored = self.ctx.ingested_packs.get(repo_key(self.repo), set())
-            listed = scratch.entries_in(self)
+            listed = self.overlay.entries()
             return [(n, node) for n, node in listed if n.partition(b".")[0] not in stored]
 
         await readdir_snapshot(dh, start, emit, entries)
 
+    async def create(self, name: bytes, mode: int, flags: int, ctx: Any) -> tuple[Node, Handle]:
+        return await self.overlay.create(name, mode, flags, ctx)
+
     async def link(self, name: bytes, node: Node, ctx: Any) -> Node:
-        out = await super().link(name, node, ctx)
+        out = await self.overlay.link(name, node)
         await self.arrived(name, ctx)
         return out
+
+    async def adopt(self, name: bytes, node: ScratchFile, ctx: Any) -> Node | None:
+        return None  # (a file moved in stays a scratch file: `arrived` sees it)
 
     async def arrived(self, name: bytes, ctx: Any) -> None:
         """A file was linked or moved in: the index completes a pack, which is ingested."""
         if not (name.startswith(b"pack-") and name.endswith(b".idx")):
             return
-        names = self.scratch_names()
+        names = self.overlay.names()
         idx = names.get(name)
         pack = names.get(name[:-4] + b".pack")
-        if not isinstance(pack, scratch.ScratchFile) or not isinstance(idx, scratch.ScratchFile):
+        if not isinstance(pack, ScratchFile) or not isinstance(idx, ScratchFile):
             fail(errno.EIO, f"{self.path}: {name!r} arrived without its pack")
         try:
             await ingest.ingest_pack(self.ctx, pack, idx, self.repo, pid_of(ctx))
         except BaseException:
-            scratch.unlink_in(self, name)  # a refused pack: its index is not kept
+            self.overlay.unlink(name)  # a refused pack: its index is not kept
             raise
         stem = name.partition(b".")[0]  # pack-<hex>: its .pack, .idx, .rev, .bitmap, .keep
         self.ctx.ingested_packs.setdefault(repo_key(self.repo), set()).add(stem)
 
     async def unlink(self, name: bytes, ctx: Any) -> None:
-        if not scratch.unlink_in(self, name):
+        if not self.overlay.unlink(name):
             fail(errno.ENOENT)
         if name.startswith(b"pack-") and name.endswith(b".keep"):
             stem = name[:-5]  # the push is done: its pack is in the store, the files go
             for ext in (b".pack", b".idx", b".rev", b".bitmap", b".promisor"):
-                if scratch.lookup_in(self, stem + ext) is not None:
-                    scratch.unlink_in(self, stem + ext)
+                if self.overlay.lookup(stem + ext) is not None:
+                    self.overlay.unlink(stem + ext)
 
     async def rename(
         self, name: bytes, new_parent: Node, new_name: bytes, flags: int, ctx: Any
     ) -> None:
-        if not await scratch.rename_from(self, name, new_parent, new_name, flags, ctx):
+        if not await self.overlay.rename(name, new_parent, new_name, flags, ctx):
             fail(errno.ENOENT)
 
 

@@ -48,11 +48,13 @@ import os
 import stat
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
+
+from pyfuse3 import RequestContext
 
 from ..errors import fail
 from ..nodes.base import FIRST_OFFSET, Dir, DirHandle, Emit, File, Handle, Node
-from .writes import RepoKey, Writes, pid_of
+from .writes import RepoKey, Writes
 
 if TYPE_CHECKING:
     from ..context import Context
@@ -269,6 +271,33 @@ class ScratchDir(Dir):
         self.destroy()
 
 
+class Destination(Protocol):
+    """What a directory holding scratch names (a ScratchOverlay's host) does when a scratch
+    entry is moved in or linked there (`move`, `ScratchOverlay.link`)."""
+
+    async def adopt(self, name: bytes, node: ScratchFile, req: RequestContext) -> Node | None:
+        """A scratch file renamed to `name` here: store it and return the stored file's
+        node (its scratch name then goes), or None: it becomes the scratch name `name`."""
+        ...
+
+    async def arrived(self, name: bytes, req: RequestContext) -> None:
+        """A scratch entry now has the name `name` here."""
+        ...
+
+
+class Plain:
+    """The destination of a directory that only keeps scratch names."""
+
+    async def adopt(self, name: bytes, node: ScratchFile, req: RequestContext) -> Node | None:
+        return None
+
+    async def arrived(self, name: bytes, req: RequestContext) -> None:
+        return None
+
+
+PLAIN = Plain()
+
+
 async def move(
     names: dict[bytes, Node],
     name: bytes,
@@ -276,27 +305,30 @@ async def move(
     new_parent: Node,
     new_name: bytes,
     flags: int,
-    ctx: Any,
+    req: RequestContext,
 ) -> None:
-    """rename(2) of a scratch entry held in `names`: into a scratch directory or a scratch
-    overlay it moves; into a fan-out directory (anything with `adopt`) a file is ingested."""
+    """rename(2) of a scratch entry held in `names`: into a scratch directory, or into a
+    directory with scratch names (`new_parent.scratch()`), whose destination may adopt a
+    file (a fan-out directory ingests it); anywhere else EXDEV."""
     if flags:
         fail(errno.EINVAL, "rename flags are not supported here")
+    destination: Destination | None = None
     if isinstance(new_parent, ScratchDir):
         target = new_parent.entries
-    elif hasattr(new_parent, "adopt") and isinstance(node, ScratchFile):
-        await new_parent.adopt(new_name, node, ctx)  # type: ignore[attr-defined]
-        if names.get(name) is node:
-            # The kernel now shows this inode under the object's name until the entry
-            # expires: its bytes (the same object, git's compression) stay until the
-            # daemon's end. git renames only where link fails; it links otherwise.
-            del names[name]
-            node.names -= 1
-        return
-    elif hasattr(new_parent, "scratch_names"):
-        target = new_parent.scratch_names()  # type: ignore[attr-defined]
     else:
-        fail(errno.EXDEV, f"cannot move {node.path} there")
+        overlay = new_parent.scratch()
+        if overlay is None:
+            fail(errno.EXDEV, f"cannot move {node.path} there")
+        destination = overlay.destination
+        if isinstance(node, ScratchFile) and await destination.adopt(new_name, node, req):
+            if names.get(name) is node:
+                # The kernel now shows this inode under the object's name until the entry
+                # expires: its bytes (the same object, git's compression) stay until the
+                # daemon's end. git renames only where link fails; it links otherwise.
+                del names[name]
+                node.names -= 1
+            return
+        target = overlay.names()
     old = target.get(new_name)
     if old is node:
         return
@@ -311,128 +343,5 @@ async def move(
     node.name = new_name
     if isinstance(node, ScratchDir) and node.host is not None:
         node.host = new_parent if not isinstance(new_parent, ScratchDir) else None
-    arrived = getattr(new_parent, "arrived", None)
-    if arrived is not None:
-        await arrived(new_name, ctx)
-
-
-# -- scratch names inside store-backed directories (/git/<format>[/xx], /repos/<id>/objects[/xx])
-# The host directory's own methods call these first; each returns None / False when the
-# name is not a scratch name, so the host answers for its store-backed names as before.
-def lookup_in(host: Node, name: bytes) -> Node | None:
-    w = host.ctx.writes
-    return None if w is None else w.peek(host, name)
-
-
-def entries_in(host: Node) -> list[tuple[bytes, Node]]:
-    w = host.ctx.writes
-    if w is None:
-        return []
-    names = w.overlays.get(host.ident)
-    return sorted(names.items()) if names else []
-
-
-async def create_in(
-    host: Node, name: bytes, mode: int, flags: int, ctx: Any
-) -> tuple[Node, Handle]:
-    """A new scratch file in a store-backed directory (git's tmp_obj_*, a lock file)."""
-    w = host.ctx.writes
-    names = w.overlay(host)
-    if name in names:
-        fail(errno.EEXIST)
-    node = new_file(w, host, name, mode)
-    names[name] = node
-    return node, await node.open(flags & ~os.O_TRUNC, ctx)
-
-
-def mkdir_in(host: Node, name: bytes, mode: int, repo: RepoKey | None, ctx: Any) -> ScratchDir:
-    """A scratch directory (a push's quarantine) in a repository's objects/."""
-    w = host.ctx.writes
-    names = w.overlay(host)
-    if name in names:
-        fail(errno.EEXIST)
-    w.expire()  # a killed push's quarantine goes before a new one comes
-    node = ScratchDir(
-        host.ctx, host, name, w.area.next_serial(), repo, pid_of(ctx), host, mode & 0o777
-    )
-    names[name] = node
-    w.quarantines[node.serial] = node
-    return node
-
-
-def unlink_in(host: Node, name: bytes) -> bool:
-    w = host.ctx.writes
-    node = None if w is None else w.peek(host, name)
-    if node is None or w is None:
-        return False
-    if node.is_dir:
-        fail(errno.EISDIR)
-    del w.overlays[host.ident][name]
-    assert isinstance(node, ScratchFile)
-    node.drop_name()
-    return True
-
-
-def rmdir_in(host: Node, name: bytes) -> bool:
-    w = host.ctx.writes
-    node = None if w is None else w.peek(host, name)
-    if node is None or w is None:
-        return False
-    if not isinstance(node, ScratchDir):
-        fail(errno.ENOTDIR)
-    if node.entries:
-        fail(errno.ENOTEMPTY)
-    del w.overlays[host.ident][name]
-    w.quarantines.pop(node.serial, None)
-    return True
-
-
-async def rename_from(
-    host: Node, name: bytes, new_parent: Node, new_name: bytes, flags: int, ctx: Any
-) -> bool:
-    w = host.ctx.writes
-    node = None if w is None else w.peek(host, name)
-    if node is None or w is None:
-        return False
-    await move(w.overlays[host.ident], name, node, new_parent, new_name, flags, ctx)
-    return True
-
-
-async def link_in(host: Node, name: bytes, node: Node) -> Node:
-    """link(2) of a scratch file to another scratch name in a store-backed directory."""
-    if not isinstance(node, ScratchFile):
-        fail(errno.EPERM, "only scratch files can be linked here")
-    names = host.ctx.writes.overlay(host)
-    if name in names:
-        fail(errno.EEXIST)
-    node.names += 1
-    names[name] = node
-    return node
-
-
-class ScratchOverlay:
-    """For a directory where git also makes its temporary files: its scratch names sit
-    beside its own entries. create, link and scratch_names go to the scratch area;
-    unlink and rename do too when the name is a scratch one, else to the next class
-    (so mix it in first: `class X(ScratchOverlay, Dir)`)."""
-
-    __slots__ = ()
-
-    async def create(self, name: bytes, mode: int, flags: int, ctx: Any) -> tuple[Node, Handle]:
-        return await create_in(self, name, mode, flags, ctx)  # type: ignore[arg-type]
-
-    def scratch_names(self) -> dict[bytes, Node]:
-        return self.ctx.writes.overlay(self)  # type: ignore[attr-defined, arg-type]
-
-    async def link(self, name: bytes, node: Node, ctx: Any) -> Node:
-        return await link_in(self, name, node)  # type: ignore[arg-type]
-
-    async def unlink(self, name: bytes, ctx: Any) -> None:
-        if not unlink_in(self, name):  # type: ignore[arg-type]
-            await super().unlink(name, ctx)  # type: ignore[misc]
-
-    async def rename(
-        self, name: bytes, new_parent: Node, new_name: bytes, flags: int, ctx: Any
-    ) -> None:
-        if not await rename_from(self, name, new_parent, new_name, flags, ctx):  # type: ignore[arg-type]
-            await super().rename(name, new_parent, new_name, flags, ctx)  # type: ignore[misc]
+    if destination is not None:
+        await destination.arrived(new_name, req)
