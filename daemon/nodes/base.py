@@ -21,33 +21,35 @@ Identity and inodes
 Attributes (cheap, no I/O: readdirplus asks for thousands)
     `mode()`, `size()`, `mtime_ns()`, `nlink()`; `attr()` builds EntryAttributes
     from them with `entry_timeout` / `attr_timeout` (long for immutable things).
-    `getattr(ctx)` may refresh before answering.
+    `getattr(req)` may refresh before answering.
 
 Directories (`Dir`)
-    `lookup(name, ctx) -> Node`   ENOENT (raise `fail(errno.ENOENT)`) when absent.
+    `lookup(name, req) -> Node`   ENOENT (raise `fail(errno.ENOENT)`) when absent.
     `readdir(dh, start, emit)`     call `emit(name, node, next_offset)` per entry, in a
                                    stable order, resuming after `start` (0 = beginning);
                                    return as soon as `emit` returns False. Offsets
                                    must be > 2 and unique; `dh.state` is a dict
                                    private to this open directory (cursor caches).
                                    `.` and `..` are not listed (the kernel adds them).
-    write side: `create(name, mode, flags, ctx) -> (Node, Handle)`,
-    `mkdir(name, mode, ctx) -> Node`, `symlink(name, target, ctx) -> Node`,
-    `link(name, node, ctx) -> Node` (called on the NEW parent), `unlink(name, ctx)`,
-    `rmdir(name, ctx)`, `rename(name, new_parent, new_name, flags, ctx)` (on the OLD
+    write side: `create(name, mode, flags, req) -> (Node, Handle)`,
+    `mkdir(name, mode, req) -> Node`, `symlink(name, target, req) -> Node`,
+    `link(name, node, req) -> Node` (called on the NEW parent), `unlink(name, req)`,
+    `rmdir(name, req)`, `rename(name, new_parent, new_name, flags, req)` (on the OLD
     parent), `mknod(...)`. Defaults: ENOENT for a name that is not there, else EPERM.
 
 Files (`File`) and symlinks (`Symlink`)
-    `open(flags, ctx) -> Handle`   default: read-only; a write open is EPERM.
+    `open(flags, req) -> Handle`   default: read-only; a write open is EPERM.
     `Handle.read(off, size)`, `.write(off, buf) -> int`, `.flush()`, `.fsync(datasync)`,
     `.release()`; `Handle.keep_cache` / `.direct_io` go to the kernel with the open.
-    `readlink(ctx) -> bytes` (symlinks; EINVAL otherwise).
+    `readlink(req) -> bytes` (symlinks; EINVAL otherwise).
 
 Any node
-    `setattr(attr, fields, handle, ctx) -> EntryAttributes` (default EPERM for any change),
-    `getxattr(name, ctx) -> bytes` (ENODATA), `listxattr(ctx) -> list[bytes]` ([]),
-    `setxattr(name, value, ctx)` (ENOTSUP), `removexattr(name, ctx)` (ENODATA).
+    `setattr(attr, fields, handle, req) -> EntryAttributes` (default EPERM for any change),
+    `getxattr(name, req) -> bytes` (ENODATA), `listxattr(req) -> list[bytes]` ([]),
+    `setxattr(name, value, req)` (ENOTSUP), `removexattr(name, req)` (ENODATA).
     Never answer ENOSYS for xattrs: the kernel would disable them mount-wide.
+    `req` is the request's pyfuse3.RequestContext (uid, gid, pid of the caller);
+    `self.ctx` is the mount's Context.
 
 Errors
     Raise `fail(errno.EXXX, "why")` (from alkfsd.errors) or let a library error
@@ -78,6 +80,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import pyfuse3
+from pyfuse3 import RequestContext
 
 from ..errors import fail
 from ..inodes import derive
@@ -234,67 +237,71 @@ class Node:
         a.st_ctime_ns = t
         return a
 
-    async def getattr(self, ctx: Any) -> pyfuse3.EntryAttributes:
+    async def getattr(self, req: RequestContext) -> pyfuse3.EntryAttributes:
         return self.attr()
 
-    async def setattr(self, attr: Any, fields: Any, handle: Handle | None, ctx: Any) -> Any:
+    async def setattr(
+        self, attr: Any, fields: Any, handle: Handle | None, req: RequestContext
+    ) -> Any:
         if changes_anything(fields):
             fail(errno.EPERM, "its attributes cannot be changed")
         return self.attr()
 
     # -- extended attributes --------------------------------------------------------
-    async def getxattr(self, name: bytes, ctx: Any) -> bytes:
+    async def getxattr(self, name: bytes, req: RequestContext) -> bytes:
         fail(errno.ENODATA)
 
-    async def listxattr(self, ctx: Any) -> list[bytes]:
+    async def listxattr(self, req: RequestContext) -> list[bytes]:
         return []
 
-    async def setxattr(self, name: bytes, value: bytes, ctx: Any) -> None:
+    async def setxattr(self, name: bytes, value: bytes, req: RequestContext) -> None:
         fail(errno.ENOTSUP, f"no settable attribute {name!r}")
 
-    async def removexattr(self, name: bytes, ctx: Any) -> None:
+    async def removexattr(self, name: bytes, req: RequestContext) -> None:
         fail(errno.ENODATA)
 
     # -- files ------------------------------------------------------------------------
-    async def open(self, flags: int, ctx: Any) -> Handle:
+    async def open(self, flags: int, req: RequestContext) -> Handle:
         fail(errno.EISDIR if self.is_dir else errno.EPERM)
 
-    async def readlink(self, ctx: Any) -> bytes:
+    async def readlink(self, req: RequestContext) -> bytes:
         fail(errno.EINVAL, "not a symbolic link")
 
     # -- directories --------------------------------------------------------------------
-    async def opendir(self, ctx: Any) -> DirHandle:
+    async def opendir(self, req: RequestContext) -> DirHandle:
         fail(errno.ENOTDIR)
 
-    async def lookup(self, name: bytes, ctx: Any) -> Node:
+    async def lookup(self, name: bytes, req: RequestContext) -> Node:
         fail(errno.ENOTDIR)
 
     async def readdir(self, dh: DirHandle, start: int, emit: Emit) -> None:
         fail(errno.ENOTDIR)
 
-    async def create(self, name: bytes, mode: int, flags: int, ctx: Any) -> tuple[Node, Handle]:
+    async def create(
+        self, name: bytes, mode: int, flags: int, req: RequestContext
+    ) -> tuple[Node, Handle]:
         fail(errno.ENOTDIR)
 
-    async def mkdir(self, name: bytes, mode: int, ctx: Any) -> Node:
+    async def mkdir(self, name: bytes, mode: int, req: RequestContext) -> Node:
         fail(errno.ENOTDIR)
 
-    async def mknod(self, name: bytes, mode: int, rdev: int, ctx: Any) -> Node:
+    async def mknod(self, name: bytes, mode: int, rdev: int, req: RequestContext) -> Node:
         fail(errno.ENOTDIR)
 
-    async def symlink(self, name: bytes, target: bytes, ctx: Any) -> Node:
+    async def symlink(self, name: bytes, target: bytes, req: RequestContext) -> Node:
         fail(errno.ENOTDIR)
 
-    async def link(self, name: bytes, node: Node, ctx: Any) -> Node:
+    async def link(self, name: bytes, node: Node, req: RequestContext) -> Node:
         fail(errno.ENOTDIR)
 
-    async def unlink(self, name: bytes, ctx: Any) -> None:
+    async def unlink(self, name: bytes, req: RequestContext) -> None:
         fail(errno.ENOTDIR)
 
-    async def rmdir(self, name: bytes, ctx: Any) -> None:
+    async def rmdir(self, name: bytes, req: RequestContext) -> None:
         fail(errno.ENOTDIR)
 
     async def rename(
-        self, name: bytes, new_parent: Node, new_name: bytes, flags: int, ctx: Any
+        self, name: bytes, new_parent: Node, new_name: bytes, flags: int, req: RequestContext
     ) -> None:
         fail(errno.ENOTDIR)
 
@@ -319,7 +326,7 @@ class File(Node):
 
     __slots__ = ()
 
-    async def open(self, flags: int, ctx: Any) -> Handle:
+    async def open(self, flags: int, req: RequestContext) -> Handle:
         if wants_write(flags):
             fail(errno.EPERM, "read-only file")
         return Handle(self)
@@ -340,10 +347,10 @@ class Symlink(Node):
     def size(self) -> int:
         return len(self.target)
 
-    async def readlink(self, ctx: Any) -> bytes:
+    async def readlink(self, req: RequestContext) -> bytes:
         return self.target
 
-    async def open(self, flags: int, ctx: Any) -> Handle:
+    async def open(self, flags: int, req: RequestContext) -> Handle:
         fail(errno.ELOOP)
 
 
@@ -361,45 +368,47 @@ class Dir(Node):
     def nlink(self) -> int:
         return 2
 
-    async def opendir(self, ctx: Any) -> DirHandle:
+    async def opendir(self, req: RequestContext) -> DirHandle:
         return DirHandle(self)
 
-    async def lookup(self, name: bytes, ctx: Any) -> Node:
+    async def lookup(self, name: bytes, req: RequestContext) -> Node:
         fail(errno.ENOENT)
 
     async def readdir(self, dh: DirHandle, start: int, emit: Emit) -> None:
         return None
 
-    async def _existing(self, name: bytes, ctx: Any) -> Node:
-        return await self.lookup(name, ctx)  # ENOENT when absent
+    async def _existing(self, name: bytes, req: RequestContext) -> Node:
+        return await self.lookup(name, req)  # ENOENT when absent
 
-    async def create(self, name: bytes, mode: int, flags: int, ctx: Any) -> tuple[Node, Handle]:
+    async def create(
+        self, name: bytes, mode: int, flags: int, req: RequestContext
+    ) -> tuple[Node, Handle]:
         fail(errno.EPERM, "files cannot be created here")
 
-    async def mkdir(self, name: bytes, mode: int, ctx: Any) -> Node:
+    async def mkdir(self, name: bytes, mode: int, req: RequestContext) -> Node:
         fail(errno.EPERM, "directories cannot be created here")
 
-    async def mknod(self, name: bytes, mode: int, rdev: int, ctx: Any) -> Node:
+    async def mknod(self, name: bytes, mode: int, rdev: int, req: RequestContext) -> Node:
         fail(errno.EPERM, "special files cannot be created here")
 
-    async def symlink(self, name: bytes, target: bytes, ctx: Any) -> Node:
+    async def symlink(self, name: bytes, target: bytes, req: RequestContext) -> Node:
         fail(errno.EPERM, "symbolic links cannot be created here")
 
-    async def link(self, name: bytes, node: Node, ctx: Any) -> Node:
+    async def link(self, name: bytes, node: Node, req: RequestContext) -> Node:
         fail(errno.EPERM, "hard links cannot be created here")
 
-    async def unlink(self, name: bytes, ctx: Any) -> None:
-        child = await self._existing(name, ctx)
+    async def unlink(self, name: bytes, req: RequestContext) -> None:
+        child = await self._existing(name, req)
         fail(errno.EISDIR if child.is_dir else errno.EPERM, f"{child.path} cannot be removed")
 
-    async def rmdir(self, name: bytes, ctx: Any) -> None:
-        child = await self._existing(name, ctx)
+    async def rmdir(self, name: bytes, req: RequestContext) -> None:
+        child = await self._existing(name, req)
         fail(errno.EPERM if child.is_dir else errno.ENOTDIR, f"{child.path} cannot be removed")
 
     async def rename(
-        self, name: bytes, new_parent: Node, new_name: bytes, flags: int, ctx: Any
+        self, name: bytes, new_parent: Node, new_name: bytes, flags: int, req: RequestContext
     ) -> None:
-        child = await self._existing(name, ctx)
+        child = await self._existing(name, req)
         fail(errno.EPERM, f"{child.path} cannot be renamed")
 
 
@@ -423,7 +432,7 @@ class StaticDir(Dir):
             self._index = dict(self._children)
         return self._children
 
-    async def lookup(self, name: bytes, ctx: Any) -> Node:
+    async def lookup(self, name: bytes, req: RequestContext) -> Node:
         self._entries()
         node = self._index.get(name)
         if node is None:

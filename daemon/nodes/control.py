@@ -22,6 +22,8 @@ import logging
 import stat
 from typing import TYPE_CHECKING, Any
 
+from pyfuse3 import RequestContext
+
 from alkfs.durations import parse_duration
 
 from ..errors import clip, fail
@@ -78,10 +80,12 @@ class ControlFile(File):
         a.st_gid = self.ctx.daemon_gid
         return a
 
-    async def open(self, flags: int, ctx: Any) -> Handle:
+    async def open(self, flags: int, req: RequestContext) -> Handle:
         return ControlHandle(self)
 
-    async def setattr(self, attr: Any, fields: Any, handle: Handle | None, ctx: Any) -> Any:
+    async def setattr(
+        self, attr: Any, fields: Any, handle: Handle | None, req: RequestContext
+    ) -> Any:
         # `echo sweep > control` truncates first: accept that (and touch) as no-ops.
         if fields.update_mode or fields.update_uid or fields.update_gid:
             fail(errno.EPERM, "the control file's owner and mode are fixed")
@@ -234,12 +238,12 @@ class _Generated(File):
     def size(self) -> int:
         return len(self.snapshot)
 
-    async def getattr(self, ctx: Any) -> Any:
+    async def getattr(self, req: RequestContext) -> Any:
         if self.open_count == 0:
             self.snapshot = await self.content()
         return self.attr()
 
-    async def open(self, flags: int, ctx: Any) -> Handle:
+    async def open(self, flags: int, req: RequestContext) -> Handle:
         if wants_write(flags):
             fail(errno.EPERM, f"{self.path} is read-only")
         data = await self.content()

@@ -55,6 +55,8 @@ import logging
 import os
 from typing import TYPE_CHECKING, Any
 
+from pyfuse3 import RequestContext
+
 from alkfs.keys import Algorithm, Key
 
 from .. import listings
@@ -183,14 +185,14 @@ class ObjectDir(StaticDir):
         return node
 
     # -- git's writes: scratch names beside the fan-out directories ----------------------
-    async def lookup(self, name: bytes, ctx: Any) -> Node:
+    async def lookup(self, name: bytes, req: RequestContext) -> Node:
         self._entries()
         node = self._index.get(name) or self.overlay.lookup(name)
         if node is None:
             fail(errno.ENOENT)
         return node
 
-    async def mkdir(self, name: bytes, mode: int, ctx: Any) -> Node:
+    async def mkdir(self, name: bytes, mode: int, req: RequestContext) -> Node:
         self._entries()
         node = self._index.get(name)
         if node is None:
@@ -201,21 +203,23 @@ class ObjectDir(StaticDir):
     def scratch(self) -> ScratchOverlay:
         return self.overlay
 
-    async def create(self, name: bytes, mode: int, flags: int, ctx: Any) -> tuple[Node, Handle]:
-        return await self.overlay.create(name, mode, flags, ctx)
+    async def create(
+        self, name: bytes, mode: int, flags: int, req: RequestContext
+    ) -> tuple[Node, Handle]:
+        return await self.overlay.create(name, mode, flags, req)
 
-    async def link(self, name: bytes, node: Node, ctx: Any) -> Node:
+    async def link(self, name: bytes, node: Node, req: RequestContext) -> Node:
         return await self.overlay.link(name, node)
 
-    async def unlink(self, name: bytes, ctx: Any) -> None:
+    async def unlink(self, name: bytes, req: RequestContext) -> None:
         if not self.overlay.unlink(name):
-            await super().unlink(name, ctx)
+            await super().unlink(name, req)
 
     async def rename(
-        self, name: bytes, new_parent: Node, new_name: bytes, flags: int, ctx: Any
+        self, name: bytes, new_parent: Node, new_name: bytes, flags: int, req: RequestContext
     ) -> None:
-        if not await self.overlay.rename(name, new_parent, new_name, flags, ctx):
-            await super().rename(name, new_parent, new_name, flags, ctx)
+        if not await self.overlay.rename(name, new_parent, new_name, flags, req):
+            await super().rename(name, new_parent, new_name, flags, req)
 
 
 class EmptyDir(Dir):
@@ -252,7 +256,7 @@ class DerivedDir(Dir):
             return DerivedDir(self.ctx, self, self.fmt, rel, name)
         return None
 
-    async def lookup(self, name: bytes, ctx: Any) -> Node:
+    async def lookup(self, name: bytes, req: RequestContext) -> Node:
         gen = derived_packs.served(self.ctx).current(self.fmt)
         node = None if gen is None else self._child(gen, name)
         if node is None:
@@ -311,7 +315,7 @@ class DerivedFile(Node):
     def mtime_ns(self) -> int:
         return self._mtime
 
-    async def open(self, flags: int, ctx: Any) -> Handle:
+    async def open(self, flags: int, req: RequestContext) -> Handle:
         if wants_write(flags):
             fail(errno.EPERM, f"{self.path} is a derived file: it never changes")
         served = derived_packs.served(self.ctx)

@@ -10,6 +10,8 @@ import zlib
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
+from pyfuse3 import RequestContext
+
 from alkfs.errors import Corrupt, Invalid
 from alkfs.git.objects import BLOCK, encode_loose, loose_size
 from alkfs.keys import Algorithm, Key
@@ -102,7 +104,7 @@ class FanoutDir(Dir):
         self.prefix = int(xx, 16)
         self.overlay = ScratchOverlay(self, self)  # (this directory adopts: `adopt`)
 
-    async def lookup(self, name: bytes, ctx: Any) -> Node:
+    async def lookup(self, name: bytes, req: RequestContext) -> Node:
         if len(name) != self.algo.hex_len - 2:
             node = self.overlay.lookup(name)  # git's tmp_obj_* (never 38 or 62 long)
             if node is None:
@@ -188,41 +190,43 @@ class FanoutDir(Dir):
         except (UnicodeDecodeError, Invalid):
             return None
 
-    async def adopt(self, name: bytes, node: Node, ctx: Any) -> Node:
+    async def adopt(self, name: bytes, node: Node, req: RequestContext) -> Node:
         """`link`/`rename` of a scratch file to `<xx>/<rest>`: verify and store it."""
         key = self.key_of(name)
         if key is None:
             fail(errno.EINVAL, f"{name!r} is not an object name of {self.path}")
         if not isinstance(node, ScratchFile):
             fail(errno.EPERM, f"{node.path} is not a file git is writing")
-        st = await ingest.ingest(self.ctx, node, self.algo, key.hex, self.repo_key(), pid_of(ctx))
+        st = await ingest.ingest(self.ctx, node, self.algo, key.hex, self.repo_key(), pid_of(req))
         return LooseFile.fresh(self.ctx, self, st)
 
-    async def arrived(self, name: bytes, ctx: Any) -> None:
+    async def arrived(self, name: bytes, req: RequestContext) -> None:
         return None
 
     def scratch(self) -> ScratchOverlay:
         return self.overlay
 
-    async def create(self, name: bytes, mode: int, flags: int, ctx: Any) -> tuple[Node, Handle]:
+    async def create(
+        self, name: bytes, mode: int, flags: int, req: RequestContext
+    ) -> tuple[Node, Handle]:
         if self.key_of(name) is not None:
             fail(errno.EPERM, "objects are written as a temporary file, then linked")
-        return await self.overlay.create(name, mode, flags, ctx)
+        return await self.overlay.create(name, mode, flags, req)
 
-    async def link(self, name: bytes, node: Node, ctx: Any) -> Node:
+    async def link(self, name: bytes, node: Node, req: RequestContext) -> Node:
         if self.key_of(name) is not None:
-            return await self.adopt(name, node, ctx)
+            return await self.adopt(name, node, req)
         return await self.overlay.link(name, node)
 
-    async def unlink(self, name: bytes, ctx: Any) -> None:
+    async def unlink(self, name: bytes, req: RequestContext) -> None:
         if not self.overlay.unlink(name):
-            await super().unlink(name, ctx)  # an object: EPERM (deletion is the sweep's)
+            await super().unlink(name, req)  # an object: EPERM (deletion is the sweep's)
 
     async def rename(
-        self, name: bytes, new_parent: Node, new_name: bytes, flags: int, ctx: Any
+        self, name: bytes, new_parent: Node, new_name: bytes, flags: int, req: RequestContext
     ) -> None:
-        if not await self.overlay.rename(name, new_parent, new_name, flags, ctx):
-            await super().rename(name, new_parent, new_name, flags, ctx)
+        if not await self.overlay.rename(name, new_parent, new_name, flags, req):
+            await super().rename(name, new_parent, new_name, flags, req)
 
 
 class LooseFile(ObjectFile):
@@ -247,17 +251,19 @@ class LooseFile(ObjectFile):
     def size(self) -> int:
         return loose_size(self.st.size)
 
-    async def setattr(self, attr: Any, fields: Any, handle: Handle | None, ctx: Any) -> Any:
+    async def setattr(
+        self, attr: Any, fields: Any, handle: Handle | None, req: RequestContext
+    ) -> Any:
         """touch/utime freshens (ObjectFile); a toucher working for a push pins it first."""
         if changes_anything(fields):
-            await ingest.freshened(self.ctx, self.key, pid_of(ctx))
-        return await super().setattr(attr, fields, handle, ctx)
+            await ingest.freshened(self.ctx, self.key, pid_of(req))
+        return await super().setattr(attr, fields, handle, req)
 
-    async def open(self, flags: int, ctx: Any) -> Handle:
+    async def open(self, flags: int, req: RequestContext) -> Handle:
         if wants_write(flags):
             fail(errno.EPERM, f"{self.key} is immutable")
         if self.st.tier == "large":
-            inner = await super().open(flags, ctx)
+            inner = await super().open(flags, req)
             assert isinstance(inner, LargeHandle)
             return LooseLargeHandle(self, inner)
         handle = LooseKvHandle(self)

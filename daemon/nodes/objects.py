@@ -6,6 +6,8 @@ from __future__ import annotations
 import errno
 from typing import TYPE_CHECKING, Any
 
+from pyfuse3 import RequestContext
+
 from alkfs.errors import Invalid
 from alkfs.keys import Algorithm, Key
 from alkfs.store import ObjectStat, PutResult
@@ -41,7 +43,9 @@ class ObjectsDir(StaticDir):
         assert isinstance(node, AlgoDir)
         return node
 
-    async def setattr(self, attr: Any, fields: Any, handle: Handle | None, ctx: Any) -> Any:
+    async def setattr(
+        self, attr: Any, fields: Any, handle: Handle | None, req: RequestContext
+    ) -> Any:
         noop_setattr(self, attr, fields)  # times are accepted and ignored (cp -rp)
         return self.attr()
 
@@ -75,7 +79,7 @@ class AlgoDir(_Dir):
         except (UnicodeDecodeError, Invalid):
             return None
 
-    async def lookup(self, name: bytes, ctx: Any) -> Node:
+    async def lookup(self, name: bytes, req: RequestContext) -> Node:
         key = self.key_of(name)
         if key is None:
             staged = self.staged.get(name)
@@ -90,12 +94,16 @@ class AlgoDir(_Dir):
             return staged
         return ObjectFile.fresh(self.ctx, self, st)
 
-    async def setattr(self, attr: Any, fields: Any, handle: Handle | None, ctx: Any) -> Any:
+    async def setattr(
+        self, attr: Any, fields: Any, handle: Handle | None, req: RequestContext
+    ) -> Any:
         noop_setattr(self, attr, fields)  # times are accepted and ignored (cp -rp)
         return self.attr()
 
     # -- writing ------------------------------------------------------------------------
-    async def create(self, name: bytes, mode: int, flags: int, ctx: Any) -> tuple[Node, Handle]:
+    async def create(
+        self, name: bytes, mode: int, flags: int, req: RequestContext
+    ) -> tuple[Node, Handle]:
         if name in self.staged:
             fail(errno.EEXIST, f"{self.path}/{name.decode(errors='replace')} is being written")
         expect = self.key_of(name)
@@ -124,7 +132,7 @@ class AlgoDir(_Dir):
         if self.staged.get(node.name) is node:
             del self.staged[node.name]
 
-    async def unlink(self, name: bytes, ctx: Any) -> None:
+    async def unlink(self, name: bytes, req: RequestContext) -> None:
         staged = self.staged.pop(name, None)
         if staged is not None:  # a file being written, given up: nothing is stored
             staged.unlinked = True

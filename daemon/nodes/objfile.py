@@ -11,6 +11,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 import pyfuse3
+from pyfuse3 import RequestContext
 
 from alkfs.catalog import Record
 from alkfs.errors import Corrupt
@@ -146,7 +147,7 @@ class ObjectFile(File):
         return self.st.stored_ns
 
     # -- reads ------------------------------------------------------------------------
-    async def open(self, flags: int, ctx: Any) -> Handle:
+    async def open(self, flags: int, req: RequestContext) -> Handle:
         # O_APPEND alone is no write (Linux opens O_RDONLY|O_APPEND for reading).
         if flags & (os.O_WRONLY | os.O_RDWR | os.O_TRUNC):
             fail(errno.EPERM, f"{self.key} is immutable")
@@ -173,7 +174,9 @@ class ObjectFile(File):
         return handle
 
     # -- touch: freshen -----------------------------------------------------------------
-    async def setattr(self, attr: Any, fields: Any, handle: Handle | None, ctx: Any) -> Any:
+    async def setattr(
+        self, attr: Any, fields: Any, handle: Handle | None, req: RequestContext
+    ) -> Any:
         # A chmod/chown/truncate to what it is already is a no-op (cp -p, rsync -a).
         if noop_setattr(self, attr, fields):
             if not await self.ctx.run_sync(self.ctx.store.freshen, self.key):
@@ -204,7 +207,7 @@ class ObjectFile(File):
             fail(errno.ENOENT)
         return parse_header(head)[0]
 
-    async def listxattr(self, ctx: Any) -> list[bytes]:
+    async def listxattr(self, req: RequestContext) -> list[bytes]:
         names = [X_ALGO, X_SIZE, X_TIER]
         if self.key.algo.is_git:
             names.append(X_GIT_TYPE)
@@ -212,7 +215,7 @@ class ObjectFile(File):
         names += [X_PIN + n.encode() for n in self._pin_names()]
         return names
 
-    async def getxattr(self, name: bytes, ctx: Any) -> bytes:
+    async def getxattr(self, name: bytes, req: RequestContext) -> bytes:
         if name == X_ALGO:
             return self.key.algo.label.encode()
         if name == X_SIZE:
@@ -230,7 +233,7 @@ class ObjectFile(File):
                 return format_ns(rec.created_ns).encode()
         fail(errno.ENODATA)
 
-    async def setxattr(self, name: bytes, value: bytes, ctx: Any) -> None:
+    async def setxattr(self, name: bytes, value: bytes, req: RequestContext) -> None:
         if name in READ_ONLY_XATTRS:
             fail(errno.EPERM, f"{name.decode()} is read-only")
         if name.startswith(X_PIN):  # pin as <name>: EINVAL for a bad name, EEXIST if taken
@@ -238,7 +241,7 @@ class ObjectFile(File):
             return
         fail(errno.ENOTSUP, f"no settable attribute {name!r}")
 
-    async def removexattr(self, name: bytes, ctx: Any) -> None:
+    async def removexattr(self, name: bytes, req: RequestContext) -> None:
         if name in READ_ONLY_XATTRS:
             fail(errno.EPERM, f"{name.decode()} is read-only")
         if name.startswith(X_PIN) and len(name) > len(X_PIN):

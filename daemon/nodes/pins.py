@@ -30,6 +30,7 @@ import re
 from typing import TYPE_CHECKING, Any
 
 import pyfuse3
+from pyfuse3 import RequestContext
 
 from alkfs.errors import Invalid, Missing
 from alkfs.keys import Algorithm, Key
@@ -86,7 +87,7 @@ class PinsDir(Dir):
         super().__init__(ctx, ("dir", "/pins"), parent, b"pins")
         self.staged: dict[bytes, StagedFile] = {}
 
-    async def lookup(self, name: bytes, ctx: Any) -> Node:
+    async def lookup(self, name: bytes, req: RequestContext) -> Node:
         staged = self.staged.get(name)
         if staged is not None:
             return staged
@@ -112,7 +113,9 @@ class PinsDir(Dir):
 
         await readdir_snapshot(dh, start, emit, entries)
 
-    async def setattr(self, attr: Any, fields: Any, handle: Handle | None, ctx: Any) -> Any:
+    async def setattr(
+        self, attr: Any, fields: Any, handle: Handle | None, req: RequestContext
+    ) -> Any:
         noop_setattr(self, attr, fields)  # times are accepted and ignored (rsync -a, cp -rp)
         return self.attr()
 
@@ -127,7 +130,9 @@ class PinsDir(Dir):
             and pinning.pins_of(self.ctx).get(text) is not None
         )
 
-    async def create(self, name: bytes, mode: int, flags: int, ctx: Any) -> tuple[Node, Handle]:
+    async def create(
+        self, name: bytes, mode: int, flags: int, req: RequestContext
+    ) -> tuple[Node, Handle]:
         pinning.pins_of(self.ctx)
         if not _writable_name(name):
             fail(
@@ -141,7 +146,7 @@ class PinsDir(Dir):
         self.staged[name] = node
         return node, node.new_handle()
 
-    async def symlink(self, name: bytes, link: bytes, ctx: Any) -> Node:
+    async def symlink(self, name: bytes, link: bytes, req: RequestContext) -> Node:
         pins = pinning.pins_of(self.ctx)
         text = _text(name)
         if text is None or not valid_pin_name(text):
@@ -217,7 +222,7 @@ class PinsDir(Dir):
         return True
 
     # -- removing and renaming ----------------------------------------------------------------
-    async def unlink(self, name: bytes, ctx: Any) -> None:
+    async def unlink(self, name: bytes, req: RequestContext) -> None:
         if self._drop(name):
             return
         pins = pinning.pins_of(self.ctx)
@@ -227,7 +232,7 @@ class PinsDir(Dir):
         await self.ctx.run_sync(pinning.unpin, pins, text)
 
     async def rename(
-        self, name: bytes, new_parent: Node, new_name: bytes, flags: int, ctx: Any
+        self, name: bytes, new_parent: Node, new_name: bytes, flags: int, req: RequestContext
     ) -> None:
         if flags & pyfuse3.RENAME_EXCHANGE:
             fail(errno.EINVAL, "pins cannot be exchanged")
@@ -309,10 +314,10 @@ class PinFile(StagedFile):
 
     __slots__ = ()
 
-    async def open(self, flags: int, ctx: Any) -> Handle:
+    async def open(self, flags: int, req: RequestContext) -> Handle:
         if wants_write(flags) and self.opens > 0 and not self.writer.closed:
             fail(errno.EEXIST, f"{self.path} is being written by another open file")
-        return await super().open(flags, ctx)
+        return await super().open(flags, req)
 
 
 class PinLink(Symlink):
@@ -330,13 +335,15 @@ class PinLink(Symlink):
     def mtime_ns(self) -> int:
         return self.record.created_ns
 
-    async def readlink(self, ctx: Any) -> bytes:
+    async def readlink(self, req: RequestContext) -> bytes:
         rec = self.ctx.pins.get(self.record.name)
         if rec is None or rec.key != self.record.key:
             fail(errno.ENOENT, f"the pin {self.record.name} is gone")
         return self.target
 
-    async def setattr(self, attr: Any, fields: Any, handle: Handle | None, ctx: Any) -> Any:
+    async def setattr(
+        self, attr: Any, fields: Any, handle: Handle | None, req: RequestContext
+    ) -> Any:
         # `touch -h`: freshens the object; a chmod/chown to what it is is a no-op
         if noop_setattr(self, attr, fields):
             await self.ctx.run_sync(self.ctx.store.freshen, self.record.key)

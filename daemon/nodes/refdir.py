@@ -7,6 +7,8 @@ import errno
 import os
 from typing import TYPE_CHECKING, Any
 
+from pyfuse3 import RequestContext
+
 from alkfs.git.refs import ANY, Repo, valid_ref_name
 
 from ..errors import fail
@@ -59,11 +61,11 @@ class RepoFile(File):
     def mtime_ns(self) -> int:
         return self.repo.created_ns
 
-    async def getattr(self, ctx: Any) -> Any:
+    async def getattr(self, req: RequestContext) -> Any:
         self.data = self.content()
         return self.attr()
 
-    async def open(self, flags: int, ctx: Any) -> Handle:
+    async def open(self, flags: int, req: RequestContext) -> Handle:
         if wants_write(flags):
             fail(errno.EPERM, f"{self.path} is read-only")
         self.data = self.content()
@@ -80,13 +82,15 @@ class HeadFile(RepoFile):
     def content(self) -> bytes:
         return f"ref: {self.ctx.refs.head(self.repo.id)}\n".encode()
 
-    async def open(self, flags: int, ctx: Any) -> Handle:
+    async def open(self, flags: int, req: RequestContext) -> Handle:
         if wants_write(flags):
             shown = b"" if flags & os.O_TRUNC else self.content()
-            return RefWriteHandle(self, self.repo, "HEAD", None, pid_of(ctx), shown)
-        return await super().open(flags, ctx)
+            return RefWriteHandle(self, self.repo, "HEAD", None, pid_of(req), shown)
+        return await super().open(flags, req)
 
-    async def setattr(self, attr: Any, fields: Any, handle: Handle | None, ctx: Any) -> Any:
+    async def setattr(
+        self, attr: Any, fields: Any, handle: Handle | None, req: RequestContext
+    ) -> Any:
         return _truncate_only(self, fields, handle)
 
 
@@ -107,14 +111,16 @@ class RefFile(RepoFile):
             fail(errno.ENOENT, f"{self.repo.id}: {self.ref} is gone")
         return f"{oid}\n".encode()
 
-    async def open(self, flags: int, ctx: Any) -> Handle:
+    async def open(self, flags: int, req: RequestContext) -> Handle:
         if wants_write(flags):
             old = self.ctx.refs.get(self.repo.id, self.ref)
             shown = b"" if flags & os.O_TRUNC or old is None else f"{old}\n".encode()
-            return RefWriteHandle(self, self.repo, self.ref, old, pid_of(ctx), shown)
-        return await super().open(flags, ctx)
+            return RefWriteHandle(self, self.repo, self.ref, old, pid_of(req), shown)
+        return await super().open(flags, req)
 
-    async def setattr(self, attr: Any, fields: Any, handle: Handle | None, ctx: Any) -> Any:
+    async def setattr(
+        self, attr: Any, fields: Any, handle: Handle | None, req: RequestContext
+    ) -> Any:
         return _truncate_only(self, fields, handle)
 
 
@@ -187,7 +193,7 @@ class RefDir(Dir):
             fail(errno.ENOENT)
         return f"{self.ref}/{part}"
 
-    async def lookup(self, name: bytes, ctx: Any) -> Node:
+    async def lookup(self, name: bytes, req: RequestContext) -> Node:
         full = self._full(name)
         part = full.rpartition("/")[2]
         refs = self.ctx.refs
@@ -207,7 +213,9 @@ class RefDir(Dir):
         fail(errno.ENOENT)
 
     # -- writes ---------------------------------------------------------------------------
-    async def create(self, name: bytes, mode: int, flags: int, ctx: Any) -> tuple[Node, Handle]:
+    async def create(
+        self, name: bytes, mode: int, flags: int, req: RequestContext
+    ) -> tuple[Node, Handle]:
         full = self._full(name, making=True)
         if full.endswith(".lock"):
             ref = full[:-5]
@@ -220,9 +228,9 @@ class RefDir(Dir):
             fail(errno.EINVAL, f"{self.repo.id}: invalid ref name {full!r}")
         old = self.ctx.refs.get(self.repo.id, full)
         new = NewRefFile(self.ctx, self, self.repo, full)
-        return new, RefWriteHandle(new, self.repo, full, old, pid_of(ctx))
+        return new, RefWriteHandle(new, self.repo, full, old, pid_of(req))
 
-    async def mkdir(self, name: bytes, mode: int, ctx: Any) -> Node:
+    async def mkdir(self, name: bytes, mode: int, req: RequestContext) -> Node:
         full = self._full(name, making=True)
         part = full.rpartition("/")[2]
         if not valid_ref_name(full + "/x"):
@@ -240,19 +248,19 @@ class RefDir(Dir):
         w.ref_dirs.setdefault(repo_key(self.repo), set()).add(full)
         return self._dir(part)
 
-    async def unlink(self, name: bytes, ctx: Any) -> None:
+    async def unlink(self, name: bytes, req: RequestContext) -> None:
         full = self._full(name)
         if full.endswith(".lock") and drop_lock(self.ctx, self.repo, full[:-5]):
             return
         old = self.ctx.refs.get(self.repo.id, full)
         if old is None:
-            await self.lookup(name, ctx)  # ENOENT, or a directory:
+            await self.lookup(name, req)  # ENOENT, or a directory:
             fail(errno.EISDIR)
         lock = lock_of(self, self.repo, full)
         expect = lock.old if lock is not None else ANY  # git deletes under its lock
-        await write_ref(self.ctx, self.repo, full, b"", expect, pid_of(ctx), delete=True)
+        await write_ref(self.ctx, self.repo, full, b"", expect, pid_of(req), delete=True)
 
-    async def rmdir(self, name: bytes, ctx: Any) -> None:
+    async def rmdir(self, name: bytes, req: RequestContext) -> None:
         full = self._full(name)
         if self.ctx.refs.get(self.repo.id, full) is not None:
             fail(errno.ENOTDIR)
@@ -272,13 +280,13 @@ class RefDir(Dir):
         made.discard(self.ref)  # refs/, heads/ and tags/ always come back (empty)
 
     async def rename(
-        self, name: bytes, new_parent: Node, new_name: bytes, flags: int, ctx: Any
+        self, name: bytes, new_parent: Node, new_name: bytes, flags: int, req: RequestContext
     ) -> None:
         full = self._full(name)
         lock = lock_of(self, self.repo, full[:-5]) if full.endswith(".lock") else None
         if lock is None or new_parent is not self or new_name != name[:-5] or flags:
             fail(errno.EPERM, f"{self.repo.id}: refs move only by `<ref>.lock` -> `<ref>`")
-        await lock.commit(ctx)
+        await lock.commit(req)
 
     async def readdir(self, dh: DirHandle, start: int, emit: Emit) -> None:
         def entries() -> Entries:

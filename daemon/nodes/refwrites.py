@@ -11,6 +11,8 @@ import stat
 import time
 from typing import TYPE_CHECKING, Any
 
+from pyfuse3 import RequestContext
+
 from alkfs.git.refs import ANY, LOST_RACE, MAX_REF_NAME, RefUpdate, Refusal, Repo
 from alkfs.keys import is_hex
 
@@ -254,12 +256,14 @@ class LockFile(File):
     def mtime_ns(self) -> int:
         return self.made_ns
 
-    async def open(self, flags: int, ctx: Any) -> Handle:
+    async def open(self, flags: int, req: RequestContext) -> Handle:
         if flags & os.O_TRUNC:
             self.buf.clear()
         return LockHandle(self)
 
-    async def setattr(self, attr: Any, fields: Any, handle: Handle | None, ctx: Any) -> Any:
+    async def setattr(
+        self, attr: Any, fields: Any, handle: Handle | None, req: RequestContext
+    ) -> Any:
         if fields.update_size:
             del self.buf[attr.st_size :]
         return self.attr()
@@ -267,13 +271,13 @@ class LockFile(File):
     def held(self) -> bool:
         return self.ctx.writes.locks.get((repo_key(self.repo), self.ref)) is self
 
-    async def commit(self, ctx: Any) -> None:
+    async def commit(self, req: RequestContext) -> None:
         """The rename over the ref: apply, and the lock is gone whatever the outcome (git
         unlinks it after a failed rename and gets ENOENT, which it ignores)."""
         if not self.held():
             fail(errno.ENOENT, f"{self.path} is not held")
         # A refused rename keeps the lock: git unlinks it next (and so abandons it).
-        await write_ref(self.ctx, self.repo, self.ref, bytes(self.buf), self.old, pid_of(ctx))
+        await write_ref(self.ctx, self.repo, self.ref, bytes(self.buf), self.old, pid_of(req))
         drop_lock(self.ctx, self.repo, self.ref)
 
 

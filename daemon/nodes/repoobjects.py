@@ -7,7 +7,9 @@ from __future__ import annotations
 import errno
 import os
 import stat
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from pyfuse3 import RequestContext
 
 from ..errors import fail
 from ..staging import ingest
@@ -48,7 +50,7 @@ class RepoObjectsDir(Dir):
             return RepoFanoutDir(self.ctx, self, name)
         return None
 
-    async def lookup(self, name: bytes, ctx: Any) -> Node:
+    async def lookup(self, name: bytes, req: RequestContext) -> Node:
         node = self._child(name) or self.overlay.lookup(name)
         if node is None:
             fail(errno.ENOENT)
@@ -62,37 +64,39 @@ class RepoObjectsDir(Dir):
         await readdir_snapshot(dh, start, emit, entries)
 
     # -- git's writes: temporary files and quarantine directories (scratch) -------------
-    async def mkdir(self, name: bytes, mode: int, ctx: Any) -> Node:
+    async def mkdir(self, name: bytes, mode: int, req: RequestContext) -> Node:
         node = self._child(name)
         if node is not None:
             return node  # git makes <xx>/ and pack/ before moving objects in: always there
-        return self.overlay.mkdir(name, mode, repo_key(self.repo), ctx)
+        return self.overlay.mkdir(name, mode, repo_key(self.repo), req)
 
-    async def create(self, name: bytes, mode: int, flags: int, ctx: Any) -> tuple[Node, Handle]:
+    async def create(
+        self, name: bytes, mode: int, flags: int, req: RequestContext
+    ) -> tuple[Node, Handle]:
         if self._child(name) is not None:
             fail(errno.EEXIST)
-        return await self.overlay.create(name, mode, flags, ctx)
+        return await self.overlay.create(name, mode, flags, req)
 
-    async def rmdir(self, name: bytes, ctx: Any) -> None:
+    async def rmdir(self, name: bytes, req: RequestContext) -> None:
         if self.overlay.rmdir(name):
             return
         if name in (b"info", b"pack"):
             await plumbing_goes(self, name)
             return
-        await super().rmdir(name, ctx)
+        await super().rmdir(name, req)
 
-    async def link(self, name: bytes, node: Node, ctx: Any) -> Node:
+    async def link(self, name: bytes, node: Node, req: RequestContext) -> Node:
         return await self.overlay.link(name, node)
 
-    async def unlink(self, name: bytes, ctx: Any) -> None:
+    async def unlink(self, name: bytes, req: RequestContext) -> None:
         if not self.overlay.unlink(name):
-            await super().unlink(name, ctx)
+            await super().unlink(name, req)
 
     async def rename(
-        self, name: bytes, new_parent: Node, new_name: bytes, flags: int, ctx: Any
+        self, name: bytes, new_parent: Node, new_name: bytes, flags: int, req: RequestContext
     ) -> None:
-        if not await self.overlay.rename(name, new_parent, new_name, flags, ctx):
-            await super().rename(name, new_parent, new_name, flags, ctx)
+        if not await self.overlay.rename(name, new_parent, new_name, flags, req):
+            await super().rename(name, new_parent, new_name, flags, req)
 
 
 _FANOUT = frozenset(FANOUT)
@@ -138,7 +142,7 @@ class RepoPackDir(Dir):
     def scratch(self) -> ScratchOverlay:
         return self.overlay
 
-    async def lookup(self, name: bytes, ctx: Any) -> Node:
+    async def lookup(self, name: bytes, req: RequestContext) -> Node:
         node = self.overlay.lookup(name)
         if node is None:
             fail(errno.ENOENT)
@@ -152,18 +156,20 @@ class RepoPackDir(Dir):
 
         await readdir_snapshot(dh, start, emit, entries)
 
-    async def create(self, name: bytes, mode: int, flags: int, ctx: Any) -> tuple[Node, Handle]:
-        return await self.overlay.create(name, mode, flags, ctx)
+    async def create(
+        self, name: bytes, mode: int, flags: int, req: RequestContext
+    ) -> tuple[Node, Handle]:
+        return await self.overlay.create(name, mode, flags, req)
 
-    async def link(self, name: bytes, node: Node, ctx: Any) -> Node:
+    async def link(self, name: bytes, node: Node, req: RequestContext) -> Node:
         out = await self.overlay.link(name, node)
-        await self.arrived(name, ctx)
+        await self.arrived(name, req)
         return out
 
-    async def adopt(self, name: bytes, node: ScratchFile, ctx: Any) -> Node | None:
+    async def adopt(self, name: bytes, node: ScratchFile, req: RequestContext) -> Node | None:
         return None  # (a file moved in stays a scratch file: `arrived` sees it)
 
-    async def arrived(self, name: bytes, ctx: Any) -> None:
+    async def arrived(self, name: bytes, req: RequestContext) -> None:
         """A file was linked or moved in: the index completes a pack, which is ingested."""
         if not (name.startswith(b"pack-") and name.endswith(b".idx")):
             return
@@ -173,14 +179,14 @@ class RepoPackDir(Dir):
         if not isinstance(pack, ScratchFile) or not isinstance(idx, ScratchFile):
             fail(errno.EIO, f"{self.path}: {name!r} arrived without its pack")
         try:
-            await ingest.ingest_pack(self.ctx, pack, idx, self.repo, pid_of(ctx))
+            await ingest.ingest_pack(self.ctx, pack, idx, self.repo, pid_of(req))
         except BaseException:
             self.overlay.unlink(name)  # a refused pack: its index is not kept
             raise
         stem = name.partition(b".")[0]  # pack-<hex>: its .pack, .idx, .rev, .bitmap, .keep
         self.ctx.ingested_packs.setdefault(repo_key(self.repo), set()).add(stem)
 
-    async def unlink(self, name: bytes, ctx: Any) -> None:
+    async def unlink(self, name: bytes, req: RequestContext) -> None:
         if not self.overlay.unlink(name):
             fail(errno.ENOENT)
         if name.startswith(b"pack-") and name.endswith(b".keep"):
@@ -190,9 +196,9 @@ class RepoPackDir(Dir):
                     self.overlay.unlink(stem + ext)
 
     async def rename(
-        self, name: bytes, new_parent: Node, new_name: bytes, flags: int, ctx: Any
+        self, name: bytes, new_parent: Node, new_name: bytes, flags: int, req: RequestContext
     ) -> None:
-        if not await self.overlay.rename(name, new_parent, new_name, flags, ctx):
+        if not await self.overlay.rename(name, new_parent, new_name, flags, req):
             fail(errno.ENOENT)
 
 
@@ -206,12 +212,12 @@ class RepoInfoDir(Dir):
         super().__init__(ctx, ("repo-info", repo.id, repo.created_ns), parent, b"info")
         self.repo = repo
 
-    async def lookup(self, name: bytes, ctx: Any) -> Node:
+    async def lookup(self, name: bytes, req: RequestContext) -> Node:
         if name != b"alternates":
             fail(errno.ENOENT)
         return AlternatesFile(self.ctx, self)
 
-    async def unlink(self, name: bytes, ctx: Any) -> None:
+    async def unlink(self, name: bytes, req: RequestContext) -> None:
         if name != b"alternates":
             fail(errno.ENOENT)
         await plumbing_goes(self, name)
@@ -238,7 +244,7 @@ class AlternatesFile(File):
     def size(self) -> int:
         return len(self.data)
 
-    async def open(self, flags: int, ctx: Any) -> Handle:
+    async def open(self, flags: int, req: RequestContext) -> Handle:
         if wants_write(flags):
             fail(errno.EPERM, f"{self.path} is read-only")
         return BytesHandle(self, self.data)

@@ -47,6 +47,8 @@ import stat
 import time
 from typing import TYPE_CHECKING, Any
 
+from pyfuse3 import RequestContext
+
 from alkfs.git.objects import FORMATS
 from alkfs.git.refs import Repo, valid_repo_id
 
@@ -137,7 +139,7 @@ class ReposDir(Dir):
             fail(errno.ENOENT, "repositories are not available")
         return refs
 
-    async def lookup(self, name: bytes, ctx: Any) -> Node:
+    async def lookup(self, name: bytes, req: RequestContext) -> Node:
         repo_id = text_of(name)
         if repo_id is None or not valid_repo_id(repo_id):
             fail(errno.ENOENT)
@@ -151,7 +153,7 @@ class ReposDir(Dir):
 
         await readdir_snapshot(dh, start, emit, entries)
 
-    async def mkdir(self, name: bytes, mode: int, ctx: Any) -> Node:
+    async def mkdir(self, name: bytes, mode: int, req: RequestContext) -> Node:
         repo_id = text_of(name)
         if repo_id is None or not valid_repo_id(repo_id):
             fail(errno.EINVAL, f"invalid repository id {name!r}")
@@ -159,7 +161,7 @@ class ReposDir(Dir):
         repo = await self.ctx.run_sync(refs.create_repo, repo_id)  # Exists: EEXIST
         return RepoDir(self.ctx, self, repo)
 
-    async def rmdir(self, name: bytes, ctx: Any) -> None:
+    async def rmdir(self, name: bytes, req: RequestContext) -> None:
         repo_id = text_of(name)
         if repo_id is None or not valid_repo_id(repo_id):
             fail(errno.ENOENT)
@@ -203,7 +205,7 @@ class RepoDir(Dir):
             return FixedRefDir(self.ctx, self, self.repo, "refs")
         return None
 
-    async def lookup(self, name: bytes, ctx: Any) -> Node:
+    async def lookup(self, name: bytes, req: RequestContext) -> Node:
         if name == b"packed-refs":
             return await packed_refs_node(self)
         node = self._child(name) or lock_of(self, self.repo, ROOT_LOCKS.get(name))
@@ -212,7 +214,9 @@ class RepoDir(Dir):
         return node
 
     # -- writes: HEAD.lock and packed-refs.lock; plumbing goes with the last ref ---------
-    async def create(self, name: bytes, mode: int, flags: int, ctx: Any) -> tuple[Node, Handle]:
+    async def create(
+        self, name: bytes, mode: int, flags: int, req: RequestContext
+    ) -> tuple[Node, Handle]:
         ref = ROOT_LOCKS.get(name)
         if ref is None:
             fail(errno.EPERM, f"{self.path}: only HEAD.lock and packed-refs.lock can be made")
@@ -227,7 +231,7 @@ class RepoDir(Dir):
         node = new_lock(self, self.repo, ref, name, old)
         return node, LockHandle(node)
 
-    async def unlink(self, name: bytes, ctx: Any) -> None:
+    async def unlink(self, name: bytes, req: RequestContext) -> None:
         if drop_lock(self.ctx, self.repo, ROOT_LOCKS.get(name)):
             return
         if name == b"packed-refs":
@@ -240,19 +244,19 @@ class RepoDir(Dir):
         if name in (b"HEAD", b"config"):
             await plumbing_goes(self, name)
             return
-        await super().unlink(name, ctx)  # objects, refs: EISDIR
+        await super().unlink(name, req)  # objects, refs: EISDIR
 
-    async def rmdir(self, name: bytes, ctx: Any) -> None:
+    async def rmdir(self, name: bytes, req: RequestContext) -> None:
         if name == b"refs":
             await RefDir(self.ctx, self, self.repo, "refs").remove_tree_if_empty()
             return
         if name == b"objects":
             await plumbing_goes(self, name)
             return
-        await super().rmdir(name, ctx)
+        await super().rmdir(name, req)
 
     async def rename(
-        self, name: bytes, new_parent: Node, new_name: bytes, flags: int, ctx: Any
+        self, name: bytes, new_parent: Node, new_name: bytes, flags: int, req: RequestContext
     ) -> None:
         if name in GC_FILES and new_name in GC_FILES and new_parent is self:
             _move_gc_file(self, name, new_name)
@@ -260,20 +264,20 @@ class RepoDir(Dir):
         ref = ROOT_LOCKS.get(name)
         lock = lock_of(self, self.repo, ref)
         if lock is None or new_parent is not self or new_name != ROOT_TARGET.get(name):
-            await super().rename(name, new_parent, new_name, flags, ctx)
+            await super().rename(name, new_parent, new_name, flags, req)
             return
-        await lock.commit(ctx)
+        await lock.commit(req)
 
     # -- extended attributes: the object format (settable while no ref exists) ----------
-    async def getxattr(self, name: bytes, ctx: Any) -> bytes:
+    async def getxattr(self, name: bytes, req: RequestContext) -> bytes:
         if name != FORMAT_XATTR:
             fail(errno.ENODATA)
         return self.repo.object_format.encode()
 
-    async def listxattr(self, ctx: Any) -> list[bytes]:
+    async def listxattr(self, req: RequestContext) -> list[bytes]:
         return [FORMAT_XATTR]
 
-    async def setxattr(self, name: bytes, value: bytes, ctx: Any) -> None:
+    async def setxattr(self, name: bytes, value: bytes, req: RequestContext) -> None:
         if name != FORMAT_XATTR:
             fail(errno.ENOTSUP, f"no settable attribute {name!r}")
         fmt = text_of(value)
@@ -300,7 +304,7 @@ class RepoDir(Dir):
         if self.ino:  # fan-outs the kernel resolved under the old format go
             self.ctx.invalidator.submit(self.ino, b"objects", 0)
 
-    async def removexattr(self, name: bytes, ctx: Any) -> None:
+    async def removexattr(self, name: bytes, req: RequestContext) -> None:
         if name != FORMAT_XATTR:
             fail(errno.ENODATA)
         fail(errno.EPERM, "a repository always has an object format")
@@ -359,7 +363,7 @@ class PackedRefsFile(File):
     def mtime_ns(self) -> int:
         return self.made_ns
 
-    async def open(self, flags: int, ctx: Any) -> Handle:
+    async def open(self, flags: int, req: RequestContext) -> Handle:
         if wants_write(flags):
             fail(errno.EPERM, f"{self.path}: git rewrites it through packed-refs.lock")
         h = BytesHandle(self, self.data)

@@ -116,13 +116,15 @@ class ScratchFile(File):
             except FileNotFoundError:
                 pass
 
-    async def open(self, flags: int, ctx: Any) -> Handle:
+    async def open(self, flags: int, req: RequestContext) -> Handle:
         fd = os.open(self.disk, os.O_RDWR | os.O_CLOEXEC)
         if flags & os.O_TRUNC:
             os.ftruncate(fd, 0)
         return ScratchHandle(self, fd)
 
-    async def setattr(self, attr: Any, fields: Any, handle: Handle | None, ctx: Any) -> Any:
+    async def setattr(
+        self, attr: Any, fields: Any, handle: Handle | None, req: RequestContext
+    ) -> Any:
         if fields.update_size:
             os.truncate(self.disk, attr.st_size)
         if fields.update_mode:
@@ -184,7 +186,7 @@ class ScratchDir(Dir):
     def mode(self) -> int:
         return stat.S_IFDIR | self.perm
 
-    async def lookup(self, name: bytes, ctx: Any) -> Node:
+    async def lookup(self, name: bytes, req: RequestContext) -> Node:
         node = self.entries.get(name)
         if node is None:
             fail(errno.ENOENT)
@@ -200,14 +202,16 @@ class ScratchDir(Dir):
             if not emit(name, node, i + FIRST_OFFSET):
                 return
 
-    async def create(self, name: bytes, mode: int, flags: int, ctx: Any) -> tuple[Node, Handle]:
+    async def create(
+        self, name: bytes, mode: int, flags: int, req: RequestContext
+    ) -> tuple[Node, Handle]:
         if name in self.entries:
             fail(errno.EEXIST)
         node = new_file(self.ctx.writes, self, name, mode)
         self.entries[name] = node
-        return node, await node.open(flags & ~os.O_TRUNC, ctx)
+        return node, await node.open(flags & ~os.O_TRUNC, req)
 
-    async def mkdir(self, name: bytes, mode: int, ctx: Any) -> Node:
+    async def mkdir(self, name: bytes, mode: int, req: RequestContext) -> Node:
         if name in self.entries:
             fail(errno.EEXIST)
         w = self.ctx.writes
@@ -217,7 +221,7 @@ class ScratchDir(Dir):
         self.entries[name] = node
         return node
 
-    async def link(self, name: bytes, node: Node, ctx: Any) -> Node:
+    async def link(self, name: bytes, node: Node, req: RequestContext) -> Node:
         if name in self.entries:
             fail(errno.EEXIST)
         if not isinstance(node, ScratchFile):
@@ -226,7 +230,7 @@ class ScratchDir(Dir):
         self.entries[name] = node
         return node
 
-    async def unlink(self, name: bytes, ctx: Any) -> None:
+    async def unlink(self, name: bytes, req: RequestContext) -> None:
         node = self.entries.get(name)
         if node is None:
             fail(errno.ENOENT)
@@ -236,7 +240,7 @@ class ScratchDir(Dir):
         assert isinstance(node, ScratchFile)
         node.drop_name()
 
-    async def rmdir(self, name: bytes, ctx: Any) -> None:
+    async def rmdir(self, name: bytes, req: RequestContext) -> None:
         node = self.entries.get(name)
         if node is None:
             fail(errno.ENOENT)
@@ -247,12 +251,12 @@ class ScratchDir(Dir):
         del self.entries[name]
 
     async def rename(
-        self, name: bytes, new_parent: Node, new_name: bytes, flags: int, ctx: Any
+        self, name: bytes, new_parent: Node, new_name: bytes, flags: int, req: RequestContext
     ) -> None:
         node = self.entries.get(name)
         if node is None:
             fail(errno.ENOENT)
-        await move(self.entries, name, node, new_parent, new_name, flags, ctx)
+        await move(self.entries, name, node, new_parent, new_name, flags, req)
 
     def destroy(self) -> None:
         """Drop every name below (the bytes of files nobody else names go too)."""

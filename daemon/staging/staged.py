@@ -47,6 +47,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import pyfuse3
 import trio
+from pyfuse3 import RequestContext
 
 from alkfs.errors import StoreIO
 from alkfs.keys import Algorithm, Key
@@ -329,7 +330,9 @@ class StagedFile(File):
         a.st_gid = self.gid
         return a
 
-    async def setattr(self, attr: Any, fields: Any, handle: Handle | None, ctx: Any) -> Any:
+    async def setattr(
+        self, attr: Any, fields: Any, handle: Handle | None, req: RequestContext
+    ) -> Any:
         if fields.update_size and attr.st_size != self.writer.size:
             if self.writer.closed:
                 fail(errno.EPERM, f"{self.path} is stored: it is immutable")
@@ -350,7 +353,7 @@ class StagedFile(File):
         self.opens += 1
         return StagedHandle(self)
 
-    async def open(self, flags: int, ctx: Any) -> Handle:
+    async def open(self, flags: int, req: RequestContext) -> Handle:
         if self.writer.closed:  # stored and closed (a temporary name kept until renamed)
             # (O_RDONLY|O_APPEND reads, as on any Linux file)
             if flags & (os.O_WRONLY | os.O_RDWR | os.O_TRUNC) or self.key is None:
@@ -358,7 +361,7 @@ class StagedFile(File):
             st = self.ctx.store.stat(self.key)
             if st is None:
                 fail(errno.ENOENT, f"{self.key} is gone")
-            return await self.host.stored_file(st).open(flags, ctx)
+            return await self.host.stored_file(st).open(flags, req)
         handle = self.new_handle()
         if flags & os.O_TRUNC and wants_write(flags):
             await self.writer.truncate(0)

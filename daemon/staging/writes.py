@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import trio
+from pyfuse3 import RequestContext
 
 from .spool import inflight_root
 
@@ -88,8 +89,8 @@ class ScratchArea:
 
 
 # -- processes --------------------------------------------------------------------------------
-def pid_of(ctx: Any) -> int:
-    return int(getattr(ctx, "pid", 0) or 0)
+def pid_of(req: RequestContext) -> int:
+    return int(getattr(req, "pid", 0) or 0)
 
 
 def alive(pid: int) -> bool:
