@@ -6,17 +6,19 @@ module and fails on an upward import, and on an import of a daemon module inside
 function (the way a cycle is hidden); a name needed only for types is imported under
 `if TYPE_CHECKING:`.
 
-    framework    errors (the one errno map), inodes, invalidate, nodes.base (the node
-                 contract), nodes.listing, nodes.policy, nodes.root (the top-level
-                 registry: its entries are named, resolved when the root is listed),
-                 workers (the mount's background tasks), fs (the dispatch)
-    write state  staging.spool, staging.writes, staging.staged, staging.scratch,
-                 staging.overlay, staging.ingest, packs (the derived packs served), and
-                 at its top context (it owns the write state; the framework names it
-                 for types only)
-    views        one module (or a few) per subtree: status, nodes.pinning, nodes.objfile,
-                 nodes.objects (/objects), nodes.loose and nodes.gitview (/git),
-                 nodes.refwrites, nodes.refdir, nodes.repoobjects and nodes.repos
-                 (/repos), nodes.pins (/pins), nodes.control (/.alkfs)
-    main         the command line and the mount's assembly
+    framework    errors (the one errno map), inodes, invalidate, nodes.handles and
+                 nodes.base (the node contract), nodes.listing, nodes.policy,
+                 nodes.root (the top-level registry: its entries are named, resolved
+                 when the root is listed), workers (the mount's background tasks), fs
+                 (the dispatch)
+    write state  staging.spool, staging.writes, staging.writer, staging.staged,
+                 staging.scratch, staging.overlay, staging.ingest, packs (the derived
+                 packs served), and at its top context (it owns the write state; the
+                 framework names it for types only)
+    views        one module (or a few) per subtree: status, nodes.pinning,
+                 nodes.largefile, nodes.objfile, nodes.objects (/objects), nodes.loose
+                 and nodes.gitview (/git), nodes.refwrites, nodes.refdir,
+                 nodes.repoobjects and nodes.repos (/repos), nodes.pins (/pins),
+                 nodes.control (/.alkfs)
+    main         config (the command line) and main (the mount's assembly)
 """

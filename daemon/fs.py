@@ -34,7 +34,8 @@ import pyfuse3
 from . import listings
 from .errors import RateLimit, fail, fuse_op
 from .listings import Listings
-from .nodes.base import DirHandle, Handle, Node, wants_write
+from .nodes.base import Node
+from .nodes.handles import DirHandle, Handle, wants_write
 from .nodes.root import Root
 
 if TYPE_CHECKING:

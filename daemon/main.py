@@ -18,7 +18,6 @@ is cleared at start.
 
 from __future__ import annotations
 
-import argparse
 import errno
 import logging
 import os
@@ -26,21 +25,18 @@ import signal
 import socket
 import subprocess
 import sys
-import tomllib
 from typing import Any
 
 import pyfuse3
 import trio
 
 from alkfs.app import Alkfs
-from alkfs.db.uri import check as check_uri
-from alkfs.db.uri import has_password
-from alkfs.durations import parse_duration
 from alkfs.errors import AlkfsError, StoreLocked
 from alkfs.store import Store
 
 from . import packs
-from .context import Context, Options, parse_owner
+from .config import Usage, hide_password, settings
+from .context import Context, Options
 from .errors import ClipFormatter
 from .fs import Operations
 from .staging.spool import clear_spool, spool_dir
@@ -49,103 +45,6 @@ log = logging.getLogger("alkfsd")
 
 MAX_TASKS = 64
 READ_AHEAD_KB = 1024  # the kernel's default for a FUSE mount is 128 (one request per 128 KiB)
-CONFIG_KEYS = {
-    "store",
-    "database",
-    "mountpoint",
-    "threshold",
-    "window",
-    "kv_only",
-    "sweep_every",
-    "push_grace",
-    "read_only",
-    "allow_other",
-    "owner",
-    "demo",
-}
-
-
-class Usage(Exception):
-    pass
-
-
-def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="alkfsd", description="Mount an alkfs store with FUSE.")
-    p.add_argument("store", nargs="?", help="the store directory (created on first use)")
-    p.add_argument("mountpoint", nargs="?", help="where to mount it")
-    p.add_argument("--threshold", type=int, help="kv/large threshold in bytes (at creation)")
-    p.add_argument("--window", help="sweep delete window, e.g. 0, 15m, 1h (default 1h)")
-    p.add_argument("--kv-only", action="store_true", default=None, help="sqlite only")
-    p.add_argument("--sweep-every", help="run a sweep periodically, e.g. 15m")
-    p.add_argument(
-        "--push-grace", help="pins of a push with no ref write go after this (max(10m, window))"
-    )
-    p.add_argument("--read-only", action="store_true", default=None, help="refuse every change")
-    p.add_argument("--allow-other", action="store_true", default=None, help="let other users in")
-    p.add_argument(
-        "--owner",
-        metavar="USER[:GROUP]",
-        help="the tree belongs to USER, who may push, write refs and pin as root can",
-    )
-    p.add_argument(
-        "--database",
-        metavar="URI",
-        help="keep the store's database in PostgreSQL (postgresql://...; default: "
-        "$ALKFS_DATABASE); the large tier stays in STORE",
-    )
-    p.add_argument("--config", help="TOML file with the same keys")
-    p.add_argument("--demo", action="store_true", default=None, help="fill a fresh store")
-    return p
-
-
-def settings(argv: list[str] | None) -> dict[str, Any]:
-    args = parser().parse_args(argv)
-    out: dict[str, Any] = {}
-    if args.config:
-        try:
-            with open(args.config, "rb") as f:
-                raw = tomllib.load(f)
-        except (OSError, tomllib.TOMLDecodeError) as exc:
-            raise Usage(f"cannot read the config {args.config}: {exc}") from None
-        for k, v in raw.items():
-            key = k.replace("-", "_")
-            if key == "mount":
-                key = "mountpoint"
-            if key not in CONFIG_KEYS:
-                raise Usage(f"unknown key {k!r} in {args.config}")
-            out[key] = v
-        if has_password(str(out.get("database", ""))) and _readable_by_others(args.config):
-            raise Usage(
-                f"{args.config} holds a database password and others may read it: "
-                f"chmod 600 {args.config}"
-            )
-    for key in CONFIG_KEYS:
-        v = getattr(args, key)
-        if v is not None:
-            out[key] = v
-    if out.get("database") is None and os.environ.get("ALKFS_DATABASE"):
-        out["database"] = os.environ["ALKFS_DATABASE"]
-    if out.get("database") is not None:
-        try:
-            check_uri(str(out["database"]))
-        except AlkfsError as exc:
-            raise Usage(str(exc)) from None
-    if not out.get("store") or not out.get("mountpoint"):
-        raise Usage("STORE and MOUNTPOINT are required (on the command line or in --config)")
-    try:
-        for key in ("window", "sweep_every", "push_grace"):
-            if out.get(key) is not None:
-                out[key] = parse_duration(str(out[key]))
-    except ValueError as exc:
-        raise Usage(str(exc)) from None
-    if out.get("threshold") is not None and int(out["threshold"]) <= 0:
-        raise Usage("--threshold must be positive")
-    if out.get("owner") is not None:
-        try:
-            out["owner"] = parse_owner(str(out["owner"]))
-        except ValueError as exc:
-            raise Usage(str(exc)) from None
-    return out
 
 
 def sd_notify(message: str) -> None:
@@ -224,33 +123,6 @@ def clear_stale_mount(mnt: str) -> None:
             raise
         log.warning("clearing a stale mount at %s (errno=ENOTCONN)", mnt)
         subprocess.run(["fusermount3", "-uz", mnt], check=False, capture_output=True)
-
-
-def _readable_by_others(path: str) -> bool:
-    try:
-        return bool(os.stat(path).st_mode & 0o077)
-    except OSError:
-        return False
-
-
-def hide_password(argv: list[str]) -> None:
-    """A password given with --database on the command line would show in `ps` (the
-    process title is the command line): start again with the URI in the environment
-    (/proc/PID/environ is the owner's alone) and the option left out."""
-    out: list[str] = []
-    uri: str | None = None
-    it = iter(argv)
-    for arg in it:
-        if arg == "--database":
-            uri = next(it, "")
-        elif arg.startswith("--database="):
-            uri = arg.split("=", 1)[1]
-        else:
-            out.append(arg)
-    if uri is None or not has_password(uri):
-        return
-    env = {**os.environ, "ALKFS_DATABASE": uri}
-    os.execve(sys.executable, [sys.executable, "-m", "alkfsd.main", *out], env)
 
 
 def open_app(store: str, conf: dict[str, Any]) -> tuple[Alkfs, Store]:

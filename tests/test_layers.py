@@ -10,14 +10,14 @@ functions; `if TYPE_CHECKING:` blocks excepted) goes to a layer at or below its 
 The daemon's modules rank by layer (daemon/__init__.py states the rule), each listed by
 its own name (a daemon module missing here fails):
 
-    framework    10 errors, inodes, invalidate    11 nodes.base
+    framework    10 errors, inodes, invalidate    11 nodes.handles, nodes.base
                  12 nodes.listing, nodes.policy, nodes.root, listings, workers    13 fs
-    write state  20 staging.spool, staging.writes, packs    21 staging.staged, staging.scratch
-                 22 staging.overlay, staging.ingest    25 context
-    views        30 status, nodes.pinning    31 nodes.objfile, nodes.control
+    write state  20 staging.spool, staging.writes, packs    21 staging.writer, staging.scratch
+                 22 staging.staged, staging.overlay, staging.ingest    25 context
+    views        30 status, nodes.pinning, nodes.largefile    31 nodes.objfile, nodes.control
                  32 nodes.objects, nodes.loose, nodes.pins    33 nodes.gitview, nodes.refwrites
                  34 nodes.refdir, nodes.repoobjects    35 nodes.repos
-    main         40 main
+    main         40 config, main
 
 A daemon module also never imports a daemon module inside a function: that is how an
 import cycle hides from module-level checks (a name needed for types only goes under
@@ -66,6 +66,7 @@ DAEMON_RANKS = {
     "alkfsd.errors": 10,
     "alkfsd.inodes": 10,
     "alkfsd.invalidate": 10,
+    "alkfsd.nodes.handles": 11,
     "alkfsd.nodes.base": 11,
     "alkfsd.nodes.listing": 12,
     "alkfsd.nodes.policy": 12,
@@ -78,7 +79,8 @@ DAEMON_RANKS = {
     "alkfsd.staging.spool": 20,
     "alkfsd.staging.writes": 20,
     "alkfsd.packs": 20,
-    "alkfsd.staging.staged": 21,
+    "alkfsd.staging.writer": 21,
+    "alkfsd.staging.staged": 22,
     "alkfsd.staging.scratch": 21,
     "alkfsd.staging.overlay": 22,
     "alkfsd.staging.ingest": 22,
@@ -86,6 +88,7 @@ DAEMON_RANKS = {
     # views
     "alkfsd.status": 30,
     "alkfsd.nodes.pinning": 30,
+    "alkfsd.nodes.largefile": 30,
     "alkfsd.nodes.objfile": 31,
     "alkfsd.nodes.control": 31,
     "alkfsd.nodes.objects": 32,
@@ -97,6 +100,7 @@ DAEMON_RANKS = {
     "alkfsd.nodes.repoobjects": 34,
     "alkfsd.nodes.repos": 35,
     # the command line and the mount's assembly
+    "alkfsd.config": 40,
     "alkfsd.main": 40,
 }
 DAEMON_ONLY = ("trio", "pyfuse3", "alkfsd")

@@ -74,7 +74,6 @@ entries; the sweep asks the kernel to drop those entries (see context.py).
 from __future__ import annotations
 
 import errno
-import os
 import stat
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -84,6 +83,7 @@ from pyfuse3 import RequestContext
 
 from ..errors import fail
 from ..inodes import derive
+from .handles import DirHandle, Handle, wants_write
 
 if TYPE_CHECKING:
     from ..context import Context
@@ -98,65 +98,6 @@ FIRST_OFFSET = 3  # readdir offsets are never 0, 1 or 2 (NFS re-export reads tho
 # max_write, makes cp into the mount write 1 MiB at a time: 8x fewer WRITE requests and
 # 8x fewer security.capability getxattrs (the kernel asks before every write syscall).
 BLKSIZE = 1 << 20
-
-
-def wants_write(flags: int) -> bool:
-    """Whether an open may change the file: a write access mode or O_TRUNC. O_APPEND alone
-    is not one (Linux opens O_RDONLY|O_APPEND for reading; its writes fail EBADF)."""
-    return (flags & os.O_ACCMODE) != os.O_RDONLY or bool(flags & os.O_TRUNC)
-
-
-class Handle:
-    """An open file. Defaults: no reads (EBADF), no writes (EBADF), nothing to flush."""
-
-    keep_cache: bool = False
-    direct_io: bool = False
-
-    def __init__(self, node: Node) -> None:
-        self.node = node
-
-    async def read(self, off: int, size: int) -> bytes | bytearray | memoryview:
-        fail(errno.EBADF, "not open for reading")
-
-    async def write(self, off: int, buf: bytes) -> int:
-        fail(errno.EBADF, "not open for writing")
-
-    async def flush(self) -> None:
-        return None
-
-    @property
-    def flushes(self) -> bool:
-        """Its flush does something (so the kernel must send FLUSH at every close)."""
-        return type(self).flush is not Handle.flush
-
-    async def fsync(self, datasync: bool) -> None:
-        return None
-
-    async def release(self) -> None:
-        return None
-
-
-class BytesHandle(Handle):
-    """Serves a buffer computed at open (small generated files)."""
-
-    def __init__(self, node: Node, data: bytes, *, direct_io: bool = False) -> None:
-        super().__init__(node)
-        self.data = data
-        self.direct_io = direct_io
-
-    async def read(self, off: int, size: int) -> bytes:
-        return self.data[off : off + size]
-
-
-class DirHandle:
-    """An open directory; `state` is the node's to keep a cursor in."""
-
-    def __init__(self, node: Node) -> None:
-        self.node = node
-        self.state: dict[Any, Any] = {}
-
-    async def release(self) -> None:
-        return None
 
 
 class Node:

@@ -29,7 +29,8 @@ from alkfs.durations import parse_duration
 from ..errors import clip, fail
 from ..packs import repack_now
 from ..status import metrics_text, status_json
-from .base import DYNAMIC_TIMEOUT, BytesHandle, File, Handle, Node, StaticDir, wants_write
+from .base import DYNAMIC_TIMEOUT, File, Node, StaticDir
+from .handles import BytesHandle, Handle, wants_write
 
 if TYPE_CHECKING:
     from ..context import Context

@@ -63,18 +63,8 @@ from .. import listings
 from .. import packs as derived_packs
 from ..errors import fail
 from ..staging.overlay import ScratchOverlay
-from .base import (
-    DYNAMIC_TIMEOUT,
-    FIRST_OFFSET,
-    OBJECT_TIMEOUT,
-    Dir,
-    DirHandle,
-    Emit,
-    Handle,
-    Node,
-    StaticDir,
-    wants_write,
-)
+from .base import DYNAMIC_TIMEOUT, FIRST_OFFSET, OBJECT_TIMEOUT, Dir, Emit, Node, StaticDir
+from .handles import DirHandle, Handle, wants_write
 from .loose import FANOUT, FIRST_PAGE, FanoutDir, repo_fanout_ident
 
 if TYPE_CHECKING:

@@ -7,7 +7,8 @@ from collections.abc import Callable
 
 from alkfs.keys import Algorithm, Key
 
-from .base import FIRST_OFFSET, DirHandle, Emit, Node
+from .base import FIRST_OFFSET, Emit, Node
+from .handles import DirHandle
 
 PAGE = 512  # objects fetched per listing query
 Entries = list[tuple[bytes, Node]]

@@ -24,7 +24,8 @@ from ..staging import ingest
 from ..staging.overlay import ScratchOverlay
 from ..staging.scratch import ScratchFile
 from ..staging.writes import RepoKey, pid_of
-from .base import FIRST_OFFSET, Dir, DirHandle, Emit, Handle, Node, changes_anything, wants_write
+from .base import FIRST_OFFSET, Dir, Emit, Node, changes_anything
+from .handles import DirHandle, Handle, wants_write
 from .listing import PAGE, after_cookie, cookie
 from .objfile import INLINE_VERIFY, LargeHandle, ObjectFile
 

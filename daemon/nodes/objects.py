@@ -14,8 +14,9 @@ from alkfs.store import ObjectStat, PutResult
 
 from ..errors import fail
 from ..staging.staged import StagedFile
-from .base import FIRST_OFFSET, DirHandle, Emit, File, Handle, Node, StaticDir
+from .base import FIRST_OFFSET, Emit, File, Node, StaticDir
 from .base import Dir as _Dir
+from .handles import DirHandle, Handle
 from .listing import PAGE, after_cookie
 from .objfile import ObjectFile
 from .policy import noop_setattr

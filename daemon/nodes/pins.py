@@ -40,7 +40,8 @@ from alkfs.store import ObjectStat, PutResult
 from ..errors import clip, fail
 from ..staging.staged import StagedFile
 from . import pinning
-from .base import DYNAMIC_TIMEOUT, Dir, DirHandle, Emit, File, Handle, Node, Symlink, wants_write
+from .base import DYNAMIC_TIMEOUT, Dir, Emit, File, Node, Symlink
+from .handles import DirHandle, Handle, wants_write
 from .listing import readdir_snapshot
 from .listing import text_of as _text
 from .objfile import ObjectFile

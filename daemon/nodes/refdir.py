@@ -13,17 +13,8 @@ from alkfs.git.refs import ANY, Repo, valid_ref_name
 
 from ..errors import fail
 from ..staging.writes import pid_of, repo_key
-from .base import (
-    DYNAMIC_TIMEOUT,
-    BytesHandle,
-    Dir,
-    DirHandle,
-    Emit,
-    File,
-    Handle,
-    Node,
-    wants_write,
-)
+from .base import DYNAMIC_TIMEOUT, Dir, Emit, File, Node
+from .handles import BytesHandle, DirHandle, Handle, wants_write
 from .listing import Entries, readdir_snapshot, text_of
 from .refwrites import QUOTE, LockHandle, RefWriteHandle, drop_lock, lock_of, new_lock, write_ref
 

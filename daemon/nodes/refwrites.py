@@ -18,7 +18,8 @@ from alkfs.keys import is_hex
 
 from ..errors import fail
 from ..staging.writes import pid_of, repo_key
-from .base import File, Handle, Node
+from .base import File, Node
+from .handles import Handle
 from .listing import text_of
 
 if TYPE_CHECKING:

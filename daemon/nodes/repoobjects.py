@@ -16,7 +16,8 @@ from ..staging import ingest
 from ..staging.overlay import ScratchOverlay
 from ..staging.scratch import ScratchFile
 from ..staging.writes import RepoKey, pid_of, repo_key
-from .base import FIRST_OFFSET, BytesHandle, Dir, DirHandle, Emit, File, Handle, Node, wants_write
+from .base import FIRST_OFFSET, Dir, Emit, File, Node
+from .handles import BytesHandle, DirHandle, Handle, wants_write
 from .listing import Entries, readdir_snapshot
 from .loose import FANOUT, FanoutDir, repo_fanout_ident
 from .refwrites import plumbing_goes

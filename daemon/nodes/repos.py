@@ -54,19 +54,8 @@ from alkfs.git.refs import Repo, valid_repo_id
 
 from ..errors import fail
 from ..staging.writes import repo_key
-from .base import (
-    DYNAMIC_TIMEOUT,
-    FIRST_OFFSET,
-    OBJECT_TIMEOUT,
-    BytesHandle,
-    Dir,
-    DirHandle,
-    Emit,
-    File,
-    Handle,
-    Node,
-    wants_write,
-)
+from .base import DYNAMIC_TIMEOUT, FIRST_OFFSET, OBJECT_TIMEOUT, Dir, Emit, File, Node
+from .handles import BytesHandle, DirHandle, Handle, wants_write
 from .listing import Entries, readdir_snapshot, text_of
 from .refdir import FixedRefDir, HeadFile, RefDir, RepoFile
 from .refwrites import (

@@ -18,7 +18,8 @@ import os
 from pyfuse3 import RequestContext
 
 from ..errors import fail
-from ..nodes.base import Handle, Node
+from ..nodes.base import Node
+from ..nodes.handles import Handle
 from .scratch import PLAIN, Destination, ScratchDir, ScratchFile, move, new_file
 from .writes import RepoKey, pid_of
 

@@ -53,7 +53,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 from pyfuse3 import RequestContext
 
 from ..errors import fail
-from ..nodes.base import FIRST_OFFSET, Dir, DirHandle, Emit, File, Handle, Node
+from ..nodes.base import FIRST_OFFSET, Dir, Emit, File, Node
+from ..nodes.handles import DirHandle, Handle
 from .writes import RepoKey, Writes
 
 if TYPE_CHECKING:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pyfuse3
 from alkfsd import fs, listings
-from alkfsd.nodes.base import BytesHandle
+from alkfsd.nodes.handles import BytesHandle
 from alkfsd.staging.staged import StagedHandle
 
 
