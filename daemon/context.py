@@ -26,6 +26,7 @@ from alkfs.store import Store
 
 from .inodes import InodeTable
 from .invalidate import Invalidator
+from .packs import Served
 from .staging.writes import Writes
 from .workers import Workers
 
@@ -140,6 +141,17 @@ class Context:
         """What git's writes leave in memory, and the scratch area (emptied when made:
         `main` makes it before the first request)."""
         return Writes(self)
+
+    @functools.cached_property
+    def packs(self) -> Served:
+        """The derived packs this mount serves (made at first use, on the trio thread: the
+        git view's first listing or the intake worker)."""
+        return Served(self)
+
+    def packs_status(self) -> dict[str, Any]:
+        """The derived packs' part of the status ({} until they are made)."""
+        served: Served | None = self.__dict__.get("packs")
+        return served.status() if served is not None else {}
 
     def prepare(self) -> None:
         """At mount start, before any request: the write state is made (and the scratch

@@ -262,10 +262,7 @@ class Served:
 
 def served(ctx: Context) -> Served:
     """The mount's Served (made at first use, on the trio thread)."""
-    s = ctx.__dict__.get("_derived_packs")
-    if s is None:
-        s = ctx.__dict__["_derived_packs"] = Served(ctx)
-    return s
+    return ctx.packs
 
 
 async def repack_now(ctx: Context) -> dict:

@@ -25,8 +25,7 @@ def figures(ctx: Context) -> dict[str, Any]:
     fig["mount"] = {"path": ctx.mountpoint, "read_only": ctx.read_only, "pid": os.getpid()}
     # the git views' derived packs (daemon/packs.py keeps them on the context once started):
     # per format, the published generation, its object and pack counts, bytes, build time
-    served = ctx.__dict__.get("_derived_packs")
-    fig["packs"] = served.status() if served is not None else {}
+    fig["packs"] = ctx.packs_status()
     # the full-disk state of the store's reserve (alkfs/reserve.py): entered and left with
     # one log line each; `reserve` is None for a store that keeps none (a memory store)
     reserve = ctx.app.store.reserve
