@@ -1,0 +1,139 @@
+"""The daemon's background work (daemon/workers.py, staging/spool.py), called directly on a
+real store: every worker starts under `Workers.run` and stops with it; a writer's spooler
+runs as a trio task; no wait of a writer holds a worker thread, so a mount with one
+request thread still streams, takes back and commits large files."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import pytest
+import trio
+from alkfsd import context as context_mod
+from alkfsd.context import Context, Options
+from alkfsd.staging.spool import QUEUE_MAX
+from alkfsd.staging.writer import MEM_MAX, StagedWriter
+from alkfsd.workers import Workers
+
+from alkfs.app import Alkfs
+from alkfs.keys import Algorithm
+
+
+@pytest.fixture
+def app(tmp_path: Path):
+    a = Alkfs.open(tmp_path / "store", window_s=0)
+    yield a
+    a.close()
+
+
+async def test_every_worker_starts_under_run_and_stops_with_it() -> None:
+    workers = Workers()
+    started: list[str] = []
+    stopped: list[str] = []
+
+    async def worker(name: str) -> None:
+        started.append(name)
+        try:
+            await trio.sleep_forever()
+        finally:
+            stopped.append(name)
+
+    async def broken() -> None:
+        raise RuntimeError("a worker's bug")  # logged; the others go on
+
+    for name in ("a", "b", "c"):
+        workers.add(f"alkfsd {name}", worker, name)
+    workers.add("alkfsd broken", broken)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(workers.run)
+        await trio.testing.wait_all_tasks_blocked()
+        assert sorted(started) == ["a", "b", "c"] and stopped == []
+        nursery.cancel_scope.cancel()
+    assert sorted(stopped) == ["a", "b", "c"]
+
+
+async def test_short_lived_tasks_run_under_the_mounts_nursery() -> None:
+    workers = Workers()
+    done = trio.Event()
+
+    async def task() -> None:
+        done.set()
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(workers.run)
+        await workers.start_soon(task, name="alkfsd short")
+        await done.wait()
+        nursery.cancel_scope.cancel()
+
+
+async def test_with_one_request_thread_a_large_file_streams_takes_back_and_commits(app) -> None:
+    """threads=1: the one token of the requests' limiter. A writer past QUEUE_MAX waits for
+    room, a read takes the stream back into a spool file, a commit waits for the spooler:
+    all of it with that one token (the spooler's threads have a limiter of their own)."""
+    ctx = Context(app.store, app=app, options=Options(threads=1), live=False)
+    try:
+        w = StagedWriter(ctx, Algorithm.SHA256)
+        chunk = bytes(range(256)) * 4096  # 1 MiB
+        want = bytearray()
+        for _ in range(QUEUE_MAX // len(chunk) * 3):  # well past QUEUE_MAX, forward only
+            assert await w.write(len(want), chunk) == len(chunk)
+            want += chunk
+        assert w.spool is not None and w.streaming
+        assert await w.read(5, 11) == bytes(want[5:16])  # the stream is taken back
+        assert not w.streaming
+        await w.write(3, b"back")  # a write below the end goes to the spool file
+        want[3:7] = b"back"
+        await w.truncate(len(want) + MEM_MAX)  # an extension: zeros
+        want += bytes(MEM_MAX)
+        result = await w.commit()
+        try:
+            assert result.key.raw[1:] == hashlib.sha256(want).digest()
+            assert app.store.get(result.key) == bytes(want)
+        finally:
+            result.pin.release()
+        w.close()
+    finally:
+        ctx.close()
+
+
+async def test_a_streamed_file_committed_twice_keeps_what_was_written(app) -> None:
+    """A commit ends the stream; a later write (a descriptor still open) starts from the
+    committed object, copied into a spool file."""
+    ctx = Context(app.store, app=app, options=Options(threads=1), live=False)
+    try:
+        w = StagedWriter(ctx, Algorithm.SHA256)
+        data = b"x" * (3 * MEM_MAX)
+        await w.write(0, data)
+        first = await w.commit()
+        first.pin.release()
+        await w.write(len(data), b"tail")
+        second = await w.commit()
+        try:
+            assert app.store.get(first.key) == data
+            assert app.store.get(second.key) == data + b"tail"
+        finally:
+            second.pin.release()
+        w.close()
+    finally:
+        ctx.close()
+
+
+async def test_a_sweep_waiting_for_the_kernel_holds_no_request_thread(app, monkeypatch) -> None:
+    """A sweep returns once the kernel took its invalidations, waiting at most
+    INVALIDATE_WAIT_S. Here nothing takes them (no kernel session runs the invalidator),
+    so the sweep waits its full bound; meanwhile the mount's one request thread is free."""
+    monkeypatch.setattr(context_mod, "INVALIDATE_WAIT_S", 2.0)
+    ctx = Context(app.store, app=app, options=Options(threads=1), live=True)
+    try:
+        ctx.invalidator.submit(1, b"never-taken")
+        before = app.store.last_sweep
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(ctx.sweep)
+            with trio.fail_after(30):
+                while app.store.last_sweep is before:  # the sweep ran: now it waits
+                    await trio.sleep(0.01)
+            with trio.fail_after(1.0):  # (the wait's bound is 2 s)
+                assert await ctx.run_sync(sum, [1, 2]) == 3
+    finally:
+        ctx.close()
