@@ -4,15 +4,8 @@ Dispatch only. Every handler wears `fuse_op` (errors.py): library errors become
 their errno in one place, anything unexpected is logged with its traceback and
 answered with EIO, so no request can take the mount down.
 
-Who may do what is decided here too, on a shared mount (`--allow-other` or `--owner`,
-where the kernel is not given `default_permissions` and every user's request comes in):
-root and the daemon's own user may do anything a node allows; the `--owner` user too,
-but for the control file (`root_only`); any other user only reads (by the mode bits the
-nodes show) and sets the times of objects (`times_by_anyone`: a freshen), and is refused
-every other change with EACCES (without --allow-other, with --owner only, such a user is
-refused everything). No one creates a name a directory lists in `never_written` (EPERM).
-Users but root have per-uid bounds: open write handles (EMFILE past
-`max_write_handles`) and bytes written through them (ENOSPC past `max_spool_bytes`).
+Who may do what on a shared mount, and the per-user bounds, are access.py's (the
+dispatch asks it before calling a node).
 
 Bad input refused here, before any node sees it: a name longer than NAME_MAX bytes
 (ENAMETOOLONG, for every operation that takes a name; the kernel lets FUSE names of up
@@ -30,8 +23,10 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import pyfuse3
+from pyfuse3 import RequestContext
 
 from . import listings
+from .access import OTHER, ROOT, Access
 from .errors import RateLimit, fail, fuse_op
 from .listings import Listings
 from .nodes.base import Node
@@ -48,7 +43,6 @@ log = logging.getLogger("alkfsd")
 # read-only open) costs no FLUSH round trip; a stock pyfuse3 still works, with the trip.
 NOFLUSH = hasattr(pyfuse3.FileInfo(), "noflush")
 
-ROOT, OWNER, OTHER = 0, 1, 2  # who a request comes from (Operations.who)
 TIME_FIELDS = ("update_atime", "update_mtime", "update_ctime")
 OTHER_FIELDS = ("update_mode", "update_uid", "update_gid", "update_size")
 
@@ -107,102 +101,7 @@ class Operations(pyfuse3.Operations):
         self.log_limit = RateLimit()  # refusal lines per (op, errno) and second (errors.py)
         self.readdir_reply = pyfuse3.readdir_reply  # replaced by the direct-call tests
         self.shared = ctx.options.shared
-        self.bound: dict[int, list[int]] = {}  # fh -> [uid, bytes counted] (bounded users)
-        self.open_writes: dict[int, int] = {}  # uid -> open write handles
-        self.spooled: dict[int, int] = {}  # uid -> bytes counted for its open handles
-
-    # -- who may do what (a shared mount only; see the module docstring) ------------------
-    def who(self, rctx: Any) -> int:
-        """ROOT, OWNER or OTHER; EACCES for a user a mount without --allow-other keeps out."""
-        uid = getattr(rctx, "uid", None)
-        if uid is None or uid == 0 or uid == self.ctx.daemon_uid:
-            return ROOT
-        if uid == self.ctx.options.owner_uid:
-            return OWNER
-        if not self.ctx.options.allow_other:
-            fail(errno.EACCES, f"uid {uid}: the mount is not shared (no --allow-other)")
-        return OTHER
-
-    def _seen(self, rctx: Any) -> int:
-        return self.who(rctx) if self.shared else ROOT
-
-    def _may_change(self, rctx: Any, *nodes: Node) -> None:
-        """EACCES unless the requester may change what is under (or is) `nodes`."""
-        if not self.shared:
-            return
-        who = self.who(rctx)
-        if who == ROOT:
-            return
-        uid = getattr(rctx, "uid", "?")
-        if who == OTHER:
-            fail(errno.EACCES, f"uid {uid} may only read (and freshen objects) here")
-        for node in nodes:
-            if node.root_only:
-                fail(errno.EACCES, f"uid {uid}: {node.path} is root's alone")
-
-    def _may_access(self, rctx: Any, node: Node, want: int) -> bool:
-        """The mode bits the node shows, for a user but root (want: R_OK|W_OK|X_OK bits)."""
-        a = node.attr()
-        mode = a.st_mode
-        uid, gid = getattr(rctx, "uid", None), getattr(rctx, "gid", None)
-        if uid == a.st_uid:
-            bits = (mode >> 6) & 7
-        elif gid == a.st_gid:
-            bits = (mode >> 3) & 7
-        else:
-            bits = mode & 7
-        return want & bits == want
-
-    def _may_read(self, rctx: Any, node: Node, want: int = os.R_OK) -> None:
-        if self.shared and self.who(rctx) != ROOT and not self._may_access(rctx, node, want):
-            fail(errno.EACCES, f"uid {getattr(rctx, 'uid', '?')}: mode bits of {node.path}")
-
-    @staticmethod
-    def _refuse_never_written(parent: Node, name: bytes) -> None:
-        if name in parent.never_written:
-            fail(errno.EPERM, f"{parent.path}/{name.decode(errors='replace')} is never written")
-
-    # -- per-user bounds ---------------------------------------------------------------------
-    def _bounded_uid(self, rctx: Any) -> int | None:
-        """The uid a new write handle counts against (None: root, or a private mount);
-        EMFILE when that uid holds max_write_handles already."""
-        if not self.shared or self.who(rctx) == ROOT:
-            return None
-        uid = int(rctx.uid)
-        cap = self.ctx.options.max_write_handles
-        if self.open_writes.get(uid, 0) >= cap:
-            fail(errno.EMFILE, f"uid {uid} holds {cap} open write handles (the per-user bound)")
-        return uid
-
-    def _count_open(self, fh: int, uid: int | None) -> None:
-        if uid is not None:
-            self.bound[fh] = [uid, 0]
-            self.open_writes[uid] = self.open_writes.get(uid, 0) + 1
-
-    def _count_bytes(self, fh: int, off: int, n: int) -> None:
-        b = self.bound.get(fh)
-        if b is None:
-            return
-        grow = off + n - b[1]
-        if grow <= 0:
-            return
-        uid = b[0]
-        held = self.spooled.get(uid, 0)
-        cap = self.ctx.options.max_spool_bytes
-        if held + grow > cap:
-            fail(errno.ENOSPC, f"uid {uid}: {held} bytes in open files, bound {cap}")
-        self.spooled[uid] = held + grow
-        b[1] = off + n
-
-    def _uncount(self, fh: int) -> None:
-        b = self.bound.pop(fh, None)
-        if b is not None:
-            uid = b[0]
-            self.open_writes[uid] -= 1
-            self.spooled[uid] = self.spooled.get(uid, 0) - b[1]
-            if not self.open_writes[uid]:
-                self.open_writes.pop(uid, None)
-                self.spooled.pop(uid, None)
+        self.guard = Access(ctx)  # who may do what, per-user bounds (access.py)
 
     # -- helpers ------------------------------------------------------------------
     def count_error(self, op: str, code: int) -> None:
@@ -231,16 +130,18 @@ class Operations(pyfuse3.Operations):
 
     # -- names ----------------------------------------------------------------------
     @fuse_op(_child)
-    async def lookup(self, parent_inode: int, name: bytes, ctx: Any) -> pyfuse3.EntryAttributes:
+    async def lookup(
+        self, parent_inode: int, name: bytes, req: RequestContext
+    ) -> pyfuse3.EntryAttributes:
         check_name(name)
         parent = self.node(parent_inode)
-        self._may_read(ctx, parent, os.X_OK)
+        self.guard.may_read(req, parent, os.X_OK)
         if name == b".":
             child = parent
         elif name == b"..":
             child = parent.parent or parent
         else:
-            child = await parent.lookup(name, ctx)
+            child = await parent.lookup(name, req)
         return self._entry(child)
 
     async def forget(self, inode_list: Sequence[tuple[int, int]]) -> None:
@@ -251,76 +152,76 @@ class Operations(pyfuse3.Operations):
             log.exception("forget failed")
 
     @fuse_op(_ino)
-    async def getattr(self, inode: int, ctx: Any) -> pyfuse3.EntryAttributes:
-        self._seen(ctx)  # (EACCES for a user a mount without --allow-other keeps out)
-        return await self.node(inode).getattr(ctx)
+    async def getattr(self, inode: int, req: RequestContext) -> pyfuse3.EntryAttributes:
+        self.guard.seen(req)  # (EACCES for a user a mount without --allow-other keeps out)
+        return await self.node(inode).getattr(req)
 
     @fuse_op(_ino)
     async def setattr(
-        self, inode: int, attr: Any, fields: Any, fh: int | None, ctx: Any
+        self, inode: int, attr: Any, fields: Any, fh: int | None, req: RequestContext
     ) -> pyfuse3.EntryAttributes:
         node = self.node(inode)
         self._mutating(node)
         if self.shared and not (
             node.times_by_anyone
-            and self.who(ctx) == OTHER
+            and self.guard.who(req) == OTHER
             and not any(getattr(fields, f, False) for f in OTHER_FIELDS)
         ):
-            self._may_change(ctx, node)  # (anyone may freshen an object: set its times)
+            self.guard.may_change(req, node)  # (anyone may freshen an object: set its times)
         handle = self.handles.get(fh) if fh is not None else None
-        return await node.setattr(attr, fields, handle, ctx)
+        return await node.setattr(attr, fields, handle, req)
 
     @fuse_op(_ino)
-    async def readlink(self, inode: int, ctx: Any) -> bytes:
-        self._seen(ctx)
-        return await self.node(inode).readlink(ctx)
+    async def readlink(self, inode: int, req: RequestContext) -> bytes:
+        self.guard.seen(req)
+        return await self.node(inode).readlink(req)
 
     @fuse_op(_child)
     async def mknod(
-        self, parent_inode: int, name: bytes, mode: int, rdev: int, ctx: Any
+        self, parent_inode: int, name: bytes, mode: int, rdev: int, req: RequestContext
     ) -> pyfuse3.EntryAttributes:
         check_name(name)
         self._mutating()
         parent = self.node(parent_inode)
-        self._may_change(ctx, parent)
-        self._refuse_never_written(parent, name)
-        return self._entry(await parent.mknod(name, mode, rdev, ctx))
+        self.guard.may_change(req, parent)
+        self.guard.refuse_never_written(parent, name)
+        return self._entry(await parent.mknod(name, mode, rdev, req))
 
     @fuse_op(_child)
     async def mkdir(
-        self, parent_inode: int, name: bytes, mode: int, ctx: Any
+        self, parent_inode: int, name: bytes, mode: int, req: RequestContext
     ) -> pyfuse3.EntryAttributes:
         check_name(name)
         self._mutating()
         parent = self.node(parent_inode)
-        self._may_change(ctx, parent)
-        self._refuse_never_written(parent, name)
-        return self._entry(await parent.mkdir(name, mode, ctx))
+        self.guard.may_change(req, parent)
+        self.guard.refuse_never_written(parent, name)
+        return self._entry(await parent.mkdir(name, mode, req))
 
     @fuse_op(_child)
-    async def unlink(self, parent_inode: int, name: bytes, ctx: Any) -> None:
+    async def unlink(self, parent_inode: int, name: bytes, req: RequestContext) -> None:
         self._mutating()
         parent = self.node(parent_inode)
-        self._may_change(ctx, parent)
-        await parent.unlink(name, ctx)
+        self.guard.may_change(req, parent)
+        await parent.unlink(name, req)
 
     @fuse_op(_child)
-    async def rmdir(self, parent_inode: int, name: bytes, ctx: Any) -> None:
+    async def rmdir(self, parent_inode: int, name: bytes, req: RequestContext) -> None:
         self._mutating()
         parent = self.node(parent_inode)
-        self._may_change(ctx, parent)
-        await parent.rmdir(name, ctx)
+        self.guard.may_change(req, parent)
+        await parent.rmdir(name, req)
 
     @fuse_op(_child)
     async def symlink(
-        self, parent_inode: int, name: bytes, target: bytes, ctx: Any
+        self, parent_inode: int, name: bytes, target: bytes, req: RequestContext
     ) -> pyfuse3.EntryAttributes:
         check_name(name)
         self._mutating()
         parent = self.node(parent_inode)
-        self._may_change(ctx, parent)
-        self._refuse_never_written(parent, name)
-        return self._entry(await parent.symlink(name, target, ctx))
+        self.guard.may_change(req, parent)
+        self.guard.refuse_never_written(parent, name)
+        return self._entry(await parent.symlink(name, target, req))
 
     @fuse_op(_child)
     async def rename(
@@ -330,61 +231,61 @@ class Operations(pyfuse3.Operations):
         parent_inode_new: int,
         name_new: bytes,
         flags: int,
-        ctx: Any,
+        req: RequestContext,
     ) -> None:
         check_name(name_old)
         check_name(name_new)
         self._mutating()
         old = self.node(parent_inode_old)
         new = self.node(parent_inode_new)
-        self._may_change(ctx, old, new)
-        self._refuse_never_written(new, name_new)
-        await old.rename(name_old, new, name_new, flags, ctx)
+        self.guard.may_change(req, old, new)
+        self.guard.refuse_never_written(new, name_new)
+        await old.rename(name_old, new, name_new, flags, req)
 
     @fuse_op(lambda self, ino, parent, name, *r: _child(self, parent, name))
     async def link(
-        self, inode: int, new_parent_inode: int, new_name: bytes, ctx: Any
+        self, inode: int, new_parent_inode: int, new_name: bytes, req: RequestContext
     ) -> pyfuse3.EntryAttributes:
         check_name(new_name)
         self._mutating()
         target = self.node(inode)
         parent = self.node(new_parent_inode)
-        self._may_change(ctx, parent, target)
-        self._refuse_never_written(parent, new_name)
-        return self._entry(await parent.link(new_name, target, ctx))
+        self.guard.may_change(req, parent, target)
+        self.guard.refuse_never_written(parent, new_name)
+        return self._entry(await parent.link(new_name, target, req))
 
     # -- files ------------------------------------------------------------------------
     @fuse_op(_ino)
-    async def open(self, inode: int, flags: int, ctx: Any) -> pyfuse3.FileInfo:
+    async def open(self, inode: int, flags: int, req: RequestContext) -> pyfuse3.FileInfo:
         node = self.node(inode)
         uid = None
         if wants_write(flags):
             self._mutating(node)
-            self._may_change(ctx, node)
-            uid = self._bounded_uid(ctx)
+            self.guard.may_change(req, node)
+            uid = self.guard.bounded_uid(req)
         if (flags & os.O_ACCMODE) != os.O_WRONLY:
-            self._may_read(ctx, node)
-        handle = await node.open(flags, ctx)
+            self.guard.may_read(req, node)
+        handle = await node.open(flags, req)
         fh = self._fh_for()
         self.handles[fh] = handle
-        self._count_open(fh, uid)
+        self.guard.count_open(fh, uid)
         return _file_info(fh, handle)
 
     @fuse_op(_child)
     async def create(
-        self, parent_inode: int, name: bytes, mode: int, flags: int, ctx: Any
+        self, parent_inode: int, name: bytes, mode: int, flags: int, req: RequestContext
     ) -> tuple[pyfuse3.FileInfo, pyfuse3.EntryAttributes]:
         check_name(name)
         self._mutating()
         parent = self.node(parent_inode)
-        self._may_change(ctx, parent)
-        self._refuse_never_written(parent, name)
-        uid = self._bounded_uid(ctx)
-        child, handle = await parent.create(name, mode, flags, ctx)
+        self.guard.may_change(req, parent)
+        self.guard.refuse_never_written(parent, name)
+        uid = self.guard.bounded_uid(req)
+        child, handle = await parent.create(name, mode, flags, req)
         attr = self._entry(child)
         fh = self._fh_for()
         self.handles[fh] = handle
-        self._count_open(fh, uid)
+        self.guard.count_open(fh, uid)
         return _file_info(fh, handle), attr
 
     def _handle(self, fh: int) -> Handle:
@@ -402,8 +303,8 @@ class Operations(pyfuse3.Operations):
     @fuse_op(_fh)
     async def write(self, fh: int, off: int, buf: bytes) -> int:
         handle = self._handle(fh)
-        if self.bound:
-            self._count_bytes(fh, off, len(buf))
+        if self.guard.bound:
+            self.guard.count_bytes(fh, off, len(buf))
         return await handle.write(off, buf)
 
     # flush (every close) and release (the last) come with every open: a handle that
@@ -423,8 +324,8 @@ class Operations(pyfuse3.Operations):
         await self._handle(fh).fsync(datasync)
 
     async def release(self, fh: int) -> None:
-        if self.bound:
-            self._uncount(fh)
+        if self.guard.bound:
+            self.guard.uncount(fh)
         h = self.handles.get(fh)
         if h is not None and type(h).release is Handle.release:
             del self.handles[fh]
@@ -447,11 +348,11 @@ class Operations(pyfuse3.Operations):
 
     @fuse_op(_ino)
     async def opendir(  # type: ignore[override]  # (a stock pyfuse3 says int only)
-        self, inode: int, ctx: Any
+        self, inode: int, req: RequestContext
     ) -> int | pyfuse3.FileInfo:
         node = self.node(inode)
-        self._may_read(ctx, node)
-        dh = await node.opendir(ctx)
+        self.guard.may_read(req, node)
+        dh = await node.opendir(req)
         fh = self._fh_for()
         self.dirs[fh] = dh
         try:
@@ -505,7 +406,7 @@ class Operations(pyfuse3.Operations):
         return None
 
     # -- extended attributes ------------------------------------------------------------
-    async def getxattr(self, inode: int, name: bytes, ctx: Any) -> bytes:
+    async def getxattr(self, inode: int, name: bytes, req: RequestContext) -> bytes:
         # Only the user.* namespace exists here. Answering EOPNOTSUPP (not ENODATA) for
         # security.selinux and system.posix_acl_* lets `ls -l` remember that this file
         # system has no SELinux labels or ACLs after the first entry, instead of asking
@@ -514,53 +415,53 @@ class Operations(pyfuse3.Operations):
         if not name.startswith(b"user."):
             raise pyfuse3.FUSEError(errno.EOPNOTSUPP)
         if self.shared:
-            self._seen(ctx)
-        return await self._getxattr(inode, name, ctx)
+            self.guard.seen(req)
+        return await self._getxattr(inode, name, req)
 
     @fuse_op(lambda self, ino, name, *r: f"{_ino(self, ino)} [{name!r}]")
-    async def _getxattr(self, inode: int, name: bytes, ctx: Any) -> bytes:
-        return await self.node(inode).getxattr(name, ctx)
+    async def _getxattr(self, inode: int, name: bytes, req: RequestContext) -> bytes:
+        return await self.node(inode).getxattr(name, req)
 
     @fuse_op(_ino)
-    async def listxattr(self, inode: int, ctx: Any) -> list[bytes]:
-        self._seen(ctx)
-        return await self.node(inode).listxattr(ctx)
+    async def listxattr(self, inode: int, req: RequestContext) -> list[bytes]:
+        self.guard.seen(req)
+        return await self.node(inode).listxattr(req)
 
     @fuse_op(lambda self, ino, name, *r: f"{_ino(self, ino)} [{name!r}]")
-    async def setxattr(self, inode: int, name: bytes, value: bytes, ctx: Any) -> None:
+    async def setxattr(self, inode: int, name: bytes, value: bytes, req: RequestContext) -> None:
         if not name.startswith(b"user."):
             fail(errno.EOPNOTSUPP, "only user.* extended attributes exist here")
         if len(value) > XATTR_VALUE_MAX:
             fail(errno.E2BIG, f"a value of {len(value)} bytes (at most {XATTR_VALUE_MAX})")
         node = self.node(inode)
         self._mutating(node)
-        self._may_change(ctx, node)  # (a pin is a change: root's and the owner's)
-        await node.setxattr(name, value, ctx)
+        self.guard.may_change(req, node)  # (a pin is a change: root's and the owner's)
+        await node.setxattr(name, value, req)
 
     @fuse_op(lambda self, ino, name, *r: f"{_ino(self, ino)} [{name!r}]")
-    async def removexattr(self, inode: int, name: bytes, ctx: Any) -> None:
+    async def removexattr(self, inode: int, name: bytes, req: RequestContext) -> None:
         if not name.startswith(b"user."):
             fail(errno.EOPNOTSUPP, "only user.* extended attributes exist here")
         node = self.node(inode)
         self._mutating(node)
-        self._may_change(ctx, node)
-        await node.removexattr(name, ctx)
+        self.guard.may_change(req, node)
+        await node.removexattr(name, req)
 
     # -- the file system ----------------------------------------------------------------
     @fuse_op()
-    async def access(self, inode: int, mode: int, ctx: Any) -> bool:
+    async def access(self, inode: int, mode: int, req: RequestContext) -> bool:
         if not self.shared:
             return True
-        who = self.who(ctx)
+        who = self.guard.who(req)
         if who == ROOT:
             return True
         node = self.node(inode)
         if mode & os.W_OK and (who == OTHER or node.root_only):
             return False
-        return self._may_access(ctx, node, mode & (os.R_OK | os.X_OK))
+        return self.guard.may_access(req, node, mode & (os.R_OK | os.X_OK))
 
     @fuse_op()
-    async def statfs(self, ctx: Any) -> pyfuse3.StatvfsData:
+    async def statfs(self, req: RequestContext) -> pyfuse3.StatvfsData:
         out = pyfuse3.StatvfsData()
         path = self.ctx.store.path
         if path is not None:

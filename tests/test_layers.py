@@ -11,7 +11,8 @@ The daemon's modules rank by layer (daemon/__init__.py states the rule), each li
 its own name (a daemon module missing here fails):
 
     framework    10 errors, inodes, invalidate    11 nodes.handles, nodes.base
-                 12 nodes.listing, nodes.policy, nodes.root, listings, workers    13 fs
+                 12 nodes.listing, nodes.policy, nodes.root, listings, workers,
+                    access    13 fs
     write state  20 staging.spool, staging.writes, packs    21 staging.writer, staging.scratch
                  22 staging.staged, staging.overlay, staging.ingest    25 context
     views        30 status, nodes.pinning, nodes.largefile    31 nodes.objfile, nodes.control
@@ -73,6 +74,7 @@ DAEMON_RANKS = {
     "alkfsd.nodes.root": 12,
     "alkfsd.listings": 12,
     "alkfsd.workers": 12,
+    "alkfsd.access": 12,
     "alkfsd.fs": 13,
     # write state
     "alkfsd.staging": 20,  # (the package)
