@@ -73,11 +73,12 @@ class Workers:
             log.exception("%s stopped", w.name)
 
     async def start_soon(self, fn: Task, *args: Any, name: str) -> None:
-        """Start a short-lived task of the mount (it must catch its own errors)."""
+        """Start a short-lived task of the mount (an error it raises is logged: it never
+        takes the mount's other tasks down)."""
         nursery = self._nursery
         if nursery is None:
             nursery = await self._host()
-        nursery.start_soon(fn, *args, name=name)
+        nursery.start_soon(self._guarded, Worker(name, fn, args), name=name)
 
     async def _host(self) -> trio.Nursery:
         """No mount runs (direct calls): a nursery in a system task, for this trio run."""
