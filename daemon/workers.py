@@ -53,13 +53,14 @@ class Workers:
     async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         """Start every worker under a nursery of our own (itself a task of the daemon's
         nursery: `nursery.start(workers.run)`); report started once they are; run until
-        cancelled. A worker that raises is logged and the others go on (each one catches
-        its own routine failures; this is the backstop)."""
+        cancelled. Each worker catches its own routine failures; one that raises anyway
+        ends the mount, as any bug outside a request does (a worker gone quietly, the
+        signal handler say, would be worse)."""
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             try:
                 for w in self.workers:
-                    nursery.start_soon(self._guarded, w, name=w.name)
+                    nursery.start_soon(w.fn, *w.args, name=w.name)
                 task_status.started()
                 await trio.sleep_forever()
             finally:
@@ -70,7 +71,7 @@ class Workers:
         try:
             await w.fn(*w.args)
         except Exception:
-            log.exception("%s stopped", w.name)
+            log.exception("%s failed", w.name)
 
     async def start_soon(self, fn: Task, *args: Any, name: str) -> None:
         """Start a short-lived task of the mount (an error it raises is logged: it never

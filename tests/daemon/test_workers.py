@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import trio
+import trio.testing
 from alkfsd import context as context_mod
 from alkfsd.context import Context, Options
 from alkfsd.staging.spool import QUEUE_MAX
@@ -39,12 +40,8 @@ async def test_every_worker_starts_under_run_and_stops_with_it() -> None:
         finally:
             stopped.append(name)
 
-    async def broken() -> None:
-        raise RuntimeError("a worker's bug")  # logged; the others go on
-
     for name in ("a", "b", "c"):
         workers.add(f"alkfsd {name}", worker, name)
-    workers.add("alkfsd broken", broken)
     async with trio.open_nursery() as nursery:
         await nursery.start(workers.run)
         await trio.testing.wait_all_tasks_blocked()
@@ -53,18 +50,33 @@ async def test_every_worker_starts_under_run_and_stops_with_it() -> None:
     assert sorted(stopped) == ["a", "b", "c"]
 
 
-async def test_short_lived_tasks_run_under_the_mounts_nursery() -> None:
+async def test_short_lived_tasks_run_under_the_mounts_nursery_and_a_failing_one_is_logged(
+    caplog,
+) -> None:
     workers = Workers()
     done = trio.Event()
+    alive = trio.Event()
+
+    async def long() -> None:
+        alive.set()
+        await trio.sleep_forever()
 
     async def task() -> None:
         done.set()
 
+    async def broken() -> None:
+        raise RuntimeError("a spooler's bug")
+
+    workers.add("alkfsd long", long)
     async with trio.open_nursery() as nursery:
         await nursery.start(workers.run)
+        await workers.start_soon(broken, name="alkfsd broken")
         await workers.start_soon(task, name="alkfsd short")
         await done.wait()
+        await trio.testing.wait_all_tasks_blocked()
+        assert alive.is_set() and not nursery.cancel_scope.cancel_called
         nursery.cancel_scope.cancel()
+    assert "alkfsd broken failed" in caplog.text
 
 
 async def test_with_one_request_thread_a_large_file_streams_takes_back_and_commits(app) -> None:
