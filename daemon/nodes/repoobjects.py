@@ -126,7 +126,7 @@ class RepoFanoutDir(FanoutDir):
 class RepoPackDir(Dir):
     """/repos/<id>/objects/pack: lists nothing once a pack is in the store. When a pack's
     index arrives (git moves it after the pack: a push, or `git repack` run here) every
-    object of the pack is verified and stored, pinned for the push (scratch.ingest_pack);
+    object of the pack is verified and stored, pinned for the push (ingest.ingest_pack);
     from then on its files still resolve by name for the git process that made them but
     are no longer listed (every object is served by the store and the derived packs, so
     a local clone or a later git never copies or re-reads this pack), and they go when git

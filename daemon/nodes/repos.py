@@ -27,7 +27,7 @@ Writes (daemon/staging/scratch.py keeps what is not yet stored):
   that lives in the daemon's memory until a ref lands below it or it is rmdir'ed.
 - objects/ accepts git's loose-object writes and a push's quarantine directories
   (scratch, private to the repository); objects stored here are pinned until a ref
-  write of the writing process commits in this repository (see scratch.py).
+  write of the writing process commits in this repository (see staging/scratch.py).
 - Every committed ref write releases the pins of its process in that repository.
 
 HEAD, refs and the repository directory change, so their entries and attributes

@@ -7,21 +7,23 @@ unlinks the temporary name. A push writes into a quarantine directory of its own
 its connectivity check with the quarantine as its object directory, then moves every
 file to `objects/xx/<hex>` and removes the quarantine.
 
-Here lives everything that is not yet a stored object:
+What is not yet a stored object lives in this package (the state: `ctx.writes`, a
+`Writes`, writes.py; the names beside a store-backed directory's own: overlay.py; the
+storing: ingest.py; here the nodes and `move`):
 
-- `ScratchArea`: a per-mount directory on disk (STORE/scratch, or a fleet member's own
+- `ScratchArea` (writes.py): a per-mount directory on disk (STORE/scratch, or a fleet member's own
   STORE/nodes/<node>/scratch; emptied when the daemon starts; a temporary directory for
   a mem store). Every scratch file's bytes are one file there, under a serial number;
   the names git sees live in memory.
 - `ScratchFile` / `ScratchDir`: the nodes git creates, writes, links, renames and
-  removes. Names are kept per directory in memory (`Writes.overlay` for scratch names
+  removes. Names are kept per directory in memory (a ScratchOverlay for scratch names
   inside store-backed directories such as /git/sha1/ or /repos/<id>/objects/xx/), so a
   scratch directory is private to the repository it was made in and vanishes with its
   content when git (or the daemon, once its creator has exited) removes it.
-- `ingest`: a scratch file linked or renamed to `xx/<hex>` is inflated, checked to be
+- `ingest` (ingest.py): a scratch file linked or renamed to `xx/<hex>` is inflated, checked to be
   one canonical git object and stored under the expected key (`store.put(expect=)`);
   a mismatch stores nothing and fails the link with EIO.
-- `Writes.sessions`: objects stored through /repos/<id>/objects (migration included)
+- `Writes.sessions` (writes.py): objects stored through /repos/<id>/objects (migration included)
   stay pinned, in one in-process Batch per (repository, writing process), until a ref
   write of that process in that repository commits (git's receive-pack migrates the
   quarantine and writes the refs itself), or until any ref write in that repository
