@@ -65,7 +65,7 @@ from ..errors import fail
 from ..staging.overlay import ScratchOverlay
 from .base import DYNAMIC_TIMEOUT, FIRST_OFFSET, OBJECT_TIMEOUT, Dir, Emit, Node, StaticDir
 from .handles import DirHandle, Handle, wants_write
-from .loose import FANOUT, FIRST_PAGE, FanoutDir, repo_fanout_ident
+from .loose import FANOUT, FanoutDir, Sizes, repo_fanout_ident
 
 if TYPE_CHECKING:
     from ..context import Context
@@ -123,19 +123,19 @@ class ObjectDir(StaticDir):
     """/git/<format>: 256 fan-out directories, then empty `info/` and `pack/`; git's
     temporary files beside them (scratch names)."""
 
-    __slots__ = ("algo", "typical", "overlay")
+    __slots__ = ("algo", "sizes", "overlay")
 
     def __init__(self, ctx: Context, parent: Node, algo: Algorithm) -> None:
         label = "sha1" if algo is Algorithm.GIT_SHA1 else "sha256"
         self.algo = algo
-        self.typical = FIRST_PAGE  # objects in the last prefix listed whole: sizes the query
+        self.sizes = Sizes()  # what its fan-out directories learn about their size
         super().__init__(ctx, ("dir", f"/git/{label}"), parent, label.encode())
         self.overlay = ScratchOverlay(self)
         self._entries()  # now, on the trio thread: the sweep's deletion view reads them
 
     def children(self) -> list[tuple[bytes, Node]]:
         out: list[tuple[bytes, Node]] = [
-            (xx, FanoutDir(self.ctx, self, self.algo, xx)) for xx in FANOUT
+            (xx, FanoutDir(self.ctx, self, self.algo, xx, sizes=self.sizes)) for xx in FANOUT
         ]
         fmt = self.name.decode()
         for sub in (b"info", b"pack"):

@@ -84,6 +84,16 @@ def repo_fanout_ident(repo: Any, xx: bytes) -> tuple:
     return ("repo-fanout", repo.id, repo.created_ns, xx)
 
 
+class Sizes:
+    """What the fan-out directories of one object directory learn about their size: the
+    objects in the last prefix listed whole, which sizes the first query of the next."""
+
+    __slots__ = ("typical",)
+
+    def __init__(self) -> None:
+        self.typical = FIRST_PAGE
+
+
 class FanoutDir(Dir):
     """/git/<format>/<xx>: the objects whose id starts with xx, listed a page at a time in
     key order (offsets are the objects' cookies, as in /objects). The kernel caches the
@@ -92,17 +102,24 @@ class FanoutDir(Dir):
     does /repos/<id>/objects/<xx>, which lists nothing."""
 
     caches_listing = True
-    __slots__ = ("algo", "prefix", "overlay")
+    __slots__ = ("algo", "prefix", "overlay", "sizes")
 
     def mtime_ns(self) -> int:
         return listings.of(self.ctx).mtime_ns(self.ino, self.ctx.started_ns)
 
     def __init__(
-        self, ctx: Context, parent: Node, algo: Algorithm, xx: bytes, ident: tuple | None = None
+        self,
+        ctx: Context,
+        parent: Node,
+        algo: Algorithm,
+        xx: bytes,
+        ident: tuple | None = None,
+        sizes: Sizes | None = None,
     ) -> None:
         super().__init__(ctx, ident or ("dir", f"{parent.path}/{xx.decode()}"), parent, xx)
         self.algo = algo
         self.prefix = int(xx, 16)
+        self.sizes = sizes  # (shared by the 256 of /git/<format>; none in /repos)
         self.overlay = ScratchOverlay(self, self)  # (this directory adopts: `adopt`)
 
     async def lookup(self, name: bytes, req: RequestContext) -> Node:
@@ -148,7 +165,7 @@ class FanoutDir(Dir):
                 raw = recent.get(start)
                 after = Key(raw) if raw is not None else after_cookie(algo, start)
                 count = -1  # not listed from the start: says nothing about the prefix's size
-        typical = getattr(self.parent, "typical", FIRST_PAGE)
+        typical = self.sizes.typical if self.sizes is not None else FIRST_PAGE
         limit = max(FIRST_PAGE, typical + typical // 4 + 8)
         i = 0
         try:
@@ -172,8 +189,8 @@ class FanoutDir(Dir):
                     after = page[-1].key
                 if count >= 0:
                     count += len(ahead)
-                    if done and hasattr(self.parent, "typical"):
-                        self.parent.typical = count  # type: ignore[attr-defined,union-attr]
+                    if done and self.sizes is not None:
+                        self.sizes.typical = count
                 limit = min(limit * 2, PAGE)
         finally:
             state_.update(ahead=ahead[i:], after=after, done=done, count=count)

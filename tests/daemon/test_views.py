@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from alkfsd.nodes.gitview import FIRST_PAGE
+from alkfsd.nodes.loose import FIRST_PAGE
 from helpers import GIT_ENV
 
 from alkfs.app import Alkfs
