@@ -26,6 +26,7 @@ from alkfs.store import Store
 
 from .inodes import InodeTable
 from .invalidate import Invalidator
+from .listings import Listings
 from .packs import Served
 from .staging.writes import Writes
 from .workers import Workers
@@ -141,6 +142,12 @@ class Context:
         """What git's writes leave in memory, and the scratch area (emptied when made:
         `main` makes it before the first request)."""
         return Writes(self)
+
+    @functools.cached_property
+    def listings(self) -> Listings:
+        """The directory listings the kernel caches (listings.py; without a kernel
+        session, never caching)."""
+        return Listings(self, kernel=self.invalidator.live)
 
     @functools.cached_property
     def packs(self) -> Served:

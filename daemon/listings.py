@@ -94,7 +94,7 @@ class Listings:
 
     async def open(self, ino: int, fh: int, node: Node, dh: DirHandle) -> pyfuse3.FileInfo | int:
         """The reply to an OPENDIR of `node` (inode `ino`, handle `fh`, the node's `dh`)."""
-        if not (self.kernel and getattr(node, "caches_listing", False)):
+        if not (self.kernel and node.caches_listing):
             return fh
         entries: list[Entry] = []
 
@@ -148,8 +148,6 @@ class Listings:
 
 
 def of(ctx: Context) -> Listings:
-    """The mount's Listings (made at first use; without a kernel session, never caching)."""
-    got = ctx.__dict__.get("_listings")
-    if got is None:
-        got = ctx.__dict__["_listings"] = Listings(ctx, kernel=ctx.invalidator.live)
-    return got
+    """The mount's Listings (`ctx.listings`: made at first use; without a kernel session,
+    never caching)."""
+    return ctx.listings

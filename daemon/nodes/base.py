@@ -113,6 +113,7 @@ class Node:
     root_only: ClassVar[bool] = False
     times_by_anyone: ClassVar[bool] = False
     never_written: ClassVar[frozenset[bytes]] = frozenset()
+    caches_listing: ClassVar[bool] = False  # the kernel caches its listing (listings.py)
 
     __slots__ = ("ctx", "ident", "ino", "parent", "name")
 
