@@ -9,8 +9,9 @@ function (the way a cycle is hidden); a name needed only for types is imported u
     framework    errors (the one errno map), inodes, invalidate, nodes.handles and
                  nodes.base (the node contract), nodes.listing, nodes.policy,
                  nodes.root (the top-level registry: its entries are named, resolved
-                 when the root is listed), workers (the mount's background tasks), access
-                 (who may do what), fs (the dispatch)
+                 when the root is listed), listings (the listings the kernel caches),
+                 workers (the mount's background tasks), access (who may do what), fs
+                 (the dispatch)
     write state  staging.spool, staging.writes, staging.writer, staging.staged,
                  staging.scratch, staging.overlay, staging.ingest, packs (the derived
                  packs served), and at its top context (it owns the write state; the
