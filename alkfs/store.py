@@ -217,9 +217,12 @@ class Store:
             try:
                 # A fleet member keeps its own (the members' STORE is one directory: one
                 # shared file would be made and removed by each of them in turn).
-                where = root if store.fleet is None else store.inflight
-                assert where is not None
-                where.mkdir(mode=0o700, parents=True, exist_ok=True)
+                where = root
+                if store.fleet is not None:
+                    assert store.inflight is not None
+                    where = store.inflight
+                    for d in (where.parent, where):  # (0700 each: not mkdir's parents=)
+                        d.mkdir(mode=0o700, exist_ok=True)
                 store.reserve = Reserve(where)
                 if db.engine == "sqlite":  # (PostgreSQL's disk is the server's)
                     db.on_full = store.reserve.hit  # type: ignore[attr-defined]
