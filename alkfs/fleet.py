@@ -135,6 +135,22 @@ class Fleet:
         )
         # (the derived sets it held may have been retired and removed meanwhile)
         self._tell(self.on_packs, None)
+        self._remake_dirs()
+
+    def _remake_dirs(self) -> None:
+        """Its in-flight directories again: a lease holder that took this session for a
+        dead one removed them (puts of large objects stage in one)."""
+        dirs = []
+        if self.store.path is not None:
+            dirs += [self.store.path / NODES_DIR, self.store.path / NODES_DIR / self.node]
+        large = self.store.large
+        if large is not None:
+            dirs += [large.staging.parent, large.staging]
+        for d in dirs:
+            try:
+                d.mkdir(mode=0o700, exist_ok=True)
+            except OSError as exc:
+                log.error("fleet: cannot make %s again: %s", d, exc)
 
     def _beat(self) -> None:
         every = max(0.05, self.ttl_ns / 3e9)
