@@ -205,7 +205,7 @@ class FakeInvalidator:
         self.inodes.append(ino)
         return len(self.inodes)
 
-    def wait(self, seq: int, timeout: float) -> bool:
+    async def wait(self, seq: int, timeout: float) -> bool:  # (as Invalidator.wait)
         return self.taken
 
 
