@@ -54,6 +54,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from pyfuse3 import RequestContext
 
+from alkfs.reserve import is_no_space
+
 from ..errors import fail
 from ..nodes.base import FIRST_OFFSET, Dir, Emit, File, Node
 from ..nodes.handles import DirHandle, Handle
@@ -150,7 +152,14 @@ class ScratchHandle(Handle):
         return os.pread(self.fd, size, off)
 
     async def write(self, off: int, buf: bytes) -> int:
-        return os.pwrite(self.fd, buf, off)
+        try:
+            return os.pwrite(self.fd, buf, off)
+        except OSError as exc:
+            if is_no_space(exc):  # ENOSPC as it is, and the store's reserve given back
+                reserve = self.node.ctx.store.reserve
+                if reserve is not None:
+                    await self.node.ctx.run_sync(reserve.hit)
+            raise
 
     async def fsync(self, datasync: bool) -> None:
         return None  # see the module docstring: durability comes with the store

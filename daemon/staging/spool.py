@@ -40,8 +40,9 @@ from typing import Any
 
 import trio
 
-from alkfs.errors import AlkfsError, StoreIO
+from alkfs.errors import AlkfsError, NoSpace, StoreIO
 from alkfs.keys import Algorithm, Key
+from alkfs.reserve import is_no_space
 from alkfs.store import PutResult
 
 SPOOL_DIR = "spool"
@@ -238,6 +239,10 @@ class Spooler:
                     try:
                         await trio.to_thread.run_sync(self._apply, batch, limiter=self._limiter)
                     except Exception as exc:
+                        if is_no_space(exc):  # (the store's reserve given back, once)
+                            reserve = self.store.reserve
+                            if reserve is not None:
+                                await trio.to_thread.run_sync(reserve.hit, limiter=self._limiter)
                         self._break(exc)
                 self.applied += len(batch)
                 self._moved()
@@ -383,4 +388,6 @@ class Spooler:
             return
         if isinstance(exc, AlkfsError):
             raise exc
+        if is_no_space(exc):
+            raise NoSpace(f"no space left for the spool file: {exc}")
         raise StoreIO(f"the spool failed: {exc}")

@@ -321,3 +321,53 @@ def test_disk_full_in_status_and_metrics(small_fs: Path, start_mount) -> None:
     write_file(m.path("pins", "back"), b"stored again\n")
     assert (m.path("pins", "back")).read_bytes() == b"stored again\n"
     assert m.tracebacks() == [], "\n".join(m.tracebacks())
+
+
+def write_until_refused(fd: int, start: int = 0) -> OSError:
+    """Write 1 MiB pieces from `start` until a write (or the close) is refused."""
+    piece = os.urandom(1 << 20)
+    for i in range(200):  # (far more than the 64 MiB disk holds)
+        try:
+            os.pwrite(fd, piece, start + i * len(piece))
+        except OSError as exc:
+            return exc
+    raise AssertionError("200 MiB fit on a 64 MiB disk")
+
+
+@pytest.mark.parametrize("where", ["scratch", "spool"])
+def test_scratch_and_spool_writes_are_enospc_and_give_the_reserve_back(
+    small_fs: Path, start_mount, where: str
+) -> None:
+    """A git scratch file (tmp_obj_* in /git/sha1) and a /pins file rewritten (its bytes
+    go to the spool file) filling the disk: ENOSPC (not EIO), the store's reserve given
+    back (`disk_full`), and once the file is gone a sweep ends the state."""
+    m = start_mount(small_fs / "store", "--window", "0")
+    before = status(m.mnt)
+    assert before["disk_full"] is False and before["reserve"]["held"] is True
+    if where == "scratch":
+        path = m.path("git", "sha1", "tmp_obj_fill")
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o444)
+        refused = write_until_refused(fd)
+    else:
+        path = m.path("pins", "rewritten")
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        os.pwrite(fd, b"x" * (2 << 20), 0)  # past the writer's memory: streamed to a put
+        os.pwrite(fd, b"y" * (1 << 20), 0)  # written again: the spool file holds it now
+        refused = write_until_refused(fd, 2 << 20)
+    try:
+        os.close(fd)
+    except OSError as exc:  # (the spool's refusal may come at the close)
+        refused = exc
+    assert refused.errno == errno.ENOSPC, refused
+    assert m.log().count("disk full:") == 1, m.log()[-3000:]  # (the reserve given back)
+    if where == "scratch":
+        assert status(m.mnt)["disk_full"] is True  # (until the file goes and a sweep looks)
+        os.unlink(path)
+    else:  # (the close's put was refused, which looked again: the spool file was gone)
+        assert "rewritten" not in os.listdir(m.path("pins"))  # (nothing partial stored)
+    control(m.mnt, "sweep")
+    after = status(m.mnt)
+    assert after["disk_full"] is False and after["reserve"]["held"] is True
+    (m.path("pins") / "after").write_bytes(b"writes work again\n")
+    assert (m.path("pins") / "after").read_bytes() == b"writes work again\n"
+    assert m.tracebacks() == []
