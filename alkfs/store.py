@@ -1004,22 +1004,22 @@ class Store:
     def pin_many(self, raws: builtins.list[bytes]) -> builtins.list[Pin]:
         """In-process pins on many keys (raw bytes) in one locked step: `pin` for each,
         with the same waits for in-flight deletes and the same counts."""
-        self._pin_raws(raws)
+        self.pin_raws(raws)
         arbiter = self.arbiter
         return [Pin(arbiter, raw) for raw in raws]
 
-    def _pin_raws(self, raws: Iterable[bytes]) -> None:
-        """pin_many without a Pin object each; give them back with `_unpin_raws`."""
+    def pin_raws(self, raws: Iterable[bytes]) -> None:
+        """pin_many without a Pin object each; give them back with `unpin_raws`."""
         self.arbiter.acquire_counts(raws)
 
-    def _unpin_raws(self, raws: builtins.list[bytes]) -> None:
+    def unpin_raws(self, raws: builtins.list[bytes]) -> None:
         self.arbiter.release_counts(raws)
 
     # -- the git import's fast path: hashed on the caller's thread, stored on another ----
-    class _Digested:
-        """Git objects with the keys `_digest_git` derived from their bytes, for
-        `_put_digested`, which stores them under these keys without hashing again.
-        Only `_digest_git` makes one; it holds immutable bytes only, so a key can never
+    class Digested:
+        """Git objects with the keys `digest_git` derived from their bytes, for
+        `put_digested`, which stores them under these keys without hashing again.
+        Only `digest_git` makes one; it holds immutable bytes only, so a key can never
         be paired with content other than the content that hashed to it."""
 
         __slots__ = ("algo", "raws", "datas", "big")
@@ -1037,12 +1037,12 @@ class Store:
         def __setattr__(self, name: str, value: object) -> None:
             raise AttributeError("a digested batch is immutable")
 
-    def _digest_git(
+    def digest_git(
         self, algo: Algorithm, kinds: builtins.list[bytes], bodies: Sequence[bytes | bytearray]
-    ) -> _Digested:
+    ) -> Digested:
         """The canonical git objects of (kind, body) pairs, "<kind> <size>\\0<body>",
         each hashed here. The caller compares `.raws` (algorithm byte + digest, in input
-        order) with the ids it expects; `_put_digested` stores them under exactly these."""
+        order) with the ids it expects; `put_digested` stores them under exactly these."""
         from .git.objects import TYPES as GIT_TYPES
 
         if algo is Algorithm.GIT_SHA1:
@@ -1067,19 +1067,19 @@ class Store:
             big = tuple(i for i, data in enumerate(datas) if len(data) > limit)
             if big and self.mode == "kv-only":
                 raise TooLarge(f"{len(datas[big[0]])} bytes is over the kv-only threshold {limit}")
-        return Store._Digested(algo, raws, datas, big)
+        return Store.Digested(algo, raws, datas, big)
 
-    def _put_digested(self, batch: _Digested) -> builtins.list[bool]:
-        """Store a `_digest_git` batch under its keys (small objects in one kv transaction,
+    def put_digested(self, batch: Digested) -> builtins.list[bool]:
+        """Store a `digest_git` batch under its keys (small objects in one kv transaction,
         in the batch's order), each pinned before it is published: which ones were
-        created, in the batch's order. The pins stay until the caller's `_unpin_raws(batch.raws)`
+        created, in the batch's order. The pins stay until the caller's `unpin_raws(batch.raws)`
         (released here if this fails)."""
-        if type(batch) is not Store._Digested:
-            raise Invalid("not a batch hashed by _digest_git")
+        if type(batch) is not Store.Digested:
+            raise Invalid("not a batch hashed by digest_git")
         raws, datas = batch.raws, batch.datas
         if self.reserve is not None:
             self.reserve.admit()
-        self._pin_raws(raws)  # pin before publish
+        self.pin_raws(raws)  # pin before publish
         try:
             if batch.big:
                 skip = set(batch.big)
@@ -1099,6 +1099,6 @@ class Store:
                 r.pin.release()  # the batch's pin holds it
                 created[i] = r.created
         except BaseException:
-            self._unpin_raws(list(raws))
+            self.unpin_raws(list(raws))
             raise
         return created

@@ -143,7 +143,7 @@ def sqlite_floor(repo: Path, runs: int) -> tuple[float, float]:
             assert store.db is not None
             store.db.tune_bulk_writer()
             batches = [
-                store._digest_git(
+                store.digest_git(
                     Algorithm.GIT_SHA1,
                     kinds[i : i + PUT_BATCH_ITEMS],
                     bodies[i : i + PUT_BATCH_ITEMS],

@@ -7,7 +7,7 @@ or stored until the refs that reach it have committed, so a sweep running during
 the import can never delete what the new refs will reference.
 
 The stream is parsed from large reads of git's pipe; each batch is hashed by the
-store (`Store._digest_git`) on this thread, compared with the ids git named, and
+store (`Store.digest_git`) on this thread, compared with the ids git named, and
 written by one writer thread (sqlite releases the GIL while it inserts), so git,
 the parsing and hashing, and sqlite run at once.
 """
@@ -88,10 +88,10 @@ def _prepare(store: Store) -> None:
         store.db.tune_bulk_writer()
 
 
-def _put(store: Store, batch: Store._Digested) -> list[bool]:
-    """_put_digested on the writer thread."""
+def _put(store: Store, batch: Store.Digested) -> list[bool]:
+    """put_digested on the writer thread."""
     _prepare(store)
-    return store._put_digested(batch)
+    return store.put_digested(batch)
 
 
 def _git(gitdir: str, *args: str, check: bool = True) -> subprocess.CompletedProcess[bytes]:
@@ -252,7 +252,7 @@ def import_repo(
             # Pin every id, then look: nothing skipped can be deleted before the refs
             # commit (pinning an id that is missing is harmless; its put pins it too).
             raws = [prefix + x for x in map(binascii.unhexlify, hexes)]
-            store._pin_raws(raws)
+            store.pin_raws(raws)
             pinned.append(raws)
             present = _present(store, raws, lambda rest: _sizes(gitdir, [hexes[i] for i in rest]))
             missing = [x for x, p in zip(hexes, present, strict=True) if not p]
@@ -273,7 +273,7 @@ def import_repo(
         if lister is not None:
             lister.join()
         for raws in pinned:
-            store._unpin_raws(raws)
+            store.unpin_raws(raws)
     _pack(store, fmt)
     return result
 
@@ -410,7 +410,7 @@ def _store_objects(
 
     # Puts run on one long-lived writer thread (sqlite releases the GIL while it works),
     # overlapping with the parsing and hashing here; at most MAX_INFLIGHT batches in flight.
-    inflight: collections.deque[tuple[Store._Digested, concurrent.futures.Future]] = (
+    inflight: collections.deque[tuple[Store.Digested, concurrent.futures.Future]] = (
         collections.deque()
     )
 
@@ -423,7 +423,7 @@ def _store_objects(
         if bar is not None:
             bar.update(len(created))
 
-    # the batch being parsed (reused: _digest_git copies what it keeps)
+    # the batch being parsed (reused: digest_git copies what it keeps)
     oids: list[bytes] = []
     kinds: list[bytes] = []
     bodies: list[bytes | bytearray] = []
@@ -436,7 +436,7 @@ def _store_objects(
         if not wanted.issuperset(oids):
             extra = next(x for x in oids if x not in wanted)
             raise Verification(f"git sent an object that was not asked for: {extra.decode()}")
-        batch = store._digest_git(algo, kinds, bodies)
+        batch = store.digest_git(algo, kinds, bodies)
         expected = [prefix + x for x in map(unhex, oids)]
         if list(batch.raws) != expected:
             oid, got = next(
@@ -505,7 +505,7 @@ def _store_objects(
             batch, future = inflight.popleft()
             try:
                 future.result()
-                store._unpin_raws(list(batch.raws))
+                store.unpin_raws(list(batch.raws))
             except Exception:
                 pass  # a failed put released its own pins
         if bar is not None:
