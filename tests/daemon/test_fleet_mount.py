@@ -2,7 +2,8 @@
 STORE directory, two mountpoints. What one mount writes reads through the other, the two
 sweeps never run at once, a deletion through one reaches the other's kernel, a ref moved
 through one reads new through the other, a push through one survives the other sweeping
-hard, and both daemons show in each status.
+hard, both daemons show in each status, and a sweep whose lease connection is killed ends
+as report data while the other daemon finishes its deletes.
 
 (A daemon SIGKILLed mid-push, collected after TTL + window, is not here: the fleet's TTL,
 alkfs/fleet.py DEFAULT_TTL_S = 60 s, cannot be set from the daemon.)
@@ -340,3 +341,68 @@ def test_a_scheduled_sweep_that_finds_the_lease_taken_is_skipped_quietly(start_p
         while status(m)["last_sweep"] is None and time.monotonic() < wait:
             time.sleep(0.05)
         assert status(m)["last_sweep"]["aborted"] == "sweeper-lock"
+
+
+# -- e: the lease holder's connection killed mid-sweep -----------------------------------------
+DEAD = 20_000
+STORE_DEAD = """
+import sys
+from alkfs.keys import Algorithm
+from alkfs.store import Store
+with Store.open(sys.argv[1], database=sys.argv[2]) as store:
+    for i in range(0, int(sys.argv[3]), 5000):
+        items = [(b"dead %d" % j, Algorithm.SHA256, None) for j in range(i, i + 5000)]
+        for result in store.put_many(items):
+            result.pin.release()
+"""
+SWEEP_LOCK_OBJID = 0x73776570  # (alkfs/fleet.py SWEEP_LOCK's low 32 bits)
+
+
+def test_the_lease_holders_connection_killed_mid_sweep_ends_it_and_the_other_finishes(fleet):
+    """Daemon 1's sweep loses its lease's connection (pg_terminate_backend) while it
+    deletes: that sweep ends as report data (`io-error`), daemon 1 lives on, and daemon 2's
+    next sweeps take the lease and delete the rest."""
+    import subprocess
+    import sys
+
+    import psycopg
+
+    m1, m2 = fleet
+    done = subprocess.run(
+        [sys.executable, "-c", STORE_DEAD, str(m1.store_path), m1.database, str(DEAD)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr
+    assert sweep(m1)["candidates_staged"] == DEAD
+    reports: list[dict] = []
+    sweeping = threading.Thread(target=lambda: reports.append(sweep(m1)))
+    sweeping.start()
+    killed = 0
+    with psycopg.connect(m1.database, autocommit=True) as conn:
+        deadline = time.monotonic() + 60
+        while not killed and time.monotonic() < deadline and sweeping.is_alive():
+            row = conn.execute(
+                "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_locks "
+                "WHERE locktype = 'advisory' AND objid = %s AND granted AND EXISTS "
+                "(SELECT 1 FROM gc_window LIMIT 1) AND (SELECT count(*) FROM gc_window) < %s",
+                (SWEEP_LOCK_OBJID, DEAD),
+            ).fetchone()
+            killed = row[0]
+            time.sleep(0.005)
+    sweeping.join(timeout=300)
+    [report] = reports
+    assert killed == 1, report
+    assert report["aborted"] == "io-error" and report["deleted"] < DEAD, report
+    assert m1.proc.poll() is None and m1.mounted()
+    total = report["deleted"]
+    for _ in range(4):  # (what the cut sweep took but did not delete is staged again)
+        r = sweep(m2)
+        assert r["aborted"] is None, r
+        total += r["deleted"]
+        if total >= DEAD:
+            break
+    assert total == DEAD
+    assert status(m1)["objects"]["sha256"]["count"] == 0
+    assert "sweep: the store failed mid-sweep" in m1.log()
