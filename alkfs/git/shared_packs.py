@@ -7,8 +7,8 @@ store has a fleet; the files stay in STORE/derived/<fmt>/, a directory every dae
   transaction with its builder's holds and `NOTIFY alkfs_packs`; it only ever moves up
   (a build overtaken by a newer one is dropped). Every daemon's listener then loads it
   (`Derived.refresh`).
-- **One builder at a time** (`builder`): a session advisory lock on a connection of its
-  own, tried by the intake (another daemon builds: skip this round), waited for by a
+- **One builder at a time** (`builder`), per format: a session advisory lock on a
+  connection of its own, tried by the intake (another daemon builds: skip this round), waited for by a
   sweep's guard, `repack` and a withdrawal. A new generation's number is taken under it,
   above every generation published, held or on disk, and held before its directory is
   made.
@@ -35,7 +35,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from ..fleet import Fleet
 
-PACKS_LOCK = 0x616C6B66_7061636B  # "alkfspack": held by the fleet's one builder
+PACKS_LOCK = 0x616C6B66_7061636B  # "alkfspack": the fleet's one builder holds PACKS_LOCK + i
+LOCK_OFFSET = {"sha1": 0, "sha256": 1}  # (one lock a format: a sweep's guard holds both)
 SERVE_WAIT_S = 5.0
 POLL_S = 0.05
 NOW = "(extract(epoch from clock_timestamp()) * 1000000000)::bigint"
@@ -48,6 +49,7 @@ class SharedPacks:
         self.fleet = fleet
         self.db = fleet.db
         self.fmt = fmt
+        self.lock_key = PACKS_LOCK + LOCK_OFFSET[fmt]
         self.building: set[int] = set()  # numbers taken by this process, not yet published
         self._depth = threading.local()  # how deep this thread holds the builder lock
 
@@ -76,9 +78,9 @@ class SharedPacks:
             return
         with self.db.dedicated() as conn:
             if wait:
-                conn.execute("SELECT pg_advisory_lock(%s)", (PACKS_LOCK,))
+                conn.execute("SELECT pg_advisory_lock(%s)", (self.lock_key,))
             else:
-                row = conn.execute("SELECT pg_try_advisory_lock(%s)", (PACKS_LOCK,)).fetchone()
+                row = conn.execute("SELECT pg_try_advisory_lock(%s)", (self.lock_key,)).fetchone()
                 if not row or not row[0]:
                     yield False
                     return
@@ -88,7 +90,7 @@ class SharedPacks:
             finally:
                 self._depth.n = 0
                 with contextlib.suppress(Exception):
-                    conn.execute("SELECT pg_advisory_unlock(%s)", (PACKS_LOCK,))
+                    conn.execute("SELECT pg_advisory_unlock(%s)", (self.lock_key,))
 
     def new_number(self, on_disk: Iterable[int]) -> int:
         """A number for a new generation (the builder's), held before its directory is made."""
