@@ -131,6 +131,19 @@ def put_loose(mnt: Path, fmt: str, content: bytes) -> str:
     ).strip()
 
 
+def assert_packs_hold_all_of(src: Path, mnt: Path, tmp_path: Path) -> None:
+    """The listed sha1 packs hold every object of `src`, and a repository with alternates
+    into the mount is fsck-clean."""
+    everything = set(
+        git(
+            f"--git-dir={src}", "cat-file", "--batch-all-objects", "--batch-check=%(objectname)"
+        ).split()
+    )
+    assert idx_ids(mnt, "sha1") == everything
+    user = alternates_user(tmp_path, mnt, "sha1", src)
+    git(f"--git-dir={user}", "fsck", "--full", "--strict", "--no-dangling")
+
+
 def last_sweep(mnt: Path) -> dict:
     return json.loads((mnt / ".alkfs" / "status").read_text())["last_sweep"]
 
@@ -397,14 +410,7 @@ def test_a_set_corrupted_on_disk_is_withdrawn_at_start_and_rebuilt(start_mount, 
     rebuilt = (mnt / "git" / "sha1" / "pack" / served).read_bytes()
     assert rebuilt != bytes(data)
     assert rebuilt == next((store / "derived" / "sha1").glob("gen-*/pack/*.pack")).read_bytes()
-    everything = set(
-        git(
-            f"--git-dir={src}", "cat-file", "--batch-all-objects", "--batch-check=%(objectname)"
-        ).split()
-    )
-    assert idx_ids(mnt, "sha1") == everything
-    user = alternates_user(tmp_path, mnt, "sha1", src)
-    git(f"--git-dir={user}", "fsck", "--full", "--strict", "--no-dangling")
+    assert_packs_hold_all_of(src, mnt, tmp_path)
     assert "the published set is corrupt, withdrawn" in m.log()
 
 
@@ -440,14 +446,7 @@ def test_verify_withdraws_a_set_corrupted_while_mounted_and_the_intake_rebuilds_
     wait_for("a rebuilt set", lambda: int(current.read_text()) >= number + 2)
     packs = json.loads((mnt / ".alkfs" / "status").read_text())["packs"]["sha1"]
     assert packs["objects"] > 0 and packs["generation"] >= number + 2
-    everything = set(
-        git(
-            f"--git-dir={src}", "cat-file", "--batch-all-objects", "--batch-check=%(objectname)"
-        ).split()
-    )
-    assert idx_ids(mnt, "sha1") == everything
-    user = alternates_user(tmp_path, mnt, "sha1", src)
-    git(f"--git-dir={user}", "fsck", "--full", "--strict", "--no-dangling")
+    assert_packs_hold_all_of(src, mnt, tmp_path)
     for name in listing(mnt, "sha1"):
         if name.endswith(".idx"):
             git("verify-pack", mnt / "git" / "sha1" / "pack" / name)
