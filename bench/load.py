@@ -337,40 +337,22 @@ def check_after(mnt: Path, objects: list[str], pinned: list[list[str]]) -> tuple
     return problems, deleted
 
 
-def mounted(mnt: Path) -> bool:
-    with open("/proc/self/mounts") as f:
-        return any(line.split()[1] == str(mnt) for line in f)
-
-
 def bench(a: argparse.Namespace) -> int:
     work = Path(tempfile.mkdtemp(prefix="alkfs-bench-load-"))
     store, plain, mnt = work / "store", work / "plain", work / "mnt"
     mnt.mkdir()
-    log = work / "alkfsd.log"
-    proc = None
+    if str(HERE) not in sys.path:  # (bench/common.py: the benches' daemon runner)
+        sys.path.insert(0, str(HERE))
+    import common
+
+    daemon = common.alkfsd(store, mnt, work / "alkfsd.log")
+    daemon.argv += ["--window", "0"]
+    log = daemon.log
     try:
         t0 = time.perf_counter()
         objects = populate(store, plain, a.objects)
         print(f"  populated {2 * a.objects:,} objects in {time.perf_counter() - t0:.1f}s")
-        with open(log, "wb") as out:
-            proc = subprocess.Popen(
-                [
-                    str(Path(sys.executable).parent / "alkfsd"),
-                    str(store),
-                    str(mnt),
-                    "--window",
-                    "0",
-                ],
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=out,
-                start_new_session=True,
-            )
-        deadline = time.monotonic() + 60
-        while not mounted(mnt):
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError("alkfsd did not mount: " + log.read_text()[-2000:])
-            time.sleep(0.05)
+        daemon.start()
         slices = 2 * max(1, round(a.duration / a.slice))
         writers = a.writers if a.writers is not None else max(1, a.clients // 4)
         load0 = os.getloadavg()[0]
@@ -387,8 +369,7 @@ def bench(a: argparse.Namespace) -> int:
         )
         load1 = os.getloadavg()[0]
         problems, _ = check_after(mnt, objects, got["pinned"])
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(60)
+        daemon.stop()
         done = subprocess.run(
             [str(Path(sys.executable).parent / "alkfs"), "--store", str(store), "verify"],
             capture_output=True,
@@ -400,16 +381,7 @@ def bench(a: argparse.Namespace) -> int:
             problems.append("a traceback in the daemon's log")
         return report(a, got, problems, writers, (load0, load1))
     finally:
-        if proc is not None and proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(10)
-        for flags in ("-u", "-uz"):
-            if mounted(mnt):
-                subprocess.run(["fusermount3", flags, str(mnt)], capture_output=True)
+        daemon.stop()  # (and unmounted; nothing when stopped already)
         shutil.rmtree(work, ignore_errors=True)
 
 
