@@ -72,7 +72,7 @@ _LABELS = {
     Algorithm.GIT_SHA256: "git-sha256",
 }
 _BY_LABEL = {v: k for k, v in _LABELS.items()}
-_HASH_OF: dict[int, Callable[[bytes], Hasher]] = {  # the byte's hash, taking the data
+HASH_OF: dict[int, Callable[[bytes], Hasher]] = {  # the byte's hash, taking the data
     Algorithm.SHA256.value: hashlib.sha256,
     Algorithm.BLAKE3.value: blake3.blake3,
     Algorithm.GIT_SHA1.value: hashlib.sha1,
@@ -122,13 +122,11 @@ class Key:
 
     @classmethod
     def derive(cls, algo: Algorithm, data: bytes) -> Key:
-        h = algo.hasher()
-        h.update(data)
-        return cls.of(algo, h.digest())
+        return cls.of(algo, HASH_OF[algo.value](data).digest())
 
     def matches(self, data: bytes) -> bool:
         """Whether `data` hashes to this key (no Key built: a verified small get's check)."""
-        return _HASH_OF[self.raw[0]](data).digest() == self.raw[1:]
+        return HASH_OF[self.raw[0]](data).digest() == self.raw[1:]
 
     @property
     def algo(self) -> Algorithm:

@@ -38,7 +38,7 @@ from .gc.arbiter import Arbiter, LivenessSource, Pin, ProtectCallback
 from .gc.sweep import SweepReport, sweep
 from .gc.window import MemoryWindow, SqlWindow
 from .git.objects import MAX_HEADER, check_canonical
-from .keys import Algorithm, Key
+from .keys import HASH_OF, Algorithm, Key
 from .reserve import Reserve, is_no_space
 from .tiers import Entry
 from .tiers.local import LocalTier
@@ -902,19 +902,6 @@ class Store:
         may be given as a Key or as its raw bytes (algorithm byte + digest)."""
         from .git.objects import TYPES as GIT_TYPES
 
-        def _one_call_hasher(algo: Algorithm):  # hashlib's constructors take the data
-            if algo is Algorithm.GIT_SHA1:
-                return hashlib.sha1
-            if algo in (Algorithm.SHA256, Algorithm.GIT_SHA256):
-                return hashlib.sha256
-
-            def other(data: bytes):
-                h = algo.hasher()
-                h.update(data)
-                return h
-
-            return other
-
         def made(raw: bytes) -> Key:  # a key built from a digest just computed: valid
             key = object.__new__(Key)
             object.__setattr__(key, "raw", raw)
@@ -927,7 +914,7 @@ class Store:
         big: builtins.list[int] = []
         limit = self.threshold if self.mode != "mem" else None
         tags = {a: bytes([a.value]) for a in Algorithm}
-        hashers = {a: _one_call_hasher(a) for a in Algorithm}
+        hashers = {a: HASH_OF[a.value] for a in Algorithm}
         last: Algorithm | None = None
         for i, (data, algo, expect) in enumerate(items):
             if algo is not last:  # (Enum hashing is slow; batches are mostly one algorithm)
