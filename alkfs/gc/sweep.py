@@ -37,6 +37,11 @@ class AbortCause(enum.StrEnum):
     IO_ERROR = "io-error"  # the medium failed mid-sweep: what was done stays done, the rest waits
 
 
+def _now() -> str:
+    """A report's time: now, UTC, to the millisecond."""
+    return datetime.now(UTC).isoformat(timespec="milliseconds")
+
+
 @dataclass
 class SweepReport:
     aborted: str | None = None
@@ -47,9 +52,7 @@ class SweepReport:
     live: int = 0
     scanned: int = 0
     bytes_freed: int = 0
-    started_at: str = field(
-        default_factory=lambda: datetime.now(UTC).isoformat(timespec="milliseconds")
-    )
+    started_at: str = field(default_factory=_now)
     duration_s: float = 0.0
 
     def to_dict(self) -> dict:
@@ -86,7 +89,7 @@ def sweep(store: Store, window_ns: int | None = None) -> SweepReport:
             if leased:
                 # (in a fleet, from when the lease is held: the lease's own connection
                 # takes a moment to open, while another member's sweep may still end)
-                report.started_at = SweepReport().started_at
+                report.started_at = _now()
                 t0 = time.monotonic()
                 _run(store, report, store.window_ns if window_ns is None else window_ns)
             else:
