@@ -246,6 +246,8 @@ class MountModel(RuleBasedStateMachine):
     def step(self, what: str) -> None:
         type(self).steps += 1
         type(self).counts[what] = type(self).counts.get(what, 0) + 1
+        if SOAK and type(self).steps % 5000 == 0:  # (a soak runs for hours: show it moves)
+            print(f"mount model: {type(self).steps} steps", file=sys.__stderr__, flush=True)
 
     # -- writes ---------------------------------------------------------------------
     @rule(algo=st.sampled_from(ALGOS), exclusive=st.booleans(), large=st.booleans())
