@@ -29,7 +29,7 @@ from .schema import PINS
 
 if TYPE_CHECKING:
     from .git.closure import RefClosure
-    from .store import Store
+    from .store import PutResult, Source, Store
 
 ADDED_MAX = 100_000  # pins remembered for `contains` between two memos
 GIT_ALGOS = frozenset(a.value for a in Algorithm if a.is_git)
@@ -92,29 +92,54 @@ class Pins:
         try:
             if not self.store.has(key):
                 raise Missing(f"{key} is not in the store")
-            with self.tables.tx() as conn:
-                row = conn.execute(
-                    "SELECT key, created_ns FROM pins WHERE name = ?", (name,)
-                ).fetchone()
-                if row is not None:
-                    if bytes(row[0]) == key.raw:
-                        return PinRecord(name, key, row[1])
-                    if replace is not True and (replace is False or replace.raw != bytes(row[0])):
-                        raise Exists(f"the pin {name!r} names another object")
-                    conn.execute("DELETE FROM pins WHERE name = ?", (name,))
-                record = PinRecord(name, key, now_ns())
-                conn.execute(
-                    "INSERT INTO pins (name, key, created_ns) VALUES (?, ?, ?)",
-                    (name, key.raw, record.created_ns),
-                )
-                if self.store.fleet is not None:  # (several daemons: see alkfs/fleet.py)
-                    self.store.fleet.guard_publish(conn, [key.raw])
-            wrote = True
+            record, wrote = self._write(name, key, replace)
             return record
         finally:
             # The counter moves after the commit, in the same locked step that drops the pin.
             bump = functools.partial(self._bump, key.raw) if wrote else lambda: None
             self.store.arbiter.convert(held, bump)
+
+    def put_pinned(
+        self,
+        name: str,
+        source: Source,
+        algo: Algorithm = Algorithm.SHA256,
+        replace: bool | Key = False,
+    ) -> tuple[PutResult, PinRecord]:
+        """Store `source` and pin it as `name` (as `pin` does, Exists included): for an
+        object of the kv tier in one transaction, so that a refused name stores
+        nothing. The put's pin is released once the pin row has committed (it is not
+        held in the returned result)."""
+        self._check_name(name)
+        box: list[tuple[PinRecord, bool]] = []
+        result = self.store.put(
+            source, algo=algo, within=lambda key: box.append(self._write(name, key, replace))
+        )
+        record, wrote = box[0]
+        bump = functools.partial(self._bump, result.key.raw) if wrote else lambda: None
+        self.store.arbiter.convert(result.pin, bump)
+        return result, record
+
+    def _write(self, name: str, key: Key, replace: bool | Key) -> tuple[PinRecord, bool]:
+        """The pin row (the caller holds `key`'s pin): (the record, whether it was written)."""
+        with self.tables.tx() as conn:
+            row = conn.execute(
+                "SELECT key, created_ns FROM pins WHERE name = ?", (name,)
+            ).fetchone()
+            if row is not None:
+                if bytes(row[0]) == key.raw:
+                    return PinRecord(name, key, row[1]), False
+                if replace is not True and (replace is False or replace.raw != bytes(row[0])):
+                    raise Exists(f"the pin {name!r} names another object")
+                conn.execute("DELETE FROM pins WHERE name = ?", (name,))
+            record = PinRecord(name, key, now_ns())
+            conn.execute(
+                "INSERT INTO pins (name, key, created_ns) VALUES (?, ?, ?)",
+                (name, key.raw, record.created_ns),
+            )
+            if self.store.fleet is not None:  # (several daemons: see alkfs/fleet.py)
+                self.store.fleet.guard_publish(conn, [key.raw])
+        return record, True
 
     def unpin(self, name: str) -> None:
         with self.tables.tx() as conn:

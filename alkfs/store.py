@@ -6,6 +6,7 @@ Thread-safe and synchronous: the daemon calls it from worker threads.
 from __future__ import annotations
 
 import builtins
+import contextlib
 import fcntl
 import hashlib
 import logging
@@ -292,22 +293,33 @@ class Store:
         length: int | None = None,
         algo: Algorithm = Algorithm.SHA256,
         expect: Key | None = None,
+        within: Callable[[Key], None] | None = None,
     ) -> PutResult:
         """Store a stream; returns the key and a pin the caller releases once the
         object's name is published. Nothing is left behind when it fails; on a full
-        disk that is NoSpace (and, while the disk stays full, before reading anything)."""
+        disk that is NoSpace (and, while the disk stays full, before reading anything).
+
+        `within(key)` names the object in the same transaction: for an object of the
+        kv tier it runs inside the transaction that inserts it (one commit; if it
+        raises, nothing is stored), for a large one in a transaction right after the
+        file is published. The returned pin is held throughout either way."""
         reserve = self.reserve
         if reserve is None:
-            return self._put(source, length, algo, expect)
+            return self._put(source, length, algo, expect, within)
         reserve.admit()
         try:
-            return self._put(source, length, algo, expect)
+            return self._put(source, length, algo, expect, within)
         except NoSpace:
             reserve.hit()  # (now that the staging file is gone)
             raise
 
     def _put(
-        self, source: Source, length: int | None, algo: Algorithm, expect: Key | None
+        self,
+        source: Source,
+        length: int | None,
+        algo: Algorithm,
+        expect: Key | None,
+        within: Callable[[Key], None] | None = None,
     ) -> PutResult:
         if expect is not None and expect.algo is not algo:
             raise Invalid("the expected key has another algorithm")
@@ -366,6 +378,13 @@ class Store:
                     assert self.large is not None and writer is not None
                     created = self._publish_large(key, staging, writer.digester, stamp)
                     staging = None
+                    if within is not None:
+                        with self._tx():
+                            within(key)
+                elif within is not None:
+                    with self._tx():
+                        created = self.kv.put(key.raw, bytes(buf), stamp)
+                        within(key)
                 else:
                     created = self.kv.put(key.raw, bytes(buf), stamp)
             except BaseException:
@@ -381,6 +400,10 @@ class Store:
                 writer.close()
             if staging is not None and self.large is not None:
                 self.large.discard(staging)
+
+    def _tx(self) -> AbstractContextManager[object]:
+        """The database's write transaction (a memory store has none: nothing to join)."""
+        return self.db.tx() if self.db is not None else contextlib.nullcontext()
 
     def _publish_large(self, key: Key, staging: Path, digester: ChunkDigester, stamp: int) -> bool:
         """Record the object's catalog row, then link its staging file into place (the

@@ -114,6 +114,9 @@ class AlgoDir(_Dir):
         self.staged[name] = node
         return node, node.new_handle()
 
+    def store_in_thread(self, node: StagedFile, data: bytes) -> PutResult | None:
+        return None  # the plain put: nothing is named
+
     def publish_in_thread(self, node: StagedFile, result: PutResult) -> None:
         return None  # nothing is named: the object lives by the window
 

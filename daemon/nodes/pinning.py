@@ -14,6 +14,8 @@ from alkfs.pins import PinRecord
 from ..errors import fail
 
 if TYPE_CHECKING:
+    from alkfs.store import PutResult
+
     from ..context import Context
 
 # Every change the daemon makes to pins runs under this lock, so a replacing rename
@@ -47,6 +49,14 @@ def pin(pins: Any, name: str, key: Key, replace: Key | None = None) -> PinRecord
     `replace` (what this writer stored before) is replaced; on any other object, Exists."""
     with PIN_LOCK:
         return pins.pin(name, key, replace=replace or False)
+
+
+def put_pinned(pins: Any, name: str, data: bytes, replace: Key | None = None) -> PutResult:
+    """Store `data` and pin it as `name` in one transaction (as `pin`: Invalid, Exists);
+    the result's pin is released already."""
+    with PIN_LOCK:
+        result, _ = pins.put_pinned(name, data, replace=replace or False)
+        return result
 
 
 def pin_over(pins: Any, name: str, key: Key) -> PinRecord:

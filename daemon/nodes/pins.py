@@ -177,6 +177,14 @@ class PinsDir(Dir):
             fail(errno.EINVAL, f"{_shown(link)} does not name an object")
 
     # -- files written here ---------------------------------------------------------------
+    def store_in_thread(self, node: StagedFile, data: bytes) -> PutResult | None:
+        """A valid name: the object and its pin in one transaction (a refused name
+        stores nothing); a temporary or an unlinked file: the plain put."""
+        text = _text(node.name)
+        if node.unlinked or text is None or not valid_pin_name(text):
+            return None
+        return pinning.put_pinned(pinning.pins_of(self.ctx), text, data, node.key)
+
     def publish_in_thread(self, node: StagedFile, result: PutResult) -> None:
         """In the put's worker thread: a valid name is pinned, then the in-process pin
         goes (after the pin row committed); EEXIST if the name is another object's now."""

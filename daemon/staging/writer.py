@@ -125,10 +125,16 @@ class StagedWriter:
         self.spool.check()
 
     # -- storing ------------------------------------------------------------------------
-    async def commit(self, after: Callable[[PutResult], None] | None = None) -> PutResult:
+    async def commit(
+        self,
+        after: Callable[[PutResult], None] | None = None,
+        own: Callable[[bytes], PutResult | None] | None = None,
+    ) -> PutResult:
         """Store the content now; the caller owns the returned pin. `after(result)` runs
         in the same worker thread right after the put (publish a name without a second
-        thread hop); if it raises, the pin is released and the error propagates."""
+        thread hop); if it raises, the pin is released and the error propagates.
+        `own(data)`, for content held in memory, may store and name it in one step
+        instead (its result is returned as it is; None: the put and `after` run)."""
         if self.closed:
             fail(errno.EBADF, "the file was closed")
         self.dirty = False
@@ -138,6 +144,8 @@ class StagedWriter:
             if len(data) < self.size:
                 data += bytes(self.size - len(data))
             put = functools.partial(self.ctx.store.put, data, algo=self.algo, expect=self.expect)
+            if own is not None:
+                return await self.ctx.run_sync(self._own_or_put, own, data, put, after)
         else:
             spool = self.spool
             assert spool is not None
@@ -161,6 +169,17 @@ class StagedWriter:
                 spool.check()
                 put = self._put_from_spool
         return await self.ctx.run_sync(self._put_then, put, after)
+
+    @classmethod
+    def _own_or_put(
+        cls,
+        own: Callable[[bytes], PutResult | None],
+        data: bytes,
+        put: Callable[[], PutResult],
+        after: Callable[[PutResult], None] | None,
+    ) -> PutResult:
+        result = own(data)
+        return result if result is not None else cls._put_then(put, after)
 
     @staticmethod
     def _put_then(

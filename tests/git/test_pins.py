@@ -52,6 +52,32 @@ def test_pinning_an_absent_object_or_with_a_bad_name_is_refused(app):
     assert [p.name for p in app.pins.list()] == ["x" * 128]
 
 
+def test_put_pinned_stores_and_pins_in_one_step_and_a_refusal_stores_nothing(app):
+    small, large = b"a small file\n", bytes(range(256)) * 1024  # kv tier / large tier
+    for name, data in (("small", small), ("large", large)):
+        result, record = app.pins.put_pinned(name, data)
+        assert result.key == Key.derive(Algorithm.SHA256, data)
+        assert not result.pin.held  # given back once the pin row committed
+        assert app.pins.get(name) == record and record.key == result.key
+        assert app.store.get(result.key) == data
+    again, _ = app.pins.put_pinned("small", small)  # the same object again: a no-op
+    assert again.key == app.pins.get("small").key
+    before = stored_keys(app)
+    refused = b"not stored\n"
+    with pytest.raises(Exists):
+        app.pins.put_pinned("small", refused)
+    with pytest.raises(Invalid):
+        app.pins.put_pinned("a b", refused)
+    assert stored_keys(app) == before
+    assert not app.store.has(Key.derive(Algorithm.SHA256, refused))
+    result, record = app.pins.put_pinned("small", refused, replace=True)
+    assert app.pins.get("small").key == result.key
+    report = app.store.sweep(0)
+    report = app.store.sweep(0)
+    assert app.store.get(result.key) == refused and app.store.get(again.key) is None
+    assert report.deleted == 1
+
+
 def test_one_object_may_carry_many_names(app):
     key = app.store.add(b"shared")
     app.pins.pin("b", key)
