@@ -413,6 +413,7 @@ class Operations(pyfuse3.Operations):
         # twice for every entry (two requests each). Never ENOSYS: the kernel would
         # switch extended attributes off for the whole mount.
         if not name.startswith(b"user."):
+            self.count_error("getxattr", errno.EOPNOTSUPP)  # (counted, never logged)
             raise pyfuse3.FUSEError(errno.EOPNOTSUPP)
         if self.shared:
             self.guard.seen(req)

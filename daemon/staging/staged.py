@@ -67,6 +67,13 @@ log = logging.getLogger("alkfsd")
 class StagingParent(Protocol):
     """What a directory accepting new files gives its StagedFile nodes."""
 
+    def store_in_thread(self, node: StagedFile, data: bytes) -> PutResult | None:
+        """Run in a worker thread for content held in memory: store `data` and name it
+        in one step (e.g. the object and its pin in one transaction; the returned pin
+        is released already), or None to have it stored by `store.put` and then
+        `publish_in_thread`."""
+        ...
+
     def publish_in_thread(self, node: StagedFile, result: PutResult) -> None:
         """Run in the put's worker thread right after the put (e.g. the durable pin's
         transaction); raising there fails the commit (the pin is released). A parent
@@ -205,7 +212,8 @@ class StagedFile(File):
             self.attempted = True
             try:
                 result = await self.writer.commit(
-                    functools.partial(self.host.publish_in_thread, self)
+                    functools.partial(self.host.publish_in_thread, self),
+                    functools.partial(self.host.store_in_thread, self),
                 )
             except Exception as exc:
                 self.error = errno_of(exc) or errno.EIO
@@ -233,6 +241,11 @@ class StagedFile(File):
 
 class StagedHandle(Handle):
     """An open file on a StagedFile (see the module docstring)."""
+
+    # Writes bypass the page cache: before each cached write the kernel asks for the
+    # file's security.capability xattr (to strip it), one more round trip per write
+    # (a fifth of a small file's). The content is in memory or a spool file anyway.
+    direct_io = True
 
     def __init__(self, node: StagedFile) -> None:
         super().__init__(node)
