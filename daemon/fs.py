@@ -5,12 +5,8 @@ their errno in one place, anything unexpected is logged with its traceback and
 answered with EIO, so no request can take the mount down.
 
 Who may do what on a shared mount, and the per-user bounds, are access.py's (the
-dispatch asks it before calling a node).
-
-Bad input refused here, before any node sees it: a name longer than NAME_MAX bytes
-(ENAMETOOLONG, for every operation that takes a name; the kernel lets FUSE names of up
-to 1024 bytes through) and an extended attribute value over XATTR_VALUE_MAX bytes
-(E2BIG, nothing changed).
+dispatch asks it before calling a node); the bounds every name and xattr value keep are
+requests.py's.
 """
 
 from __future__ import annotations
@@ -32,56 +28,21 @@ from .listings import Listings
 from .nodes.base import Node
 from .nodes.handles import DirHandle, Handle, wants_write
 from .nodes.root import Root
+from .requests import (
+    OTHER_FIELDS,
+    XATTR_VALUE_MAX,
+    check_name,
+    file_info,
+    of_child,
+    of_dh,
+    of_fh,
+    of_ino,
+)
 
 if TYPE_CHECKING:
     from .context import Context
 
 log = logging.getLogger("alkfsd")
-
-# FileInfo.noflush comes from third_party/pyfuse3-noflush.patch (the Makefile builds
-# pyfuse3 with it). With it, closing a file whose handle has nothing to flush (every
-# read-only open) costs no FLUSH round trip; a stock pyfuse3 still works, with the trip.
-NOFLUSH = hasattr(pyfuse3.FileInfo(), "noflush")
-
-TIME_FIELDS = ("update_atime", "update_mtime", "update_ctime")
-OTHER_FIELDS = ("update_mode", "update_uid", "update_gid", "update_size")
-
-NAME_MAX = 255  # bytes of one name (statfs says so too), as on every Linux file system
-XATTR_VALUE_MAX = 4096  # bytes of an extended attribute's value (user.alkfs.* take a word)
-
-
-def check_name(name: bytes) -> None:
-    """ENAMETOOLONG for a name no Linux file system would take."""
-    if len(name) > NAME_MAX:
-        fail(errno.ENAMETOOLONG, f"a name of {len(name)} bytes (at most {NAME_MAX})")
-
-
-def _file_info(fh: int, handle: Handle) -> pyfuse3.FileInfo:
-    fi = pyfuse3.FileInfo(fh=fh, keep_cache=handle.keep_cache, direct_io=handle.direct_io)
-    if NOFLUSH and not handle.flushes:
-        fi.noflush = True
-    return fi
-
-
-def _ino(self: Operations, ino: int, *rest: Any) -> str:
-    node = self.inodes.get(ino)
-    return node.describe() if node is not None else f"inode {ino}"
-
-
-def _child(self: Operations, ino: int, name: bytes, *rest: Any) -> str:
-    node = self.inodes.get(ino)
-    base = node.describe() if node is not None else f"inode {ino}"
-    return f"{base.rstrip('/')}/{name.decode('utf-8', 'backslashreplace')}"
-
-
-def _fh(self: Operations, fh: int, *rest: Any) -> str:
-    h = self.handles.get(fh)
-    return h.node.describe() if h is not None else f"handle {fh}"
-
-
-def _dh(self: Operations, fh: int, *rest: Any) -> str:
-    h = self.dirs.get(fh)
-    return h.node.describe() if h is not None else f"dir handle {fh}"
 
 
 class Operations(pyfuse3.Operations):
@@ -123,13 +84,22 @@ class Operations(pyfuse3.Operations):
         if self.ctx.read_only and not (node is not None and node.writable_when_read_only):
             fail(errno.EROFS, "the mount is read-only")
 
+    def _creating(self, parent_inode: int, name: bytes, req: RequestContext) -> Node:
+        """The directory a new `name` is made in, once every creation's checks passed."""
+        check_name(name)
+        self._mutating()
+        parent = self.node(parent_inode)
+        self.guard.may_change(req, parent)
+        self.guard.refuse_never_written(parent, name)
+        return parent
+
     def _entry(self, node: Node) -> pyfuse3.EntryAttributes:
         """Count `node` as handed to the kernel and return its attributes."""
         self.inodes.remember(node)
         return node.attr()
 
     # -- names ----------------------------------------------------------------------
-    @fuse_op(_child)
+    @fuse_op(of_child)
     async def lookup(
         self, parent_inode: int, name: bytes, req: RequestContext
     ) -> pyfuse3.EntryAttributes:
@@ -151,12 +121,12 @@ class Operations(pyfuse3.Operations):
         except Exception:
             log.exception("forget failed")
 
-    @fuse_op(_ino)
+    @fuse_op(of_ino)
     async def getattr(self, inode: int, req: RequestContext) -> pyfuse3.EntryAttributes:
         self.guard.seen(req)  # (EACCES for a user a mount without --allow-other keeps out)
         return await self.node(inode).getattr(req)
 
-    @fuse_op(_ino)
+    @fuse_op(of_ino)
     async def setattr(
         self, inode: int, attr: Any, fields: Any, fh: int | None, req: RequestContext
     ) -> pyfuse3.EntryAttributes:
@@ -171,59 +141,47 @@ class Operations(pyfuse3.Operations):
         handle = self.handles.get(fh) if fh is not None else None
         return await node.setattr(attr, fields, handle, req)
 
-    @fuse_op(_ino)
+    @fuse_op(of_ino)
     async def readlink(self, inode: int, req: RequestContext) -> bytes:
         self.guard.seen(req)
         return await self.node(inode).readlink(req)
 
-    @fuse_op(_child)
+    @fuse_op(of_child)
     async def mknod(
         self, parent_inode: int, name: bytes, mode: int, rdev: int, req: RequestContext
     ) -> pyfuse3.EntryAttributes:
-        check_name(name)
-        self._mutating()
-        parent = self.node(parent_inode)
-        self.guard.may_change(req, parent)
-        self.guard.refuse_never_written(parent, name)
+        parent = self._creating(parent_inode, name, req)
         return self._entry(await parent.mknod(name, mode, rdev, req))
 
-    @fuse_op(_child)
+    @fuse_op(of_child)
     async def mkdir(
         self, parent_inode: int, name: bytes, mode: int, req: RequestContext
     ) -> pyfuse3.EntryAttributes:
-        check_name(name)
-        self._mutating()
-        parent = self.node(parent_inode)
-        self.guard.may_change(req, parent)
-        self.guard.refuse_never_written(parent, name)
+        parent = self._creating(parent_inode, name, req)
         return self._entry(await parent.mkdir(name, mode, req))
 
-    @fuse_op(_child)
+    @fuse_op(of_child)
     async def unlink(self, parent_inode: int, name: bytes, req: RequestContext) -> None:
         self._mutating()
         parent = self.node(parent_inode)
         self.guard.may_change(req, parent)
         await parent.unlink(name, req)
 
-    @fuse_op(_child)
+    @fuse_op(of_child)
     async def rmdir(self, parent_inode: int, name: bytes, req: RequestContext) -> None:
         self._mutating()
         parent = self.node(parent_inode)
         self.guard.may_change(req, parent)
         await parent.rmdir(name, req)
 
-    @fuse_op(_child)
+    @fuse_op(of_child)
     async def symlink(
         self, parent_inode: int, name: bytes, target: bytes, req: RequestContext
     ) -> pyfuse3.EntryAttributes:
-        check_name(name)
-        self._mutating()
-        parent = self.node(parent_inode)
-        self.guard.may_change(req, parent)
-        self.guard.refuse_never_written(parent, name)
+        parent = self._creating(parent_inode, name, req)
         return self._entry(await parent.symlink(name, target, req))
 
-    @fuse_op(_child)
+    @fuse_op(of_child)
     async def rename(
         self,
         parent_inode_old: int,
@@ -242,7 +200,7 @@ class Operations(pyfuse3.Operations):
         self.guard.refuse_never_written(new, name_new)
         await old.rename(name_old, new, name_new, flags, req)
 
-    @fuse_op(lambda self, ino, parent, name, *r: _child(self, parent, name))
+    @fuse_op(lambda self, ino, parent, name, *r: of_child(self, parent, name))
     async def link(
         self, inode: int, new_parent_inode: int, new_name: bytes, req: RequestContext
     ) -> pyfuse3.EntryAttributes:
@@ -255,7 +213,7 @@ class Operations(pyfuse3.Operations):
         return self._entry(await parent.link(new_name, target, req))
 
     # -- files ------------------------------------------------------------------------
-    @fuse_op(_ino)
+    @fuse_op(of_ino)
     async def open(self, inode: int, flags: int, req: RequestContext) -> pyfuse3.FileInfo:
         node = self.node(inode)
         uid = None
@@ -269,24 +227,20 @@ class Operations(pyfuse3.Operations):
         fh = self._fh_for()
         self.handles[fh] = handle
         self.guard.count_open(fh, uid)
-        return _file_info(fh, handle)
+        return file_info(fh, handle)
 
-    @fuse_op(_child)
+    @fuse_op(of_child)
     async def create(
         self, parent_inode: int, name: bytes, mode: int, flags: int, req: RequestContext
     ) -> tuple[pyfuse3.FileInfo, pyfuse3.EntryAttributes]:
-        check_name(name)
-        self._mutating()
-        parent = self.node(parent_inode)
-        self.guard.may_change(req, parent)
-        self.guard.refuse_never_written(parent, name)
+        parent = self._creating(parent_inode, name, req)
         uid = self.guard.bounded_uid(req)
         child, handle = await parent.create(name, mode, flags, req)
         attr = self._entry(child)
         fh = self._fh_for()
         self.handles[fh] = handle
         self.guard.count_open(fh, uid)
-        return _file_info(fh, handle), attr
+        return file_info(fh, handle), attr
 
     def _handle(self, fh: int) -> Handle:
         h = self.handles.get(fh)
@@ -294,13 +248,13 @@ class Operations(pyfuse3.Operations):
             fail(errno.EBADF, f"no open file {fh}")
         return h
 
-    @fuse_op(_fh)
+    @fuse_op(of_fh)
     async def read(  # type: ignore[override]  # (pyfuse3 takes any buffer)
         self, fh: int, off: int, size: int
     ) -> bytes | bytearray | memoryview:
         return await self._handle(fh).read(off, size)
 
-    @fuse_op(_fh)
+    @fuse_op(of_fh)
     async def write(self, fh: int, off: int, buf: bytes) -> int:
         handle = self._handle(fh)
         if self.guard.bound:
@@ -315,11 +269,11 @@ class Operations(pyfuse3.Operations):
         if h is None or h.flushes:
             await self._flush(fh)
 
-    @fuse_op(_fh)
+    @fuse_op(of_fh)
     async def _flush(self, fh: int) -> None:
         await self._handle(fh).flush()
 
-    @fuse_op(_fh)
+    @fuse_op(of_fh)
     async def fsync(self, fh: int, datasync: bool) -> None:
         await self._handle(fh).fsync(datasync)
 
@@ -332,7 +286,7 @@ class Operations(pyfuse3.Operations):
             return
         await self._release(fh)
 
-    @fuse_op(_fh)
+    @fuse_op(of_fh)
     async def _release(self, fh: int) -> None:
         h = self.handles.pop(fh, None)
         if h is not None:
@@ -346,7 +300,7 @@ class Operations(pyfuse3.Operations):
     def listings(self) -> Listings:
         return listings.of(self.ctx)
 
-    @fuse_op(_ino)
+    @fuse_op(of_ino)
     async def opendir(  # type: ignore[override]  # (a stock pyfuse3 says int only)
         self, inode: int, req: RequestContext
     ) -> int | pyfuse3.FileInfo:
@@ -361,7 +315,7 @@ class Operations(pyfuse3.Operations):
             self.dirs.pop(fh, None)
             raise
 
-    @fuse_op(_dh)
+    @fuse_op(of_dh)
     async def readdir(self, fh: int, start_id: int, token: Any) -> None:
         dh = self.dirs.get(fh)
         if dh is None:
@@ -378,17 +332,8 @@ class Operations(pyfuse3.Operations):
             count(node)
             return True
 
-        snap = self.listings.snapshots.get(fh) if self.listings.snapshots else None
-        if snap is not None:
-            entries = self.listings.entries_after(snap, start_id)
-            if entries is not None:
-                if start_id == 0:
-                    self.listings.filling(snap)
-                for name, node, next_id in entries:
-                    if not emit(name, node, next_id):
-                        return
-                return
-        await dh.node.readdir(dh, start_id, emit)
+        if not self.listings.replay(fh, start_id, emit):
+            await dh.node.readdir(dh, start_id, emit)
 
     # (every listing ends in one: a handle with nothing to release skips the wrapper)
     async def releasedir(self, fh: int) -> None:
@@ -397,11 +342,11 @@ class Operations(pyfuse3.Operations):
         if dh is not None and type(dh).release is not DirHandle.release:
             await self._releasedir(fh, dh)
 
-    @fuse_op(_dh)
+    @fuse_op(of_dh)
     async def _releasedir(self, fh: int, dh: DirHandle) -> None:
         await dh.release()
 
-    @fuse_op(_dh)
+    @fuse_op(of_dh)
     async def fsyncdir(self, fh: int, datasync: bool) -> None:
         return None
 
@@ -419,16 +364,16 @@ class Operations(pyfuse3.Operations):
             self.guard.seen(req)
         return await self._getxattr(inode, name, req)
 
-    @fuse_op(lambda self, ino, name, *r: f"{_ino(self, ino)} [{name!r}]")
+    @fuse_op(lambda self, ino, name, *r: f"{of_ino(self, ino)} [{name!r}]")
     async def _getxattr(self, inode: int, name: bytes, req: RequestContext) -> bytes:
         return await self.node(inode).getxattr(name, req)
 
-    @fuse_op(_ino)
+    @fuse_op(of_ino)
     async def listxattr(self, inode: int, req: RequestContext) -> list[bytes]:
         self.guard.seen(req)
         return await self.node(inode).listxattr(req)
 
-    @fuse_op(lambda self, ino, name, *r: f"{_ino(self, ino)} [{name!r}]")
+    @fuse_op(lambda self, ino, name, *r: f"{of_ino(self, ino)} [{name!r}]")
     async def setxattr(self, inode: int, name: bytes, value: bytes, req: RequestContext) -> None:
         if not name.startswith(b"user."):
             fail(errno.EOPNOTSUPP, "only user.* extended attributes exist here")
@@ -439,7 +384,7 @@ class Operations(pyfuse3.Operations):
         self.guard.may_change(req, node)  # (a pin is a change: root's and the owner's)
         await node.setxattr(name, value, req)
 
-    @fuse_op(lambda self, ino, name, *r: f"{_ino(self, ino)} [{name!r}]")
+    @fuse_op(lambda self, ino, name, *r: f"{of_ino(self, ino)} [{name!r}]")
     async def removexattr(self, inode: int, name: bytes, req: RequestContext) -> None:
         if not name.startswith(b"user."):
             fail(errno.EOPNOTSUPP, "only user.* extended attributes exist here")

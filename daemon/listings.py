@@ -40,6 +40,8 @@ from typing import TYPE_CHECKING
 import pyfuse3
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from .context import Context
     from .nodes.base import DirHandle, Node
 
@@ -145,6 +147,20 @@ class Listings:
             return snap.entries
         i = snap.index.get(start)
         return None if i is None else snap.entries[i:]
+
+    def replay(self, fh: int, start: int, emit: Callable[[bytes, Node, int], bool]) -> bool:
+        """Serve a READDIR of the open `fh` from the snapshot its OPENDIR took: False when
+        there is none (or `start` is not an offset it gave), and the node lists itself."""
+        snap = self.snapshots.get(fh) if self.snapshots else None
+        entries = self.entries_after(snap, start) if snap is not None else None
+        if snap is None or entries is None:
+            return False
+        if start == 0:
+            self.filling(snap)
+        for name, node, next_id in entries:
+            if not emit(name, node, next_id):
+                break
+        return True
 
 
 def of(ctx: Context) -> Listings:

@@ -75,6 +75,7 @@ DAEMON_RANKS = {
     "alkfsd.listings": 12,
     "alkfsd.workers": 12,
     "alkfsd.access": 12,
+    "alkfsd.requests": 12,
     "alkfsd.fs": 13,
     # write state
     "alkfsd.staging": 20,  # (the package)

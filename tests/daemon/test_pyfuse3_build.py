@@ -4,20 +4,20 @@ opens can ask the kernel to cache the listing."""
 from __future__ import annotations
 
 import pyfuse3
-from alkfsd import fs, listings
+from alkfsd import listings, requests
 from alkfsd.nodes.handles import BytesHandle
 from alkfsd.staging.staged import StagedHandle
 
 
 def test_the_venvs_pyfuse3_is_built_with_fileinfo_noflush() -> None:
-    assert fs.NOFLUSH is True
+    assert requests.NOFLUSH is True
     fi = pyfuse3.FileInfo(fh=7, noflush=True)
     assert (fi.fh, fi.noflush, fi.keep_cache) == (7, True, True)
 
 
 def test_only_handles_with_nothing_to_flush_skip_it() -> None:
-    read_only = fs._file_info(3, BytesHandle.__new__(BytesHandle))
-    staged = fs._file_info(4, StagedHandle.__new__(StagedHandle))
+    read_only = requests.file_info(3, BytesHandle.__new__(BytesHandle))
+    staged = requests.file_info(4, StagedHandle.__new__(StagedHandle))
     assert (read_only.fh, read_only.noflush) == (3, True)
     assert (staged.fh, staged.noflush) == (4, False)
 

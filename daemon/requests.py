@@ -1,0 +1,61 @@
+"""What the dispatch (fs.py) checks and builds around every request.
+
+Bad input is refused before any node sees it: a name longer than NAME_MAX bytes
+(ENAMETOOLONG, for every operation that takes a name; the kernel lets FUSE names of up
+to 1024 bytes through) and an extended attribute value over XATTR_VALUE_MAX bytes
+(E2BIG, nothing changed). Also here: the FileInfo an open answers with, and how a
+request's target is named in a log line (`fuse_op`'s describers)."""
+
+from __future__ import annotations
+
+import errno
+from typing import Any
+
+import pyfuse3
+
+from .errors import fail
+from .nodes.handles import Handle
+
+# FileInfo.noflush comes from third_party/pyfuse3-noflush.patch (the Makefile builds
+# pyfuse3 with it). With it, closing a file whose handle has nothing to flush (every
+# read-only open) costs no FLUSH round trip; a stock pyfuse3 still works, with the trip.
+NOFLUSH = hasattr(pyfuse3.FileInfo(), "noflush")
+
+OTHER_FIELDS = ("update_mode", "update_uid", "update_gid", "update_size")
+
+NAME_MAX = 255  # bytes of one name (statfs says so too), as on every Linux file system
+XATTR_VALUE_MAX = 4096  # bytes of an extended attribute's value (user.alkfs.* take a word)
+
+
+def check_name(name: bytes) -> None:
+    """ENAMETOOLONG for a name no Linux file system would take."""
+    if len(name) > NAME_MAX:
+        fail(errno.ENAMETOOLONG, f"a name of {len(name)} bytes (at most {NAME_MAX})")
+
+
+def file_info(fh: int, handle: Handle) -> pyfuse3.FileInfo:
+    fi = pyfuse3.FileInfo(fh=fh, keep_cache=handle.keep_cache, direct_io=handle.direct_io)
+    if NOFLUSH and not handle.flushes:
+        fi.noflush = True
+    return fi
+
+
+def of_ino(self: Any, ino: int, *rest: Any) -> str:
+    node = self.inodes.get(ino)
+    return node.describe() if node is not None else f"inode {ino}"
+
+
+def of_child(self: Any, ino: int, name: bytes, *rest: Any) -> str:
+    node = self.inodes.get(ino)
+    base = node.describe() if node is not None else f"inode {ino}"
+    return f"{base.rstrip('/')}/{name.decode('utf-8', 'backslashreplace')}"
+
+
+def of_fh(self: Any, fh: int, *rest: Any) -> str:
+    h = self.handles.get(fh)
+    return h.node.describe() if h is not None else f"handle {fh}"
+
+
+def of_dh(self: Any, fh: int, *rest: Any) -> str:
+    h = self.dirs.get(fh)
+    return h.node.describe() if h is not None else f"dir handle {fh}"
