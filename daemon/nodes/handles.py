@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING, Any
 from ..errors import fail
 
 if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
+
     from .base import Node
 
 
@@ -59,6 +61,28 @@ class BytesHandle(Handle):
 
     async def read(self, off: int, size: int) -> bytes:
         return self.data[off : off + size]
+
+
+class LoadedHandle(Handle):
+    """A small file's bytes, fetched at its first read and kept for the open: with
+    keep_cache the kernel serves repeated reads from its pages, so an open of a file
+    whose pages the kernel holds costs no query at all."""
+
+    keep_cache = True
+
+    def __init__(self, node: Node, fetch: Callable[[], Awaitable[bytes]]) -> None:
+        super().__init__(node)
+        self.fetch = fetch
+        self.data: bytes | None = None
+
+    async def load(self) -> bytes:
+        data = self.data
+        if data is None:
+            data = self.data = await self.fetch()
+        return data
+
+    async def read(self, off: int, size: int) -> bytes:
+        return (await self.load())[off : off + size]
 
 
 class DirHandle:

@@ -25,9 +25,9 @@ from ..staging.overlay import ScratchOverlay
 from ..staging.scratch import ScratchFile
 from ..staging.writes import RepoKey, pid_of
 from .base import FIRST_OFFSET, Dir, Emit, Node, changes_anything
-from .handles import DirHandle, Handle, wants_write
+from .handles import DirHandle, Handle, LoadedHandle, wants_write
 from .listing import PAGE, after_cookie, cookie
-from .objfile import INLINE_VERIFY, LargeHandle, ObjectFile
+from .objfile import LargeHandle, ObjectFile, verified_get
 
 if TYPE_CHECKING:
     from ..context import Context
@@ -284,41 +284,14 @@ class LooseFile(ObjectFile):
             inner = await super().open(flags, req)
             assert isinstance(inner, LargeHandle)
             return LooseLargeHandle(self, inner)
-        handle = LooseKvHandle(self)
+        handle = LoadedHandle(self, self.load)
         if self.may_push():
             self.push(await handle.load())
         return handle
 
     async def load(self) -> bytes:
         """The loose file of a kv object, verified (small ones inline, no thread hop)."""
-        store = self.ctx.store
-        if self.st.size <= INLINE_VERIFY:
-            canonical = store.get(self.key)
-        else:
-            canonical = await self.ctx.run_sync(store.get, self.key)
-        if canonical is None:
-            fail(errno.ENOENT, f"{self.key} is gone")
-        return encode_loose(canonical)
-
-
-class LooseKvHandle(Handle):
-    """A kv object in loose form, loaded at the first read: an open of a file whose pages
-    the kernel already holds costs no query."""
-
-    keep_cache = True
-
-    def __init__(self, node: LooseFile) -> None:
-        super().__init__(node)
-        self.loose = node
-        self.data: bytes | None = None
-
-    async def load(self) -> bytes:
-        if self.data is None:
-            self.data = await self.loose.load()
-        return self.data
-
-    async def read(self, off: int, size: int) -> bytes:
-        return (await self.load())[off : off + size]
+        return encode_loose(await verified_get(self.ctx, self.key, self.st.size))
 
 
 class LooseLargeHandle(Handle):

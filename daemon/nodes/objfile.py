@@ -4,6 +4,7 @@ extended attributes (algorithm, size, tier, git type, pins; `user.alkfs.pin.NAME
 from __future__ import annotations
 
 import errno
+import functools
 import logging
 import os
 import stat
@@ -20,7 +21,7 @@ from alkfs.store import ObjectStat
 
 from ..errors import fail
 from .base import BLKSIZE, File, Node
-from .handles import Handle
+from .handles import Handle, LoadedHandle
 from .largefile import LargeHandle
 from .pinning import pin_object, unpin_object
 from .policy import noop_setattr
@@ -169,7 +170,9 @@ class ObjectFile(File):
                 os.close(fd)
                 raise
             return LargeHandle(self, fd, fst, record, verified)
-        handle = KvHandle(self)
+        handle = LoadedHandle(
+            self, functools.partial(verified_get, self.ctx, self.key, self.st.size)
+        )
         if self.may_push():
             self.push(await handle.load())  # verified: a corrupt object fails its open
         return handle
@@ -257,30 +260,12 @@ class ObjectFile(File):
         await unpin_object(self.ctx, name, self.key)
 
 
-class KvHandle(Handle):
-    """A small object, loaded and verified at its first read: with keep_cache the kernel
-    serves repeated reads from its pages, so a warm open costs no query at all."""
-
-    keep_cache = True
-
-    def __init__(self, node: ObjectFile) -> None:
-        super().__init__(node)
-        self.obj = node
-        self.data: bytes | None = None
-
-    async def load(self) -> bytes:
-        data = self.data
-        if data is None:
-            obj = self.obj
-            store = obj.ctx.store
-            if obj.st.size <= INLINE_VERIFY:
-                data = store.get(obj.key)
-            else:
-                data = await obj.ctx.run_sync(store.get, obj.key)
-            if data is None:
-                fail(errno.ENOENT, f"{obj.key} is gone")
-            self.data = data
-        return data
-
-    async def read(self, off: int, size: int) -> bytes:
-        return (await self.load())[off : off + size]
+async def verified_get(ctx: Context, key: Key, size: int) -> bytes:
+    """A kv object's bytes, verified (a small one inline: no thread hop); ENOENT if gone."""
+    if size <= INLINE_VERIFY:
+        data = ctx.store.get(key)
+    else:
+        data = await ctx.run_sync(ctx.store.get, key)
+    if data is None:
+        fail(errno.ENOENT, f"{key} is gone")
+    return data
