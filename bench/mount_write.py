@@ -30,8 +30,9 @@ whose balloon takes freed memory back, the first touch of a page costs ~3 us: 0.
 The floor: the same writes into bench/nullfs.py, a pyfuse3 file system that keeps names
 and throws the bytes away, are printed for each scenario. It answers the same FUSE
 requests as alkfs and does nothing else, so its ratio bounds what any pyfuse3 file
-system can reach on this machine. Ratios are throughput ratios (plain time /
-alkfs time). Targets: the large file >= 0.5x, small files >= 0.2x. The CPU seconds of
+system can reach on this machine. Ratios are throughput ratios (baseline time /
+alkfs time). The targets are against the floor (measured in the same run): the large
+file >= 0.6x, small files >= 0.5x; the ratio to plain is printed too. The CPU seconds of
 the median run (the tool's, the daemon's) are printed too: on a busy machine the wall
 ratio mostly measures how long each FUSE round trip waits for a CPU.
 """
@@ -64,6 +65,9 @@ class Sizes:
     small_count: int
     runs: int
 
+
+LARGE_TARGET = 0.6  # of the floor's throughput (issue 9: alkfs also hashes, writes, fsyncs)
+SMALL_TARGET = 0.5
 
 FULL = Sizes(large_mib=1024, small_count=10_000, runs=3)
 QUICK = Sizes(large_mib=128, small_count=1_000, runs=3)
@@ -115,7 +119,14 @@ class Report:
         nbytes: int | None = None,
         cpu: dict[str, float] | None = None,
     ) -> None:
-        ratio, ok = common.verdict(scenario, times, "plain", target, nbytes, width=36)
+        """`times`: alkfs, plain and floor (nullfs). The verdict is against the floor:
+        what any pyfuse3 file system reaches here; the ratio to plain is printed too."""
+        ratio, ok = common.verdict(scenario, times, "floor", target, nbytes, width=36)
+        plain = times["plain"] / times["alkfs"]
+        print(
+            f"  {'':<36} alkfs vs plain: {plain:.2f}x; the floor (bench/nullfs.py, a pyfuse3 "
+            f"fs that stores nothing) vs plain: {times['plain'] / times['floor']:.2f}x"
+        )
         if cpu:
             print(
                 f"  {'':<36} cpu s: "
@@ -127,8 +138,9 @@ class Report:
             {
                 "scenario": scenario,
                 "times_s": {k: round(v, 4) for k, v in times.items()},
-                "ratio": round(ratio, 3),
-                "target": target,
+                "ratio_to_floor": round(ratio, 3),
+                "ratio_to_plain": round(plain, 3),
+                "target_to_floor": target,
                 "pass": ok,
                 "cpu_s": {k: round(v, 3) for k, v in (cpu or {}).items()},
             }
@@ -164,16 +176,6 @@ def free_objects(mnt: Path) -> None:
     for _ in range(2):
         (mnt / ".alkfs" / "control").write_text("sweep\n")
     os.sync()
-
-
-def floor_line(times: dict[str, float], floor: float, report: Report) -> None:
-    print(
-        f"  {'':<36} floor: a pyfuse3 fs that stores nothing (bench/nullfs.py) "
-        f"{floor:.3f}s, {times['plain'] / floor:.2f}x plain",
-        flush=True,
-    )
-    report.rows[-1]["floor_s"] = round(floor, 4)
-    report.rows[-1]["floor_ratio"] = round(times["plain"] / floor, 3)
 
 
 def drop_dir(path: Path) -> None:
@@ -216,9 +218,8 @@ def run(sizes: Sizes, work: Path, daemon: Mount, null: Mount, report: Report) ->
         sizes.runs,
         lambda i: (os.unlink(plain / f"big-s{i}"), os.sync()),
     )
-    times = {"alkfs": t_alk, "plain": t_plain}
-    report.line("cp 1 file -> /pins", times, 0.5, nbytes, cpu)
-    floor_line(times, t_null, report)
+    times = {"alkfs": t_alk, "plain": t_plain, "floor": t_null}
+    report.line("cp 1 file -> /pins", times, LARGE_TARGET, nbytes, cpu)
     print(f"  {'':<36} (for reference: plain cp + sync {t_sync:.3f}s)")
     big.unlink()
 
@@ -250,12 +251,10 @@ def run(sizes: Sizes, work: Path, daemon: Mount, null: Mount, report: Report) ->
         lambda i: ["cp", "-r", f"{src}/.", str(nmnt / f"run-{i}")], sizes.runs, lambda i: None
     )
     label = f"cp -r {sizes.small_count} files"
-    times = {"alkfs": t_pins, "plain": t_plain}
-    report.line(f"{label} -> /pins", times, 0.2, cpu=cpu_pins)
-    floor_line(times, t_null, report)
-    times = {"alkfs": t_objs, "plain": t_plain}
-    report.line(f"{label} -> /objects/sha256", times, 0.2, cpu=cpu_objs)
-    floor_line(times, t_null, report)
+    times = {"alkfs": t_pins, "plain": t_plain, "floor": t_null}
+    report.line(f"{label} -> /pins", times, SMALL_TARGET, cpu=cpu_pins)
+    times = {"alkfs": t_objs, "plain": t_plain, "floor": t_null}
+    report.line(f"{label} -> /objects/sha256", times, SMALL_TARGET, cpu=cpu_objs)
 
 
 def main() -> int:
