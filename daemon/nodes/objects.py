@@ -112,7 +112,7 @@ class AlgoDir(_Dir):
             fail(errno.EEXIST, f"{expect} exists")
         node = StagedFile(self.ctx, self, name, self.algo, expect=expect, mode=mode)
         self.staged[name] = node
-        return node, node.new_handle()
+        return node, node.new_handle(flags)
 
     def store_in_thread(self, node: StagedFile, data: bytes) -> PutResult | None:
         return None  # the plain put: nothing is named

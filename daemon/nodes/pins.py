@@ -145,7 +145,7 @@ class PinsDir(Dir):
             fail(errno.EEXIST, f"/pins/{clip(name.decode(errors='replace'))} exists")
         node = PinFile(self.ctx, self, name, Algorithm.SHA256, mode=mode)
         self.staged[name] = node
-        return node, node.new_handle()
+        return node, node.new_handle(flags)
 
     async def symlink(self, name: bytes, link: bytes, req: RequestContext) -> Node:
         pins = pinning.pins_of(self.ctx)

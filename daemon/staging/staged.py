@@ -177,10 +177,10 @@ class StagedFile(File):
         return self.attr()
 
     # -- opening ------------------------------------------------------------------------
-    def new_handle(self) -> StagedHandle:
-        """A handle for the open that created this node."""
+    def new_handle(self, flags: int) -> StagedHandle:
+        """A handle for an open of this node (the one that created it, or a later one)."""
         self.opens += 1
-        return StagedHandle(self)
+        return StagedHandle(self, direct_io=(flags & os.O_ACCMODE) == os.O_WRONLY)
 
     async def open(self, flags: int, req: RequestContext) -> Handle:
         if self.writer.closed:  # stored and closed (a temporary name kept until renamed)
@@ -191,7 +191,7 @@ class StagedFile(File):
             if st is None:
                 fail(errno.ENOENT, f"{self.key} is gone")
             return await self.host.stored_file(st).open(flags, req)
-        handle = self.new_handle()
+        handle = self.new_handle(flags)
         if flags & os.O_TRUNC and wants_write(flags):
             await self.writer.truncate(0)
         return handle
@@ -242,13 +242,13 @@ class StagedFile(File):
 class StagedHandle(Handle):
     """An open file on a StagedFile (see the module docstring)."""
 
-    # Writes bypass the page cache: before each cached write the kernel asks for the
-    # file's security.capability xattr (to strip it), one more round trip per write
-    # (a fifth of a small file's). The content is in memory or a spool file anyway.
-    direct_io = True
-
-    def __init__(self, node: StagedFile) -> None:
+    def __init__(self, node: StagedFile, *, direct_io: bool = False) -> None:
         super().__init__(node)
+        # A write-only open (cp, rsync, dd, a shell's >) bypasses the page cache: before
+        # each cached write the kernel asks for the file's security.capability xattr (to
+        # strip it), one more round trip per write, a fifth of a small file's. A
+        # read-write open keeps the cache: a direct-I/O file cannot be mapped shared.
+        self.direct_io = direct_io
         self.staged = node
         self.released = False
 

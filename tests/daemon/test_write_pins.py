@@ -137,6 +137,25 @@ def test_writes_into_pins_and_objects_cost_no_xattr_round_trip(mount, tmp_path):
     )
 
 
+def test_a_file_opened_read_write_can_be_written_through_a_shared_mapping(mount):
+    """Only write-only opens bypass the page cache: a direct-I/O file cannot be mapped
+    shared (ENODEV), and a program writing through mmap opens read-write."""
+    import mmap
+
+    m = mount
+    data = bytes(range(256)) * 16
+    fd = os.open(m.path("pins", "mapped"), os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        os.ftruncate(fd, len(data))
+        with mmap.mmap(fd, len(data), flags=mmap.MAP_SHARED) as mapped:
+            mapped[:] = data
+            mapped.flush()
+    finally:
+        os.close(fd)
+    assert os.readlink(m.path("pins", "mapped")) == link_of(data)
+    assert m.path("pins", "mapped").read_bytes() == data
+
+
 def test_rsync_into_pins_writes_a_temporary_name_then_renames_it_to_the_pin(mount, sources):
     m = mount
     run("rsync", "-a", f"{sources}/", m.path("pins"))
