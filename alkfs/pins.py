@@ -28,6 +28,7 @@ from .keys import Algorithm, Key
 from .schema import PINS
 
 if TYPE_CHECKING:
+    from .gc.arbiter import Pin
     from .git.closure import RefClosure
     from .store import PutResult, Source, Store
 
@@ -95,9 +96,7 @@ class Pins:
             record, wrote = self._write(name, key, replace)
             return record
         finally:
-            # The counter moves after the commit, in the same locked step that drops the pin.
-            bump = functools.partial(self._bump, key.raw) if wrote else lambda: None
-            self.store.arbiter.convert(held, bump)
+            self._settle(held, wrote)
 
     def put_pinned(
         self,
@@ -116,9 +115,14 @@ class Pins:
             source, algo=algo, within=lambda key: box.append(self._write(name, key, replace))
         )
         record, wrote = box[0]
-        bump = functools.partial(self._bump, result.key.raw) if wrote else lambda: None
-        self.store.arbiter.convert(result.pin, bump)
+        self._settle(result.pin, wrote)
         return result, record
+
+    def _settle(self, held: Pin, wrote: bool) -> None:
+        """Drop the in-process pin held over a pin write; the counter moves after the
+        commit (if a row was written), in the same locked step that drops the pin."""
+        bump = functools.partial(self._bump, held.key) if wrote else lambda: None
+        self.store.arbiter.convert(held, bump)
 
     def _write(self, name: str, key: Key, replace: bool | Key) -> tuple[PinRecord, bool]:
         """The pin row (the caller holds `key`'s pin): (the record, whether it was written)."""

@@ -379,10 +379,10 @@ class Store:
                     created = self._publish_large(key, staging, writer.digester, stamp)
                     staging = None
                     if within is not None:
-                        with self._tx():
+                        with self.tx():
                             within(key)
                 elif within is not None:
-                    with self._tx():
+                    with self.tx():
                         created = self.kv.put(key.raw, bytes(buf), stamp)
                         within(key)
                 else:
@@ -401,8 +401,9 @@ class Store:
             if staging is not None and self.large is not None:
                 self.large.discard(staging)
 
-    def _tx(self) -> AbstractContextManager[object]:
-        """The database's write transaction (a memory store has none: nothing to join)."""
+    def tx(self) -> AbstractContextManager[object]:
+        """The database's write transaction, to join several changes into one commit (a
+        memory store has none: nothing to join)."""
         return self.db.tx() if self.db is not None else contextlib.nullcontext()
 
     def _publish_large(self, key: Key, staging: Path, digester: ChunkDigester, stamp: int) -> bool:

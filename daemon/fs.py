@@ -29,6 +29,7 @@ from .nodes.base import Node
 from .nodes.handles import DirHandle, Handle, wants_write
 from .nodes.root import Root
 from .requests import (
+    NAME_MAX,
     OTHER_FIELDS,
     XATTR_VALUE_MAX,
     check_name,
@@ -417,5 +418,5 @@ class Operations(pyfuse3.Operations):
             out.f_files = st.f_files
             out.f_ffree = st.f_ffree
             out.f_favail = st.f_favail
-        out.f_namemax = 255
+        out.f_namemax = NAME_MAX
         return out

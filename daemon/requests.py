@@ -9,12 +9,15 @@ request's target is named in a log line (`fuse_op`'s describers)."""
 from __future__ import annotations
 
 import errno
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyfuse3
 
 from .errors import fail
 from .nodes.handles import Handle
+
+if TYPE_CHECKING:
+    from .fs import Operations
 
 # FileInfo.noflush comes from third_party/pyfuse3-noflush.patch (the Makefile builds
 # pyfuse3 with it). With it, closing a file whose handle has nothing to flush (every
@@ -40,22 +43,22 @@ def file_info(fh: int, handle: Handle) -> pyfuse3.FileInfo:
     return fi
 
 
-def of_ino(self: Any, ino: int, *rest: Any) -> str:
+def of_ino(self: Operations, ino: int, *rest: Any) -> str:
     node = self.inodes.get(ino)
     return node.describe() if node is not None else f"inode {ino}"
 
 
-def of_child(self: Any, ino: int, name: bytes, *rest: Any) -> str:
+def of_child(self: Operations, ino: int, name: bytes, *rest: Any) -> str:
     node = self.inodes.get(ino)
     base = node.describe() if node is not None else f"inode {ino}"
     return f"{base.rstrip('/')}/{name.decode('utf-8', 'backslashreplace')}"
 
 
-def of_fh(self: Any, fh: int, *rest: Any) -> str:
+def of_fh(self: Operations, fh: int, *rest: Any) -> str:
     h = self.handles.get(fh)
     return h.node.describe() if h is not None else f"handle {fh}"
 
 
-def of_dh(self: Any, fh: int, *rest: Any) -> str:
+def of_dh(self: Operations, fh: int, *rest: Any) -> str:
     h = self.dirs.get(fh)
     return h.node.describe() if h is not None else f"dir handle {fh}"

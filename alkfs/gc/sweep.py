@@ -127,7 +127,7 @@ def _delete(
     gone: list[tuple[bytes, int | None]] = []
     cancelled = 0
     fleet = store.fleet
-    with store.db.tx() if store.db is not None else contextlib.nullcontext():
+    with store.tx():
         keep = None
         if fleet is not None:
             if fleet.epoch() != epoch:

@@ -8,8 +8,8 @@ store has a fleet; the files stay in STORE/derived/<fmt>/, a directory every dae
   (a build overtaken by a newer one is dropped). Every daemon's listener then loads it
   (`Derived.refresh`).
 - **One builder at a time** (`builder`), per format: a session advisory lock on a
-  connection of its own, tried by the intake (another daemon builds: skip this round), waited for by a
-  sweep's guard, `repack` and a withdrawal. A new generation's number is taken under it,
+  connection of its own, tried by the intake (another daemon builds: skip this round),
+  waited for by a sweep's guard, `repack` and a withdrawal. A new generation's number is taken under it,
   above every generation published, held or on disk, and held before its directory is
   made.
 - **Holds** (`fleet_pack_holds`): each daemon lists the generations it serves (serving =

@@ -177,19 +177,29 @@ class PinsDir(Dir):
             fail(errno.EINVAL, f"{_shown(link)} does not name an object")
 
     # -- files written here ---------------------------------------------------------------
-    def store_in_thread(self, node: StagedFile, data: bytes) -> PutResult | None:
-        """A valid name: the object and its pin in one transaction (a refused name
-        stores nothing); a temporary or an unlinked file: the plain put."""
+    @staticmethod
+    def _pin_name(node: StagedFile) -> str | None:
+        """The pin a file written here makes at close: None for a temporary (held
+        in-process until renamed) or a file unlinked while open."""
         text = _text(node.name)
         if node.unlinked or text is None or not valid_pin_name(text):
+            return None
+        return text
+
+    def store_in_thread(self, node: StagedFile, data: bytes) -> PutResult | None:
+        """A pin name: the object and its pin in one transaction (a refused name stores
+        nothing); otherwise the plain put."""
+        text = self._pin_name(node)
+        if text is None:
             return None
         return pinning.put_pinned(pinning.pins_of(self.ctx), text, data, node.key)
 
     def publish_in_thread(self, node: StagedFile, result: PutResult) -> None:
-        """In the put's worker thread: a valid name is pinned, then the in-process pin
-        goes (after the pin row committed); EEXIST if the name is another object's now."""
-        text = _text(node.name)
-        if node.unlinked or text is None or not valid_pin_name(text):
+        """In the put's worker thread (content that was spooled): a pin name is pinned,
+        then the in-process pin goes (after the pin row committed); EEXIST if the name
+        is another object's now."""
+        text = self._pin_name(node)
+        if text is None:
             return
         pinning.pin(pinning.pins_of(self.ctx), text, result.key, node.key)
         result.pin.release()
