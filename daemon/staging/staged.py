@@ -244,10 +244,11 @@ class StagedHandle(Handle):
 
     def __init__(self, node: StagedFile, *, direct_io: bool = False) -> None:
         super().__init__(node)
-        # A write-only open (cp, rsync, dd, a shell's >) bypasses the page cache: before
-        # each cached write the kernel asks for the file's security.capability xattr (to
-        # strip it), one more round trip per write, a fifth of a small file's. A
-        # read-write open keeps the cache: a direct-I/O file cannot be mapped shared.
+        # A write-only open (cp, dd, a shell's >) bypasses the page cache: before each
+        # cached write the kernel asks for the file's security.capability xattr (to
+        # strip it), one more round trip per write: one of a small file's eight. A
+        # read-write open (rsync's mkstemp, a program that maps the file) keeps the
+        # cache: a direct-I/O file cannot be mapped shared.
         self.direct_io = direct_io
         self.staged = node
         self.released = False

@@ -113,9 +113,9 @@ def _getxattr_refusals(m) -> int:
 
 
 def test_writes_into_pins_and_objects_cost_no_xattr_round_trip(mount, tmp_path):
-    """A file being written is opened with direct I/O: the kernel's cached write path
-    asks for security.capability before every write (answered ENODATA, counted in the
-    metrics), one request more per small file than the floor pays."""
+    """A write-only open of a file being written uses direct I/O: the kernel's cached
+    write path asks for security.capability before every write (answered EOPNOTSUPP,
+    counted in the metrics), one request more per small file than the floor pays."""
     m = mount
     src = tmp_path / "many"
     src.mkdir()
