@@ -57,3 +57,9 @@ class NoSpace(StoreIO):
 
 class Busy(StoreIO):
     """sqlite stayed locked past its busy timeout ("database is locked"): try again."""
+
+
+class WouldWait(AlkfsError):
+    """A call asked not to wait (`wait=False`) would have had to (a lock held elsewhere,
+    a delete in flight, a database across a network): nothing was changed; make the
+    call again where waiting is allowed."""

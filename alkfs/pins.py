@@ -104,15 +104,19 @@ class Pins:
         source: Source,
         algo: Algorithm = Algorithm.SHA256,
         replace: bool | Key = False,
+        wait: bool = True,
     ) -> tuple[PutResult, PinRecord]:
         """Store `source` and pin it as `name` (as `pin` does, Exists included): for an
         object of the kv tier in one transaction, so that a refused name stores
         nothing. The put's pin is released once the pin row has committed (it is not
-        held in the returned result)."""
+        held in the returned result). `wait=False`: as `Store.put`'s."""
         self._check_name(name)
         box: list[tuple[PinRecord, bool]] = []
         result = self.store.put(
-            source, algo=algo, within=lambda key: box.append(self._write(name, key, replace))
+            source,
+            algo=algo,
+            within=lambda key: box.append(self._write(name, key, replace)),
+            wait=wait,
         )
         record, wrote = box[0]
         self._settle(result.pin, wrote)

@@ -118,6 +118,10 @@ class Reserve:
             else:
                 self._enter(self.free(), f"{when}, too little space for the reserve")
 
+    def settled(self) -> bool:
+        """Whether `admit` would answer now without looking at the disk."""
+        return not self.full and (self.have or not self.size or time.monotonic() < self._next_look)
+
     def admit(self) -> None:
         """Before a new object is written: NoSpace while the disk is full."""
         if not self.full:

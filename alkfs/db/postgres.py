@@ -30,7 +30,7 @@ import psycopg
 import psycopg_pool
 from psycopg import errors as pgerrors
 
-from ..errors import Busy, Invalid, NoSpace, StoreIO, StoreLocked
+from ..errors import Busy, Invalid, NoSpace, StoreIO, StoreLocked, WouldWait
 from .uri import redact
 
 WRITER_LOCK = 0x616C6B66_73777274  # "alkfswrt": every write transaction takes it
@@ -364,8 +364,11 @@ class PostgresDatabase:
         except (psycopg.Error, psycopg_pool.PoolTimeout) as exc:
             self._raise(exc)
 
-    def tx(self) -> contextlib.AbstractContextManager[_Conn]:
-        """One write transaction: all of it commits or none; one at a time per store."""
+    def tx(self, wait: bool = True) -> contextlib.AbstractContextManager[_Conn]:
+        """One write transaction: all of it commits or none; one at a time per store.
+        (`wait=False` is WouldWait: every statement here is a round trip to a server.)"""
+        if not wait:
+            raise WouldWait("a PostgreSQL store is written from a worker thread")
         return self._transaction(write=True)
 
     def snapshot(self) -> contextlib.AbstractContextManager[_Conn]:

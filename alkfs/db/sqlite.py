@@ -16,11 +16,17 @@ from typing import NoReturn
 
 import pysqlite3.dbapi2 as sqlite3
 
-from ..errors import Busy, Invalid, NoSpace, StoreIO
+from ..errors import Busy, Invalid, NoSpace, StoreIO, WouldWait
 
 BUSY_TIMEOUT_MS = 5000
 WRITER_CACHE_KIB = 65536  # a bulk writer's page cache (see tune_bulk_writer)
 WRITER_CHECKPOINT_PAGES = 2048  # 8 MiB of WAL at the default page size
+# A transaction that must not wait (tx(wait=False)) never checkpoints: its connection's
+# autocheckpoint is off. Every NOWAIT_COMMITS-th one is refused (WouldWait) instead, so
+# that the caller's waiting retry commits on a connection whose autocheckpoint runs: the
+# WAL stays bounded (a small file's commit writes ~10 pages; sqlite checkpoints at 1000).
+NOWAIT_COMMITS = 128
+AUTOCHECKPOINT_PAGES = 1000  # sqlite's default
 FILE_MODE = 0o600  # the database and (as sqlite does) its -wal and -shm
 
 # sqlite's primary result codes (the low byte of `sqlite_errorcode`) the store answers
@@ -46,6 +52,7 @@ class SqliteDatabase:
         self._all: dict[int, sqlite3.Connection] = {}
         self._lock = threading.Lock()
         self._closed = False
+        self._nowait_left = NOWAIT_COMMITS
         # Called (no arguments, must not raise) whenever sqlite says the disk is full,
         # after the transaction was rolled back: the store's reserve (alkfs/reserve.py).
         self.on_full: Callable[[], None] | None = None
@@ -119,7 +126,7 @@ class SqliteDatabase:
         with contextlib.suppress(sqlite3.Error):
             conn.close()
 
-    def translate(self, exc: BaseException) -> StoreIO | None:
+    def translate(self, exc: BaseException, tell: bool = True) -> StoreIO | None:
         """The store's error for a sqlite failure that is not a bug: a full disk
         (NoSpace, after telling `on_full`), a lock held past the busy timeout (Busy), an
         I/O error (StoreIO); None for anything else (it stays unexpected)."""
@@ -127,7 +134,7 @@ class SqliteDatabase:
         if not isinstance(exc, sqlite3.Error) or code is None:
             return None
         if code & 0xFF == SQLITE_FULL or code == SQLITE_IOERR_SHMSIZE:
-            if self.on_full is not None:
+            if tell and self.on_full is not None:  # (not from a loop: see tx(wait=False))
                 self.on_full()
             return NoSpace(f"no space left on the device holding {self.path} (sqlite: {exc})")
         if code & 0xFF in (SQLITE_BUSY, SQLITE_LOCKED):
@@ -139,29 +146,38 @@ class SqliteDatabase:
             return StoreIO(f"sqlite: {self.path}: {exc}")
         return None
 
-    def _raise(self, exc: BaseException) -> NoReturn:
+    def _raise(self, exc: BaseException, tell: bool = True) -> NoReturn:
         """Raise `exc` as `translate` has it (itself when it stays unexpected)."""
-        err = self.translate(exc)
+        err = self.translate(exc, tell)
         if err is None:
             raise exc
         raise err from exc
 
     @contextlib.contextmanager
-    def tx(self) -> Iterator[sqlite3.Connection]:
+    def tx(self, wait: bool = True) -> Iterator[sqlite3.Connection]:
         """One write transaction (BEGIN IMMEDIATE): all of it commits or none of it. A
         tx() inside another of the same thread is part of it.
 
         A failing COMMIT is rolled back too (a full disk must not leave the thread's
         connection inside a transaction), and sqlite's failures leave as the store's
-        errors (`translate`)."""
+        errors (`translate`).
+
+        `wait=False` (a caller on an event loop): the write lock held by another
+        connection is WouldWait at once instead of a busy wait, and the commit never
+        runs a checkpoint (see NOWAIT_COMMITS); only CPU and page-cache writes remain. A
+        full disk met there is not told to `on_full` (it sheds files): the caller's
+        waiting retry meets it again."""
         conn = self.conn()
         if getattr(self._local, "in_tx", False):  # nested: part of this thread's transaction
             yield conn
             return
+        self._posture(conn, wait)
         try:
             conn.execute("BEGIN IMMEDIATE")
         except sqlite3.Error as exc:
-            self._raise(exc)
+            if not wait and (getattr(exc, "sqlite_errorcode", 0) or 0) & 0xFF == SQLITE_BUSY:
+                raise WouldWait("sqlite's write lock is held elsewhere") from exc
+            self._raise(exc, wait)
         self._local.in_tx = True
         try:
             try:
@@ -173,7 +189,7 @@ class SqliteDatabase:
                 with contextlib.suppress(sqlite3.Error):
                     conn.execute("ROLLBACK")
             if isinstance(exc, sqlite3.Error):
-                self._raise(exc)
+                self._raise(exc, wait)
             raise
         try:
             conn.execute("COMMIT")
@@ -181,7 +197,27 @@ class SqliteDatabase:
             if conn.in_transaction:
                 with contextlib.suppress(sqlite3.Error):
                     conn.execute("ROLLBACK")
+            self._raise(exc, wait)
+
+    def _posture(self, conn: sqlite3.Connection, wait: bool) -> None:
+        """Before a transaction: the connection's busy timeout and autocheckpoint for
+        `wait` (set when they change; a loop's connection keeps the non-waiting ones)."""
+        if not wait:
+            self._nowait_left -= 1
+            if self._nowait_left <= 0:
+                self._nowait_left = NOWAIT_COMMITS
+                raise WouldWait("a checkpoint is due: this commit is a waiting one")
+        if getattr(self._local, "nowait", None) is (None if wait else conn):
+            return
+        try:
+            busy, pages = (BUSY_TIMEOUT_MS, AUTOCHECKPOINT_PAGES) if wait else (0, 0)
+            if wait and getattr(self._local, "tuned", None) is conn:
+                pages = WRITER_CHECKPOINT_PAGES
+            conn.execute(f"PRAGMA busy_timeout = {busy}")
+            conn.execute(f"PRAGMA wal_autocheckpoint = {pages}")
+        except sqlite3.Error as exc:
             self._raise(exc)
+        self._local.nowait = None if wait else conn
 
     def execute(self, sql: str, params: tuple | list = ()) -> sqlite3.Cursor:
         try:

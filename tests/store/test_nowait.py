@@ -1,0 +1,128 @@
+"""`Store.put(wait=False)`: an event loop's small put either completes without waiting or
+is WouldWait with nothing changed (the daemon then puts from a worker thread)."""
+
+from __future__ import annotations
+
+import os
+
+import pysqlite3.dbapi2 as sqlite3
+import pytest
+
+from alkfs.db import sqlite as sqlite_engine
+from alkfs.errors import WouldWait
+from alkfs.keys import Algorithm
+from alkfs.pins import Pins
+from alkfs.store import DB_NAME, NOWAIT_PUT_MAX
+
+from .conftest import PG, open_column, sha256_key
+
+
+def looked(store):
+    """The store after its first put (a waiting one): that put looks at the free space
+    (alkfs/reserve.py); puts that never wait count on that look for ARM_EVERY_S."""
+    store.put(b"the first put looks at the disk\n").pin.release()
+    return store
+
+
+def test_a_small_put_that_need_not_wait_is_stored(column):
+    store = column.store
+    if store.reserve is not None and store.reserve.size:
+        with pytest.raises(WouldWait):  # nothing has looked at the free space yet
+            store.put(b"too early\n", wait=False)
+    store = looked(store)
+    data = b"stored without waiting\n"
+    if column.name.startswith(PG):  # every statement is a round trip: never on a loop
+        with pytest.raises(WouldWait):
+            store.put(data, wait=False)
+        assert not store.has(sha256_key(data))
+        assert store.arbiter.pin_count(sha256_key(data)) == 0
+        return
+    result = store.put(data, wait=False)
+    assert result.key == sha256_key(data) and result.created
+    assert store.arbiter.pin_count(result.key) == 1
+    result.pin.release()
+    assert store.get(result.key) == data
+
+
+def test_a_stream_or_a_large_put_is_refused_before_anything_is_read(dual):
+    store = dual.store
+    with pytest.raises(WouldWait):
+        store.put(iter([b"a stream"]), wait=False)
+    big = bytes(NOWAIT_PUT_MAX + 1)
+    with pytest.raises(WouldWait):
+        store.put(big, wait=False)
+    over_threshold = bytes(store.threshold + 1)  # (the large tier writes and fsyncs a file)
+    with pytest.raises(WouldWait):
+        store.put(over_threshold, wait=False)
+    assert dual.media() == (0, 0)
+
+
+def test_the_write_lock_held_elsewhere_is_would_wait_and_nothing_changes(dual, tmp_path):
+    store = looked(dual.store)
+    pins = Pins(store)
+    data = b"the lock is held\n"
+    key = sha256_key(data)
+    other = sqlite3.connect(dual.root / DB_NAME, isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")
+    try:
+        with pytest.raises(WouldWait):
+            store.put(data, wait=False)
+        with pytest.raises(WouldWait):
+            pins.put_pinned("held", data, wait=False)
+    finally:
+        other.execute("ROLLBACK")
+        other.close()
+    assert not store.has(key)
+    assert pins.get("held") is None
+    assert store.arbiter.pin_count(key) == 0
+    # refused at once: this thread's connection never ran sqlite's busy wait
+    assert store.db.pragma("busy_timeout") == 0
+    assert store.db.pragma("wal_autocheckpoint") == 0
+    # the lock gone, the same call completes (the connection's posture is not stuck)
+    result, record = pins.put_pinned("held", data, wait=False)
+    assert record.key == key and store.get(key) == data
+    assert store.arbiter.pin_count(key) == 0  # (put_pinned releases its pin)
+    store.put(b"a waiting put\n").pin.release()  # the waiting posture comes back
+    assert store.db.pragma("busy_timeout") == sqlite_engine.BUSY_TIMEOUT_MS
+    assert store.db.pragma("wal_autocheckpoint") == sqlite_engine.AUTOCHECKPOINT_PAGES
+
+
+def test_a_delete_in_flight_is_would_wait(dual):
+    store = looked(dual.store)
+    data = b"being deleted\n"
+    key = sha256_key(data)
+    assert store.arbiter.arbitrate(key)  # the delete marker a sweep holds
+    try:
+        with pytest.raises(WouldWait):
+            store.arbiter.acquire(key, wait=False)
+        with pytest.raises(WouldWait):
+            store.put(data, wait=False)
+    finally:
+        store.arbiter.conclude(key)
+    assert store.arbiter.pin_count(key) == 0 and not store.has(key)
+    store.put(data, wait=False).pin.release()
+    assert store.has(key)
+
+
+def test_puts_that_never_wait_keep_the_wal_bounded(tmp_path):
+    """Their commits never checkpoint; every NOWAIT_COMMITS-th is refused so that its
+    waiting retry (which checkpoints) keeps the WAL from growing with each file."""
+    col = open_column("kv-only", tmp_path, threshold=1 << 17)
+    try:
+        store = looked(col.store)
+        refused = 0
+        for i in range(1500):
+            data = f"small file {i}\n".encode() * 200  # ~3 KiB: a page and its overflow
+            try:
+                result = store.put(data, algo=Algorithm.SHA256, wait=False)
+            except WouldWait:
+                refused += 1
+                result = store.put(data)
+            result.pin.release()
+        assert refused == 1500 // sqlite_engine.NOWAIT_COMMITS
+        wal = os.path.getsize(col.root / f"{DB_NAME}-wal")
+        # 1,500 commits of several pages each: ~30 MiB of WAL if none checkpointed
+        assert wal < 16 << 20, wal
+        assert store.counts()["sha256"]["count"] == 1501
+    finally:
+        col.store.close()
