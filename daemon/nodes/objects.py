@@ -114,10 +114,10 @@ class AlgoDir(_Dir):
         self.staged[name] = node
         return node, node.new_handle(flags)
 
-    def store_in_thread(self, node: StagedFile, data: bytes) -> PutResult | None:
+    def store_small(self, node: StagedFile, data: bytes, wait: bool) -> PutResult | None:
         return None  # the plain put: nothing is named
 
-    def publish_in_thread(self, node: StagedFile, result: PutResult) -> None:
+    def publish_in_thread(self, node: StagedFile, result: PutResult, wait: bool) -> None:
         return None  # nothing is named: the object lives by the window
 
     def stored_file(self, st: ObjectStat) -> File:

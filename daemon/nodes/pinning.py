@@ -7,7 +7,7 @@ import errno
 import threading
 from typing import TYPE_CHECKING, Any
 
-from alkfs.errors import Missing
+from alkfs.errors import Missing, WouldWait
 from alkfs.keys import Key
 from alkfs.pins import PinRecord
 
@@ -51,12 +51,19 @@ def pin(pins: Any, name: str, key: Key, replace: Key | None = None) -> PinRecord
         return pins.pin(name, key, replace=replace or False)
 
 
-def put_pinned(pins: Any, name: str, data: bytes, replace: Key | None = None) -> PutResult:
+def put_pinned(
+    pins: Any, name: str, data: bytes, replace: Key | None = None, wait: bool = True
+) -> PutResult:
     """Store `data` and pin it as `name` in one transaction (as `pin`: Invalid, Exists);
-    the result's pin is released already."""
-    with PIN_LOCK:
-        result, _ = pins.put_pinned(name, data, replace=replace or False)
+    the result's pin is released already. `wait=False` (the trio thread): WouldWait,
+    nothing changed, if PIN_LOCK is held or the put would wait (Store.put)."""
+    if not PIN_LOCK.acquire(blocking=wait):
+        raise WouldWait("another pin change is under way")
+    try:
+        result, _ = pins.put_pinned(name, data, replace=replace or False, wait=wait)
         return result
+    finally:
+        PIN_LOCK.release()
 
 
 def pin_over(pins: Any, name: str, key: Key) -> PinRecord:

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 import pyfuse3
 from pyfuse3 import RequestContext
 
-from alkfs.errors import Invalid, Missing
+from alkfs.errors import Invalid, Missing, WouldWait
 from alkfs.keys import Algorithm, Key
 from alkfs.pins import PinRecord, valid_pin_name
 from alkfs.store import ObjectStat, PutResult
@@ -186,21 +186,24 @@ class PinsDir(Dir):
             return None
         return text
 
-    def store_in_thread(self, node: StagedFile, data: bytes) -> PutResult | None:
+    def store_small(self, node: StagedFile, data: bytes, wait: bool) -> PutResult | None:
         """A pin name: the object and its pin in one transaction (a refused name stores
         nothing); otherwise the plain put."""
         text = self._pin_name(node)
         if text is None:
             return None
-        return pinning.put_pinned(pinning.pins_of(self.ctx), text, data, node.key)
+        return pinning.put_pinned(pinning.pins_of(self.ctx), text, data, node.key, wait)
 
-    def publish_in_thread(self, node: StagedFile, result: PutResult) -> None:
-        """In the put's worker thread (content that was spooled): a pin name is pinned,
-        then the in-process pin goes (after the pin row committed); EEXIST if the name
-        is another object's now."""
+    def publish_in_thread(self, node: StagedFile, result: PutResult, wait: bool) -> None:
+        """After the put (content that was spooled): a pin name is pinned, then the
+        in-process pin goes (after the pin row committed); EEXIST if the name is
+        another object's now. (Only a worker thread pins here: store_small pins a
+        small file's name.)"""
         text = self._pin_name(node)
         if text is None:
             return
+        if not wait:
+            raise WouldWait("a pin is written from a worker thread")
         pinning.pin(pinning.pins_of(self.ctx), text, result.key, node.key)
         result.pin.release()
 

@@ -67,17 +67,20 @@ log = logging.getLogger("alkfsd")
 class StagingParent(Protocol):
     """What a directory accepting new files gives its StagedFile nodes."""
 
-    def store_in_thread(self, node: StagedFile, data: bytes) -> PutResult | None:
-        """Run in a worker thread for content held in memory: store `data` and name it
-        in one step (e.g. the object and its pin in one transaction; the returned pin
-        is released already), or None to have it stored by `store.put` and then
-        `publish_in_thread`."""
+    def store_small(self, node: StagedFile, data: bytes, wait: bool) -> PutResult | None:
+        """For content held in memory: store `data` and name it in one step (e.g. the
+        object and its pin in one transaction; the returned pin is released already),
+        or None to have it stored by `store.put` and then `publish_in_thread`. Run in a
+        worker thread, or (`wait=False`) on the trio thread: then WouldWait, with
+        nothing changed, wherever it would wait (StagedWriter.commit)."""
         ...
 
-    def publish_in_thread(self, node: StagedFile, result: PutResult) -> None:
-        """Run in the put's worker thread right after the put (e.g. the durable pin's
-        transaction); raising there fails the commit (the pin is released). A parent
-        with nothing to do there does nothing."""
+    def publish_in_thread(self, node: StagedFile, result: PutResult, wait: bool) -> None:
+        """Run right after the put, where it ran (e.g. the durable pin's transaction);
+        raising there fails the commit (the pin is released). A parent with nothing to
+        do there does nothing. `wait=False` (the put ran on the trio thread): WouldWait
+        before changing anything if this would wait (the put is made again in a worker
+        thread: a put is idempotent)."""
         ...
 
     async def publish(self, node: StagedFile, result: PutResult) -> None:
@@ -213,7 +216,7 @@ class StagedFile(File):
             try:
                 result = await self.writer.commit(
                     functools.partial(self.host.publish_in_thread, self),
-                    functools.partial(self.host.store_in_thread, self),
+                    functools.partial(self.host.store_small, self),
                 )
             except Exception as exc:
                 self.error = errno_of(exc) or errno.EIO

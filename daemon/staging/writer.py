@@ -10,9 +10,9 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from alkfs.errors import StoreIO
+from alkfs.errors import StoreIO, WouldWait
 from alkfs.keys import Algorithm, Key
-from alkfs.store import PutResult
+from alkfs.store import NOWAIT_PUT_MAX, PutResult
 
 from ..errors import fail
 from .spool import QUEUE_MAX, EndStream, Spooler, Sync, TakeBack, Truncate, Write
@@ -127,25 +127,37 @@ class StagedWriter:
     # -- storing ------------------------------------------------------------------------
     async def commit(
         self,
-        after: Callable[[PutResult], None] | None = None,
-        own: Callable[[bytes], PutResult | None] | None = None,
+        after: Callable[[PutResult, bool], None] | None = None,
+        own: Callable[[bytes, bool], PutResult | None] | None = None,
     ) -> PutResult:
-        """Store the content now; the caller owns the returned pin. `after(result)` runs
-        in the same worker thread right after the put (publish a name without a second
-        thread hop); if it raises, the pin is released and the error propagates.
-        `own(data)`, for content held in memory, may store and name it in one step
-        instead (its result is returned as it is; None: the put and `after` run)."""
+        """Store the content now; the caller owns the returned pin. `after(result, wait)`
+        runs where the put ran, right after it (publish a name without a second thread
+        hop); if it raises, the pin is released and the error propagates. `own(data,
+        wait)`, for content held in memory, may store and name it in one step instead
+        (its result is returned as it is; None: the put and `after` run).
+
+        A small file's content (up to NOWAIT_PUT_MAX) is first stored right here on the
+        trio thread, with `wait=False` throughout: sqlite's commit of a few pages costs
+        less than the two thread hops that would carry it (each a wake-up of a sleeping
+        CPU on a VM). Anything that would wait (a lock held elsewhere, a delete in
+        flight, a checkpoint due, a PostgreSQL store) is WouldWait with nothing changed,
+        and the commit goes to a worker thread as any other."""
         if self.closed:
             fail(errno.EBADF, "the file was closed")
         self.dirty = False
-        put: Callable[[], PutResult]
+        put: Callable[..., PutResult]
         if self.mem is not None:
             data = bytes(self.mem)
             if len(data) < self.size:
                 data += bytes(self.size - len(data))
             put = functools.partial(self.ctx.store.put, data, algo=self.algo, expect=self.expect)
             if own is not None:
-                return await self.ctx.run_sync(self._own_or_put, own, data, put, after)
+                if len(data) <= NOWAIT_PUT_MAX:
+                    try:
+                        return self._own_or_put(own, data, put, after, False)
+                    except WouldWait:
+                        pass
+                return await self.ctx.run_sync(self._own_or_put, own, data, put, after, True)
         else:
             spool = self.spool
             assert spool is not None
@@ -173,22 +185,25 @@ class StagedWriter:
     @classmethod
     def _own_or_put(
         cls,
-        own: Callable[[bytes], PutResult | None],
+        own: Callable[[bytes, bool], PutResult | None],
         data: bytes,
-        put: Callable[[], PutResult],
-        after: Callable[[PutResult], None] | None,
+        put: Callable[..., PutResult],
+        after: Callable[[PutResult, bool], None] | None,
+        wait: bool,
     ) -> PutResult:
-        result = own(data)
-        return result if result is not None else cls._put_then(put, after)
+        result = own(data, wait)
+        return result if result is not None else cls._put_then(put, after, wait)
 
     @staticmethod
     def _put_then(
-        put: Callable[[], PutResult], after: Callable[[PutResult], None] | None
+        put: Callable[..., PutResult],
+        after: Callable[[PutResult, bool], None] | None,
+        wait: bool = True,
     ) -> PutResult:
-        result = put()
+        result = put() if wait else put(wait=False)  # (a spooled put always waits)
         if after is not None:
             try:
-                after(result)
+                after(result, wait)
             except BaseException:
                 result.pin.release()
                 raise

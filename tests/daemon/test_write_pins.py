@@ -96,6 +96,49 @@ def test_cp_into_pins_stores_and_pins_and_the_entry_becomes_the_symlink(mount, s
     assert m.tracebacks() == []
 
 
+def test_a_small_file_closed_while_sqlite_is_locked_elsewhere_waits_off_the_loop(mount):
+    """A small file's commit runs on the trio thread only when it need not wait: with
+    sqlite's write lock held by another connection it goes to a worker thread, which
+    waits the lock out, and the mount answers other requests meanwhile."""
+    m = mount
+    if m.database is not None:
+        pytest.skip("a sqlite store's write lock (a PostgreSQL store never commits inline)")
+    import pysqlite3.dbapi2 as sqlite3
+
+    write_close(m.path("pins", "first.txt"), OTHER)  # (the first put looks at the disk)
+    other = sqlite3.connect(m.store_path / "store.db", isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")
+    done: list[BaseException | None] = []
+
+    def writer() -> None:
+        try:
+            write_close(m.path("pins", "locked.txt"), SMALL)
+            done.append(None)
+        except BaseException as exc:
+            done.append(exc)
+
+    t = threading.Thread(target=writer)
+    try:
+        t.start()
+        deadline = time.monotonic() + 30
+        while "locked.txt" not in os.listdir(m.path("pins")):  # created, being closed
+            assert time.monotonic() < deadline and not done, done
+            time.sleep(0.01)
+        # the loop answers while the close waits for the lock (not inline: it would
+        # hold the loop for sqlite's busy timeout, or fail with EBUSY)
+        assert m.path("pins", "first.txt").read_bytes() == OTHER
+        assert os_errno(os.lstat, m.path("pins", "absent.txt")) == errno.ENOENT
+        assert done == []  # the close cannot have committed: the lock is still held
+    finally:
+        other.execute("ROLLBACK")
+        other.close()
+        t.join(60)
+    assert done == [None]
+    assert os.readlink(m.path("pins", "locked.txt")) == link_of(SMALL)
+    assert m.path("pins", "locked.txt").read_bytes() == SMALL
+    assert m.tracebacks() == []
+
+
 def test_cp_r_into_pins_pins_every_file(mount, sources):
     m = mount
     run("cp", "-r", f"{sources}/.", m.path("pins"))
