@@ -13,10 +13,12 @@ stream of new pins of plain objects still collects what none of them names.
 from __future__ import annotations
 
 import builtins
+import contextlib
 import functools
 import hashlib
 import re
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -48,6 +50,55 @@ def valid_pin_name(name: str) -> bool:
     return isinstance(name, str) and PIN_NAME.match(name) is not None
 
 
+class Misses:
+    """Names `Pins.get` found unpinned, answered again without a query until any pin
+    changes (a mount looks a new name up three times before it is written: cp's stat,
+    the kernel's O_EXCL lookup, the create's check). Only where every change to the
+    table passes through this process's `Pins` (`on`: not a fleet's store).
+
+    Every change runs inside `changing()`, which encloses its commit: it forgets every
+    name when it starts, and no query that overlapped it may add one (`epoch`)."""
+
+    LIMIT = 4096
+
+    def __init__(self, on: bool) -> None:
+        self.on = on
+        self._lock = threading.Lock()
+        self._names: set[str] = set()
+        self._epoch = 0
+        self._writing = 0
+
+    def known(self, name: str) -> bool:
+        return name in self._names
+
+    def before_query(self) -> int:
+        return self._epoch
+
+    def missed(self, name: str, epoch: int) -> None:
+        """The query begun at `epoch` found no pin `name`."""
+        if not self.on:
+            return
+        with self._lock:
+            if epoch != self._epoch or self._writing:
+                return
+            if len(self._names) >= self.LIMIT:
+                self._names.clear()
+            self._names.add(name)
+
+    @contextlib.contextmanager
+    def changing(self) -> Iterator[None]:
+        with self._lock:
+            self._writing += 1
+            self._epoch += 1
+            self._names.clear()
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._writing -= 1
+                self._epoch += 1
+
+
 class Pins:
     """The store's named pins; a liveness source (register it with `store.register_source`)."""
 
@@ -68,6 +119,7 @@ class Pins:
         self.builds = 0
         self._memo: tuple[str | None, int, set[bytes]] | None = None
         self._lock = threading.Lock()
+        self.misses = Misses(on=store.fleet is None)
 
     def _bump(self, key: bytes) -> None:
         with self._lock:
@@ -93,7 +145,8 @@ class Pins:
         try:
             if not self.store.has(key):
                 raise Missing(f"{key} is not in the store")
-            record, wrote = self._write(name, key, replace)
+            with self.misses.changing():
+                record, wrote = self._write(name, key, replace)
             return record
         finally:
             self._settle(held, wrote)
@@ -112,12 +165,13 @@ class Pins:
         held in the returned result). `wait=False`: as `Store.put`'s."""
         self._check_name(name)
         box: list[tuple[PinRecord, bool]] = []
-        result = self.store.put(
-            source,
-            algo=algo,
-            within=lambda key: box.append(self._write(name, key, replace)),
-            wait=wait,
-        )
+        with self.misses.changing():  # (the put's transaction commits inside)
+            result = self.store.put(
+                source,
+                algo=algo,
+                within=lambda key: box.append(self._write(name, key, replace)),
+                wait=wait,
+            )
         record, wrote = box[0]
         self._settle(result.pin, wrote)
         return result, record
@@ -129,7 +183,8 @@ class Pins:
         self.store.arbiter.convert(held, bump)
 
     def _write(self, name: str, key: Key, replace: bool | Key) -> tuple[PinRecord, bool]:
-        """The pin row (the caller holds `key`'s pin): (the record, whether it was written)."""
+        """The pin row (the caller holds `key`'s pin and is inside `misses.changing()`):
+        (the record, whether it was written)."""
         with self.tables.tx() as conn:
             row = conn.execute(
                 "SELECT key, created_ns FROM pins WHERE name = ?", (name,)
@@ -150,7 +205,7 @@ class Pins:
         return record, True
 
     def unpin(self, name: str) -> None:
-        with self.tables.tx() as conn:
+        with self.misses.changing(), self.tables.tx() as conn:
             if conn.execute("DELETE FROM pins WHERE name = ?", (name,)).rowcount != 1:
                 raise Missing(f"no pin {name!r}")
         # (no counter move: an unpin makes nothing live)
@@ -159,7 +214,7 @@ class Pins:
         """Rename a pin (Missing: no `old`); a pin `new` is Exists, or with `replace`
         is dropped in the same transaction (what `mv` expects)."""
         self._check_name(new)
-        with self.tables.tx() as conn:
+        with self.misses.changing(), self.tables.tx() as conn:
             if conn.execute("SELECT 1 FROM pins WHERE name = ?", (old,)).fetchone() is None:
                 raise Missing(f"no pin {old!r}")
             if old == new:
@@ -176,8 +231,15 @@ class Pins:
         return [PinRecord(n, Key(bytes(k)), t) for n, k, t in rows]
 
     def get(self, name: str) -> PinRecord | None:
+        misses = self.misses
+        if misses.known(name):
+            return None
+        epoch = misses.before_query()
         rows = self.tables.read("SELECT name, key, created_ns FROM pins WHERE name = ?", (name,))
-        return None if not rows else PinRecord(rows[0][0], Key(bytes(rows[0][1])), rows[0][2])
+        if not rows:
+            misses.missed(name, epoch)
+            return None
+        return PinRecord(rows[0][0], Key(bytes(rows[0][1])), rows[0][2])
 
     def names_for(self, key: Key) -> builtins.list[str]:
         rows = self.tables.read("SELECT name FROM pins WHERE key = ? ORDER BY name", (key.raw,))

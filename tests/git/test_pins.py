@@ -231,3 +231,52 @@ def test_pins_written_after_the_mark_keep_only_what_they_name_unless_git(app):
     assert app.pins.contains(dead.raw) is True
     app.pins.live_keys()  # the next mark: exact again
     assert app.pins.contains(dead.raw) is False
+
+
+# -- names found unpinned (Pins.misses) --------------------------------------------------
+def test_a_name_found_unpinned_is_answered_again_until_any_pin_changes(app):
+    pins, store = app.pins, app.store
+    assert pins.misses.on  # (a sqlite store: this process makes every change; a fleet's is off)
+    key = store.add(b"named later\n")
+    other = store.add(b"another\n")
+    assert pins.get("later") is None
+    assert pins.misses.known("later")  # the next lookups of a new name cost no query
+    pins.pin("unrelated", other)  # any change forgets every name
+    assert not pins.misses.known("later")
+    for change, expect in (
+        (lambda: pins.pin("later", key), key),
+        (lambda: pins.rename("later", "moved"), None),
+        (lambda: pins.rename("moved", "later"), key),
+        (lambda: pins.unpin("later"), None),
+        (lambda: pins.put_pinned("later", b"named later\n"), key),
+    ):
+        pins.get("later")  # (a miss is recorded here whenever there is one)
+        change()
+        got = pins.get("later")
+        assert (got.key if got else None) == expect
+
+
+def test_a_miss_from_a_query_that_overlapped_a_change_is_not_kept(app):
+    """The interleavings of a lookup in one thread and a pin change in another, made
+    one at a time: the query's miss is recorded only if no change began or ended
+    since the query began."""
+    pins, store = app.pins, app.store
+    misses = pins.misses
+    key = store.add(b"overlapped\n")
+    # the query began, then a whole change ran, then the query's (stale) miss came in
+    epoch = misses.before_query()
+    pins.pin("late", key)
+    misses.missed("late", epoch)
+    assert not misses.known("late") and pins.get("late") is not None
+    # the query began while a change was under way (its commit not yet made)
+    pins.unpin("late")
+    with misses.changing():
+        epoch = misses.before_query()
+        misses.missed("late", epoch)
+        assert not misses.known("late")
+    misses.missed("late", epoch)  # (and after it ended: the epoch moved on)
+    assert not misses.known("late")
+    # no change in between: kept
+    epoch = misses.before_query()
+    misses.missed("late", epoch)
+    assert misses.known("late") and pins.get("late") is None
