@@ -204,31 +204,41 @@ class StagedFile(File):
         """Store and publish what was written since the last commit (`empty`: also a
         file never written, at its release); a refusal is raised again at every later
         flush until something is written."""
-        async with self.lock:
-            if not self.writer.dirty and not (empty and not self.attempted):
-                if self.error is not None:
-                    fail(self.error, f"{self.path} was not stored")
-                return
-            if self.unlinked:
-                self.writer.dirty = False
-                return
-            self.attempted = True
-            try:
-                result = await self.writer.commit(
-                    functools.partial(self.host.publish_in_thread, self),
-                    functools.partial(self.host.store_small, self),
-                )
-            except Exception as exc:
-                self.error = errno_of(exc) or errno.EIO
-                raise
-            try:
-                await self.host.publish(self, result)
-            except BaseException as exc:  # cancellation too: a pin must never leak
-                result.pin.release()  # (publish releases it; a second release is a no-op)
-                self.error = errno_of(exc) or errno.EIO
-                raise
-            self.error = None
-            self.key = result.key
+        lock = self.lock
+        try:
+            lock.acquire_nowait()  # (uncontended, as nearly always: no trip through the loop)
+        except trio.WouldBlock:
+            await lock.acquire()
+        try:
+            await self._commit(empty)
+        finally:
+            lock.release()
+
+    async def _commit(self, empty: bool) -> None:
+        if not self.writer.dirty and not (empty and not self.attempted):
+            if self.error is not None:
+                fail(self.error, f"{self.path} was not stored")
+            return
+        if self.unlinked:
+            self.writer.dirty = False
+            return
+        self.attempted = True
+        try:
+            result = await self.writer.commit(
+                functools.partial(self.host.publish_in_thread, self),
+                functools.partial(self.host.store_small, self),
+            )
+        except Exception as exc:
+            self.error = errno_of(exc) or errno.EIO
+            raise
+        try:
+            await self.host.publish(self, result)
+        except BaseException as exc:  # cancellation too: a pin must never leak
+            result.pin.release()  # (publish releases it; a second release is a no-op)
+            self.error = errno_of(exc) or errno.EIO
+            raise
+        self.error = None
+        self.key = result.key
 
     async def last_close(self) -> None:
         try:
