@@ -186,20 +186,21 @@ class Pins:
         """The pin row (the caller holds `key`'s pin and is inside `misses.changing()`):
         (the record, whether it was written)."""
         with self.tables.tx() as conn:
-            row = conn.execute(
-                "SELECT key, created_ns FROM pins WHERE name = ?", (name,)
-            ).fetchone()
-            if row is not None:
-                if bytes(row[0]) == key.raw:
-                    return PinRecord(name, key, row[1]), False
-                if replace is not True and (replace is False or replace.raw != bytes(row[0])):
-                    raise Exists(f"the pin {name!r} names another object")
-                conn.execute("DELETE FROM pins WHERE name = ?", (name,))
             record = PinRecord(name, key, now_ns())
-            conn.execute(
-                "INSERT INTO pins (name, key, created_ns) VALUES (?, ?, ?)",
-                (name, key.raw, record.created_ns),
-            )
+            new = (name, key.raw, record.created_ns)
+            insert = "INSERT INTO pins (name, key, created_ns) VALUES (?, ?, ?)"
+            # a new name (as nearly always) in one statement; a taken one is looked at
+            if conn.execute(insert + " ON CONFLICT (name) DO NOTHING", new).rowcount != 1:
+                row = conn.execute(
+                    "SELECT key, created_ns FROM pins WHERE name = ?", (name,)
+                ).fetchone()
+                if row is not None:
+                    if bytes(row[0]) == key.raw:
+                        return PinRecord(name, key, row[1]), False
+                    if replace is not True and (replace is False or replace.raw != bytes(row[0])):
+                        raise Exists(f"the pin {name!r} names another object")
+                    conn.execute("DELETE FROM pins WHERE name = ?", (name,))
+                conn.execute(insert, new)
             if self.store.fleet is not None:  # (several daemons: see alkfs/fleet.py)
                 self.store.fleet.guard_publish(conn, [key.raw])
         return record, True
