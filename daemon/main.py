@@ -278,9 +278,12 @@ def main(argv: list[str] | None = None) -> int:
         ops = Operations(ctx)
         fuse_options = set(pyfuse3.default_options)
         fuse_options |= {"fsname=alkfs:" + store_path.replace(",", "_"), "subtype=alkfs"}
-        if options.shared:  # other users reach it: the daemon decides, not the kernel
+        # The daemon decides who may do what (access.py), never the kernel: with
+        # default_permissions the kernel would also drop the directory's attributes at
+        # every create and ask for them again (one GETATTR more per new file).
+        fuse_options.discard("default_permissions")
+        if options.shared:  # other users reach it
             fuse_options.add("allow_other")
-            fuse_options.discard("default_permissions")
         try:
             pyfuse3.init(ops, mnt, fuse_options)
         except RuntimeError as exc:

@@ -180,6 +180,25 @@ def test_writes_into_pins_and_objects_cost_no_xattr_round_trip(mount, tmp_path):
     )
 
 
+def test_the_kernel_is_not_given_default_permissions_so_a_create_keeps_the_dir_attrs(mount):
+    """The daemon makes every permission decision (access.py), shared mount or not:
+    with default_permissions the kernel dropped the directory's attributes at every
+    create and asked for them again before the next name (one GETATTR a new file)."""
+    m = mount
+    mnt = os.path.abspath(m.mnt)
+    options = [
+        line.split()[3].split(",")
+        for line in Path("/proc/self/mounts").read_text().splitlines()
+        if line.split()[1] == mnt
+    ]
+    assert options and "default_permissions" not in options[-1], options
+    # root still may do what the nodes allow, and only that
+    write_close(m.path("pins", "mine.txt"), SMALL)
+    assert os.access(m.path("pins", "mine.txt"), os.R_OK)
+    assert os_errno(os.open, m.path("objects", "sha256", sha(SMALL)), os.O_WRONLY) == errno.EPERM
+    assert m.tracebacks() == []
+
+
 def test_a_file_opened_read_write_can_be_written_through_a_shared_mapping(mount):
     """Only write-only opens bypass the page cache: a direct-I/O file cannot be mapped
     shared (ENODEV), and a program writing through mmap opens read-write."""
