@@ -215,6 +215,9 @@ class SqliteDatabase:
                 pages = WRITER_CHECKPOINT_PAGES
             conn.execute(f"PRAGMA busy_timeout = {busy}")
             conn.execute(f"PRAGMA wal_autocheckpoint = {pages}")
+            if not wait:  # (a loop's writes land on random leaves of the key index: a
+                # page cache that holds it saves a pread a page, as a bulk writer's does)
+                conn.execute(f"PRAGMA cache_size = -{WRITER_CACHE_KIB}")
         except sqlite3.Error as exc:
             self._raise(exc)
         self._local.nowait = None if wait else conn

@@ -78,6 +78,8 @@ def test_the_write_lock_held_elsewhere_is_would_wait_and_nothing_changes(dual, t
     # refused at once: this thread's connection never ran sqlite's busy wait
     assert store.db.pragma("busy_timeout") == 0
     assert store.db.pragma("wal_autocheckpoint") == 0
+    # (and a page cache that holds the key index's random leaves, as a bulk writer's)
+    assert store.db.pragma("cache_size") == -sqlite_engine.WRITER_CACHE_KIB
     # the lock gone, the same call completes (the connection's posture is not stuck)
     result, record = pins.put_pinned("held", data, wait=False)
     assert record.key == key and store.get(key) == data
