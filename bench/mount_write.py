@@ -18,7 +18,9 @@ Scenarios (full / --quick sizes):
 2. 10,000 (1,000) small files of 1-4 KiB: `cp -r SRC/. MNT/pins/` and
    `cp -r SRC/. MNT/objects/sha256/` against `cp -r SRC/. PLAIN/run-N/`.
 
-Each time is the median of several runs. Every run writes fresh names. The large file
+Each time is the median of several runs. The small files' runs are interleaved (each
+round runs every side once: alkfs, the floor, plain), so a drift of this VM's speed falls
+on all of them alike; the large file's are not (see run()). Every run writes fresh names. The large file
 starts from the same state on both sides: what the previous run wrote is removed,
 untimed (the plain copy deleted; the pin removed and the object deleted by two sweeps,
 the daemon running with --window 0), so neither side stores into memory the other side
@@ -70,10 +72,9 @@ LARGE_TARGET = 0.6  # of the floor's throughput (issue 9: alkfs also hashes, wri
 SMALL_TARGET = 0.5
 
 FULL = Sizes(large_mib=1024, small_count=10_000, runs=3)
-QUICK = Sizes(large_mib=128, small_count=1_000, runs=3)
+QUICK = Sizes(large_mib=128, small_count=1_000, runs=5)
 
 
-CPU = {"daemon": 0.0, "tool": 0.0}  # CPU seconds of the last median_run (its median run)
 DAEMON_PID = [0]
 
 
@@ -97,14 +98,19 @@ def timed(argv: list[str]) -> tuple[float, float, float]:
     return wall, tool, d1 - d0
 
 
-def median_run(make: Callable[[int], list[str]], runs: int, after: Callable[[int], None]) -> float:
-    results = []
+Case = tuple[Callable[[int], list[str]], Callable[[int], None]]  # (argv of run i, after it)
+
+
+def interleaved(cases: dict[str, Case], runs: int) -> dict[str, tuple[float, float, float]]:
+    """Each case once per round, in order, `runs` rounds: a drift of the machine (its
+    CPU steal, the disk's writeback) falls on every side alike. Returns each case's
+    median run: (wall, the tool's CPU, the daemon's CPU)."""
+    results: dict[str, list[tuple[float, float, float]]] = {name: [] for name in cases}
     for i in range(runs):
-        results.append(timed(make(i)))
-        after(i)
-    results.sort()
-    wall, CPU["tool"], CPU["daemon"] = results[len(results) // 2]
-    return wall
+        for name, (make, after) in cases.items():
+            results[name].append(timed(make(i)))
+            after(i)
+    return {name: sorted(r)[len(r) // 2] for name, r in results.items()}
 
 
 @dataclass
@@ -198,63 +204,60 @@ def run(sizes: Sizes, work: Path, daemon: Mount, null: Mount, report: Report) ->
     subprocess.run(["cat", str(big)], stdout=subprocess.DEVNULL, check=True)  # warm
     print(f"1. one {sizes.large_mib} MiB file with cp")
     os.sync()
-    t_alk = median_run(
-        lambda i: ["cp", str(big), str(mnt / "pins" / f"big-{i}")],
-        sizes.runs,
-        lambda i: (os.unlink(mnt / "pins" / f"big-{i}"), free_objects(mnt)),
-    )
-    cpu = {"alkfs cp": CPU["tool"], "alkfsd": CPU["daemon"]}
-    t_null = median_run(
-        lambda i: ["cp", str(big), str(nmnt / f"big-{i}")], sizes.runs, lambda i: None
-    )
-    t_plain = median_run(
-        lambda i: ["cp", str(big), str(plain / f"big-{i}")],
-        sizes.runs,
-        lambda i: (os.unlink(plain / f"big-{i}"), os.sync()),
-    )
-    cpu["plain cp"] = CPU["tool"]
-    t_sync = median_run(
-        lambda i: ["bash", "-c", f"cp {big} {plain}/big-s{i} && sync {plain}/big-s{i}"],
-        sizes.runs,
-        lambda i: (os.unlink(plain / f"big-s{i}"), os.sync()),
-    )
-    times = {"alkfs": t_alk, "plain": t_plain, "floor": t_null}
+    # One side after the other (not interleaved): a 1 GiB delete on this disk (online
+    # discard) slows the writes that follow it for seconds, so each side's runs follow
+    # only its own deletes.
+    cases: dict[str, Case] = {
+        "alkfs": (
+            lambda i: ["cp", str(big), str(mnt / "pins" / f"big-{i}")],
+            lambda i: (os.unlink(mnt / "pins" / f"big-{i}"), free_objects(mnt)),
+        ),
+        "floor": (lambda i: ["cp", str(big), str(nmnt / f"big-{i}")], lambda i: None),
+        "plain": (
+            lambda i: ["cp", str(big), str(plain / f"big-{i}")],
+            lambda i: (os.unlink(plain / f"big-{i}"), os.sync()),
+        ),
+        "sync": (
+            lambda i: ["bash", "-c", f"cp {big} {plain}/big-s{i} && sync {plain}/big-s{i}"],
+            lambda i: (os.unlink(plain / f"big-s{i}"), os.sync()),
+        ),
+    }
+    got = {}
+    for name, case in cases.items():
+        got |= interleaved({name: case}, sizes.runs)
+    times = {k: got[k][0] for k in ("alkfs", "plain", "floor")}
+    cpu = {"alkfs cp": got["alkfs"][1], "alkfsd": got["alkfs"][2], "plain cp": got["plain"][1]}
     report.line("cp 1 file -> /pins", times, LARGE_TARGET, nbytes, cpu)
-    print(f"  {'':<36} (for reference: plain cp + sync {t_sync:.3f}s)")
+    print(f"  {'':<36} (for reference: plain cp + sync {got['sync'][0]:.3f}s)")
     big.unlink()
 
     src = work / "small"
     small_sources(src, sizes.small_count)
     print(f"2. {sizes.small_count:,} small files with cp -r")
     os.sync()
-    t_pins = median_run(
-        lambda i: ["cp", "-r", f"{src}/.", str(mnt / "pins")],
+    got = interleaved(
+        {
+            "pins": (
+                lambda i: ["cp", "-r", f"{src}/.", str(mnt / "pins")],
+                lambda i: (clear_pins(mnt), free_objects(mnt)),
+            ),
+            "objects": (
+                lambda i: ["cp", "-r", f"{src}/.", str(mnt / "objects" / "sha256")],
+                lambda i: free_objects(mnt),
+            ),
+            "floor": (lambda i: ["cp", "-r", f"{src}/.", str(nmnt / f"run-{i}")], lambda i: None),
+            # (the plain trees are removed after the last run: see drop_dir)
+            "plain": (lambda i: ["cp", "-r", f"{src}/.", str(plain / f"run-{i}")], lambda i: None),
+        },
         sizes.runs,
-        lambda i: (clear_pins(mnt), free_objects(mnt)),
-    )
-    cpu_pins = {"alkfs cp": CPU["tool"], "alkfsd": CPU["daemon"]}
-    t_objs = median_run(
-        lambda i: ["cp", "-r", f"{src}/.", str(mnt / "objects" / "sha256")],
-        sizes.runs,
-        lambda i: free_objects(mnt),
-    )
-    cpu_objs = {"alkfs cp": CPU["tool"], "alkfsd": CPU["daemon"]}
-    t_plain = median_run(
-        lambda i: ["cp", "-r", f"{src}/.", str(plain / f"run-{i}")],
-        sizes.runs,
-        lambda i: None,  # removed after the last run: see drop_dir
     )
     for i in range(sizes.runs):
         drop_dir(plain / f"run-{i}")
-    cpu_pins["plain cp"] = cpu_objs["plain cp"] = CPU["tool"]
-    t_null = median_run(
-        lambda i: ["cp", "-r", f"{src}/.", str(nmnt / f"run-{i}")], sizes.runs, lambda i: None
-    )
     label = f"cp -r {sizes.small_count} files"
-    times = {"alkfs": t_pins, "plain": t_plain, "floor": t_null}
-    report.line(f"{label} -> /pins", times, SMALL_TARGET, cpu=cpu_pins)
-    times = {"alkfs": t_objs, "plain": t_plain, "floor": t_null}
-    report.line(f"{label} -> /objects/sha256", times, SMALL_TARGET, cpu=cpu_objs)
+    for name, where in (("pins", "/pins"), ("objects", "/objects/sha256")):
+        times = {"alkfs": got[name][0], "plain": got["plain"][0], "floor": got["floor"][0]}
+        cpu = {"alkfs cp": got[name][1], "alkfsd": got[name][2], "plain cp": got["plain"][1]}
+        report.line(f"{label} -> {where}", times, SMALL_TARGET, cpu=cpu)
 
 
 def main() -> int:
