@@ -26,6 +26,8 @@ class Alkfs:
         self._tokens = [store.register_source(self.closure), store.register_source(self.pins)]
         store.delete_guards.append(functools.partial(packs.guard_deletes, store))
         store.verify_hooks.append(functools.partial(packs.verify_sets, store))
+        if store.reserve is not None:  # a full disk drops the derived packs first
+            store.reserve.shedders.append(functools.partial(packs.shed, store))
         if store.fleet is not None:  # another daemon's ref change: views made again
             store.fleet.on_refs.append(self.refs.changed_elsewhere)
 

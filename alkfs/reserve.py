@@ -183,17 +183,20 @@ class Reserve:
             free = self.free()
             if free >= 2 * self.size:
                 return  # (that write was just larger than what is free)
+            # The reserve goes first: its space pays for what dropping derived data
+            # writes (a new, empty set's few bytes); it is made again if that freed
+            # enough at once (a mount frees a set's files once nobody holds them).
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.path)
+            self.have = False
             for shed in list(self.shedders):
                 try:
                     shed()
                 except Exception as exc:
                     log.error("dropping derived data on a full disk failed: %s", exc)
-            free = self.free()
-            if free >= 2 * self.size:
+            if self._create():
+                self.have = True
                 return
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(self.path)
-            self.have = False
             self._enter(self.free(), "a write found no space left")
 
     def _enter(self, free: int, why: str) -> None:

@@ -302,7 +302,9 @@ async def run(ctx: Context) -> None:
             await trio.sleep(poll)
             continue
         staging, window_rows = rows > window_rows, rows  # a sweep staged candidates
-        for fmt, d in s.derived.items():
+        reserve = ctx.store.reserve
+        full = reserve is not None and reserve.full  # (the packs went first: packs.shed)
+        for fmt, d in [] if full else s.derived.items():
             try:
                 gen = d.current()
                 if staging and bool(await ctx.run_sync(d.staged_in_current)):

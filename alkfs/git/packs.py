@@ -62,7 +62,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..errors import StoreIO
+from ..errors import NoSpace, StoreIO
 from ..keys import Algorithm
 from ..tiers.local import fsync_dir
 from ..tiers.sql import SqlTier
@@ -747,6 +747,9 @@ class Derived:
         (digests) and anything staged for deletion. `prune`: remove the retired
         generation at once (no reader can hold it: no mount). In a fleet, only its one
         builder builds: None when another is and `wait` was not asked."""
+        reserve = self.store.reserve
+        if reserve is not None and reserve.full:  # (derived data went first: see shed)
+            raise NoSpace("the disk is full: derived packs are built again once it is not")
         with self.lock, self._builder(wait) as building:
             if not building:
                 return None
@@ -1105,9 +1108,12 @@ class Derived:
             return str(exc)
         return None
 
-    def withdraw(self) -> None:
-        """Publish an empty set (every object is served loose until the next build)."""
-        with self.lock, self._builder(True):
+    def withdraw(self, wait: bool = True) -> bool:
+        """Publish an empty set (every object is served loose until the next build).
+        In a fleet, with `wait` False: nothing (False) while another member builds."""
+        with self.lock, self._builder(wait) as building:
+            if not building:
+                return False
             number = self._next_number()
             self.root.mkdir(parents=True, exist_ok=True)
             final = self.root / f"gen-{number}"
@@ -1115,6 +1121,7 @@ class Derived:
             fsync_dir(self.root)
             self._publish(Generation(self.fmt, number, final))
             log.warning("derived %s: packs withdrawn (generation %d is empty)", self.fmt, number)
+            return True
 
 
 # -- one instance per store and format ------------------------------------------------------
@@ -1155,6 +1162,38 @@ def build(store: Store, fmt: str | None = None, *, prune: bool = True) -> list[B
         result = d.build(prune=prune)
         if result is not None:
             out.append(result)
+    return out
+
+
+def shed(store: Store) -> int:
+    """The reserve's shedder on a full disk (alkfs/reserve.py): derived data goes first.
+    Each published set that holds files is withdrawn (its objects are served loose,
+    `status` shows it, and the intake builds again once the disk is no longer full);
+    its files go once nobody holds them: at once in a process without a mount, after a
+    mount's retire grace and last handle otherwise. Never waits: a format being built
+    here or by another member of a fleet is left to that build (it meets the full disk
+    itself). Returns the bytes of the sets withdrawn."""
+    out = 0
+    for fmt in FORMATS:
+        with _REGISTRY_LOCK:
+            d = _REGISTRY.get(store, {}).get(fmt)
+        if d is None or not d.lock.acquire(blocking=False):
+            continue
+        try:
+            gen = d.current()
+            if gen is None or not gen.files:
+                continue
+            size = sum(gen.files.values())
+            if not d.withdraw(wait=False):
+                continue
+            d.last_error = "withdrawn: the disk is full"
+            if not d.on_publish:  # (no mount serves it: nobody holds its files)
+                d.prune()
+            out += size
+        except Exception as exc:
+            log.error("derived %s: could not be dropped on a full disk: %s", fmt, exc)
+        finally:
+            d.lock.release()
     return out
 
 

@@ -14,6 +14,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -371,3 +372,65 @@ def test_scratch_and_spool_writes_are_enospc_and_give_the_reserve_back(
     (m.path("pins") / "after").write_bytes(b"writes work again\n")
     assert (m.path("pins") / "after").read_bytes() == b"writes work again\n"
     assert m.tracebacks() == []
+
+
+def test_a_full_disk_drops_the_derived_packs_first(small_fs: Path, start_mount, tmp_path) -> None:
+    """Derived data goes first (issue 12): the write that finds the disk full withdraws
+    the published packs (their objects are served loose, git keeps reading them), their
+    files go once nobody holds them, no build runs while the disk is full, and once
+    space is back `repack` publishes a set again."""
+    from helpers import git
+
+    src = tmp_path / "src.git"
+    git("init", "-q", "--bare", "-b", "main", str(src))
+    out = []
+    for i in range(20):
+        out.append("commit refs/heads/main\n")
+        out.append(f"committer C O Mitter <c@example.com> {1700000000 + i} +0000\n")
+        out.append(f"data 10\ncommit {i:02d}\n")
+        data = "".join(f"line {k}, version {i}\n" for k in range(200))
+        out.append(f"M 100644 inline f{i % 3}.txt\ndata {len(data)}\n{data}\n")
+    git(f"--git-dir={src}", "fast-import", "--quiet", input="".join(out).encode())
+
+    def all_objects(git_dir: Path) -> list[str]:
+        listed = git(f"--git-dir={git_dir}", "rev-list", "--objects", "--all").stdout
+        return sorted(line.split()[0] for line in listed.decode().splitlines())
+
+    objects = all_objects(src)
+
+    store = small_fs / "store"
+    m = start_mount(store, "--window", "0", env={"ALKFS_PACK_POLL": "0.2"})
+    os.mkdir(m.path("repos", "r"))
+    git(f"--git-dir={src}", "push", "-q", str(m.path("repos", "r")), "main")
+    control(m.mnt, "repack")
+    packs = status(m.mnt)["packs"]["sha1"]
+    assert packs["objects"] == len(objects)
+    gen_dir = store / "derived" / "sha1" / f"gen-{packs['generation']}"
+    assert list((gen_dir / "pack").glob("*.pack"))
+
+    names, refused = fill(m.path("pins"), "fill")
+    assert refused.errno == errno.ENOSPC, refused
+
+    packs = status(m.mnt)["packs"]["sha1"]
+    assert (packs["objects"], packs["packs"]) == (0, 0), packs
+    assert "disk is full" in packs["last_error"]
+    deadline = time.monotonic() + 60  # (a bounded wait: the retire grace, then a poll)
+    while gen_dir.exists():
+        assert time.monotonic() < deadline, f"{gen_dir} was not removed"
+        time.sleep(0.1)
+    # git reads every object, now loose, through the mount
+    assert all_objects(m.path("repos", "r")) == objects
+    assert "packs withdrawn" in m.all_logs()
+    # no build while the disk is full
+    time.sleep(1)
+    assert status(m.mnt)["packs"]["sha1"]["objects"] == 0
+
+    for name in names:
+        os.unlink(m.path("pins", name))
+    control(m.mnt, "sweep")
+    control(m.mnt, "sweep")
+    assert not status(m.mnt)["disk_full"]
+    control(m.mnt, "repack")
+    packs = status(m.mnt)["packs"]["sha1"]
+    assert packs["objects"] > 0 and packs["last_error"] is None, packs
+    assert m.tracebacks() == [], "\n".join(m.tracebacks())
