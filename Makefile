@@ -43,9 +43,8 @@ test: apt $(STAMP)
 	  tests/daemon/test_push_pins.py tests/test_cli.py
 
 # The crash matrix and the other reliability tests at soak length (>= 50 rounds a case).
-# The soak's cases run far past the suite's 600 s per test (100,000 model steps ran
-# under 8 a second here: over three and a half hours): each gets four hours before
-# pytest-timeout calls it hung.
+# The soak's cases run far past the suite's 600 s per test (100,000 model steps took
+# 56 minutes here): each gets four hours before pytest-timeout calls it hung.
 soak: apt $(STAMP)
 	ALKFS_SOAK=1 $(PY) -X dev -bb -m pytest -q --timeout=14400 tests/reliability $(PYTEST_ARGS)
 
