@@ -54,7 +54,8 @@ class Misses:
     """Names `Pins.get` found unpinned, answered again without a query until any pin
     changes (a mount looks a new name up three times before it is written: cp's stat,
     the kernel's O_EXCL lookup, the create's check). Only where every change to the
-    table passes through this process's `Pins` (`on`: not a fleet's store).
+    table passes through this process's `Pins` (`on`: not a fleet's store, nor one
+    opened beside its lock holder).
 
     Every change runs inside `changing()`, which encloses its commit: it forgets every
     name when it starts, and no query that overlapped it may add one (`epoch`)."""
@@ -119,7 +120,9 @@ class Pins:
         self.builds = 0
         self._memo: tuple[str | None, int, set[bytes]] | None = None
         self._lock = threading.Lock()
-        self.misses = Misses(on=store.fleet is None)
+        # (a memory store is this process's; a file's only while this process holds its
+        # lock: one opened beside the lock holder sees another process's changes)
+        self.misses = Misses(on=store.path is None or store.holds_lock)
 
     def _bump(self, key: bytes) -> None:
         with self._lock:

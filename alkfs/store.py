@@ -272,6 +272,12 @@ class Store:
         finally:
             os.close(fd)
 
+    @property
+    def holds_lock(self) -> bool:
+        """This process holds `STORE/alkfs.lock`: no other process opens the store's
+        database (a fleet's member and a store opened beside the lock holder do not)."""
+        return self._lock_fd is not None
+
     def close(self) -> None:
         if self.fleet is not None:
             self.fleet.close()

@@ -207,8 +207,9 @@ class SqliteDatabase:
             if self._nowait_left <= 0:
                 self._nowait_left = NOWAIT_COMMITS
                 raise WouldWait("a checkpoint is due: this commit is a waiting one")
-        if getattr(self._local, "nowait", None) is (None if wait else conn):
-            return
+        nowait = getattr(self._local, "nowait", None)  # the connection in that posture
+        if (nowait is conn) != wait:
+            return  # (already as asked)
         try:
             busy, pages = (BUSY_TIMEOUT_MS, AUTOCHECKPOINT_PAGES) if wait else (0, 0)
             if wait and getattr(self._local, "tuned", None) is conn:

@@ -124,8 +124,10 @@ class Arbiter:
         k = raw(key)
         new: list[tuple[bytes, int]] = []
         with self._cond:
-            if not wait and (k in self._deleting or self.remote is not None):
+            if not wait and k in self._deleting:
                 raise WouldWait("a delete of this object is in flight")
+            if not wait and self.remote is not None:
+                raise WouldWait("a fleet's pin is written to the database")
             while k in self._deleting:
                 self._cond.wait()
             n = self._pins.get(k, 0)

@@ -505,7 +505,7 @@ class Derived:
                     "derived %s: generation %d is unreadable (%s): withdrawn", self.fmt, number, exc
                 )
                 self._current = None
-        if getattr(self.store, "_lock_fd", None) is None:
+        if not self.store.holds_lock:
             return  # beside the lock holder (Store.open(lock=False)): its files, not ours
         keep = {CURRENT}
         if self._current is not None:
@@ -1137,7 +1137,7 @@ def derived_for(store: Store, fmt: str) -> Derived | None:
     if store.path is None or not isinstance(store.kv, SqlTier):
         return None
     fleet = getattr(store, "fleet", None)
-    if getattr(store, "_lock_fd", None) is None and fleet is None:
+    if not store.holds_lock and fleet is None:
         return None  # (beside the lock holder)
     with _REGISTRY_LOCK:
         per = _REGISTRY.setdefault(store, {})
@@ -1225,7 +1225,7 @@ def guard_deletes(store: Store, raws: Iterable[bytes]) -> Iterator[set[bytes]]:
     if store.path is None or not (store.path / DERIVED_DIR).exists():
         yield keep
         return
-    if getattr(store, "_lock_fd", None) is None and getattr(store, "fleet", None) is None:
+    if not store.holds_lock and store.fleet is None:
         log.warning("a sweep beside the store's lock holder: its derived packs are not guarded")
         yield keep
         return

@@ -280,3 +280,21 @@ def test_a_miss_from_a_query_that_overlapped_a_change_is_not_kept(app):
     epoch = misses.before_query()
     misses.missed("late", epoch)
     assert misses.known("late") and pins.get("late") is None
+
+
+def test_a_store_opened_beside_its_lock_holder_keeps_no_misses(app, tmp_path):
+    """Another process (here: a second open without the lock) changes the pins of a
+    store it does not hold: a name it found unpinned must be asked for again."""
+    from alkfs.pins import Pins
+    from alkfs.store import Store
+
+    beside = Store.open(tmp_path / "store", lock=False)
+    try:
+        pins = Pins(beside)
+        assert not pins.misses.on
+        assert pins.get("later") is None
+        app.pins.pin("later", app.store.add(b"pinned by the holder\n"))
+        got = pins.get("later")
+        assert got is not None and got.key == app.pins.get("later").key
+    finally:
+        beside.close()
