@@ -99,7 +99,7 @@ def test_cp_into_pins_stores_and_pins_and_the_entry_becomes_the_symlink(mount, s
 def test_a_small_file_closed_while_sqlite_is_locked_elsewhere_waits_off_the_loop(mount):
     """A small file's commit runs on the trio thread only when it need not wait: with
     sqlite's write lock held by another connection it goes to a worker thread, which
-    waits the lock out, and the mount answers other requests meanwhile."""
+    waits the lock out, the mount answers other requests meanwhile, and the pin lands."""
     m = mount
     if m.database is not None:
         pytest.skip("a sqlite store's write lock (a PostgreSQL store never commits inline)")
@@ -124,8 +124,10 @@ def test_a_small_file_closed_while_sqlite_is_locked_elsewhere_waits_off_the_loop
         while "locked.txt" not in os.listdir(m.path("pins")):  # created, being closed
             assert time.monotonic() < deadline and not done, done
             time.sleep(0.01)
-        # the loop answers while the close waits for the lock (not inline: it would
-        # hold the loop for sqlite's busy timeout, or fail with EBUSY)
+        # the mount answers while the close waits for the lock, and the close reports no
+        # error (a WouldWait not taken to a worker would be EAGAIN). That the trio
+        # thread's attempt never busy-waits is checked on its connection's posture in
+        # tests/store/test_nowait.py: here a busy wait would only delay these reads.
         assert m.path("pins", "first.txt").read_bytes() == OTHER
         assert os_errno(os.lstat, m.path("pins", "absent.txt")) == errno.ENOENT
         assert done == []  # the close cannot have committed: the lock is still held

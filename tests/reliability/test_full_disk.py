@@ -399,7 +399,11 @@ def test_a_full_disk_drops_the_derived_packs_first(small_fs: Path, start_mount, 
     objects = all_objects(src)
 
     store = small_fs / "store"
-    m = start_mount(store, "--window", "0", env={"ALKFS_PACK_POLL": "0.2"})
+    # (the intake looks every 0.2 s and builds whatever is new after 0.5 s: while the
+    # disk is full it must not)
+    m = start_mount(
+        store, "--window", "0", env={"ALKFS_PACK_POLL": "0.2", "ALKFS_PACK_EVERY": "0.5"}
+    )
     os.mkdir(m.path("repos", "r"))
     git(f"--git-dir={src}", "push", "-q", str(m.path("repos", "r")), "main")
     control(m.mnt, "repack")
@@ -421,9 +425,10 @@ def test_a_full_disk_drops_the_derived_packs_first(small_fs: Path, start_mount, 
     # git reads every object, now loose, through the mount
     assert all_objects(m.path("repos", "r")) == objects
     assert "packs withdrawn" in m.all_logs()
-    # no build while the disk is full
-    time.sleep(1)
-    assert status(m.mnt)["packs"]["sha1"]["objects"] == 0
+    # no build while the disk is full (the intake would have tried twice by now)
+    time.sleep(1.5)
+    packs = status(m.mnt)["packs"]["sha1"]
+    assert packs["objects"] == 0 and "disk is full" in packs["last_error"], packs
 
     for name in names:
         os.unlink(m.path("pins", name))
