@@ -18,7 +18,7 @@ import functools
 import hashlib
 import re
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -50,15 +50,53 @@ def valid_pin_name(name: str) -> bool:
     return isinstance(name, str) and PIN_NAME.match(name) is not None
 
 
+class NameFilter:
+    """A Bloom filter of pin names: `maybe(name)` is False only for a name never added
+    (16 bits a name, 6 of them set: ~1 name in 1,000 never added is a maybe). It holds up
+    to `capacity` names; `add` past that is False (the caller drops the filter)."""
+
+    BITS_PER_NAME = 16
+    SPOTS = 6
+    MIN_NAMES = 1 << 20  # (2 MiB)
+
+    def __init__(self, names: int) -> None:
+        self.capacity = max(self.MIN_NAMES, 2 * names)
+        self.size = self.capacity * self.BITS_PER_NAME
+        self.bits = bytearray(self.size // 8)
+        self.count = 0
+
+    def _spots(self, name: str) -> list[int]:
+        h = hash(name)  # (str hashes are per process: so is the filter)
+        a, b = h & 0xFFFFFFFF, ((h >> 32) & 0xFFFFFFFF) | 1
+        size = self.size
+        return [(a + i * b) % size for i in range(self.SPOTS)]
+
+    def add(self, name: str) -> bool:
+        if self.count >= self.capacity:
+            return False
+        self.count += 1
+        bits = self.bits
+        for spot in self._spots(name):
+            bits[spot >> 3] |= 1 << (spot & 7)
+        return True
+
+    def maybe(self, name: str) -> bool:
+        bits = self.bits
+        return all(bits[spot >> 3] >> (spot & 7) & 1 for spot in self._spots(name))
+
+
 class Misses:
-    """Names `Pins.get` found unpinned, answered again without a query until any pin
-    changes (a mount looks a new name up three times before it is written: cp's stat,
-    the kernel's O_EXCL lookup, the create's check). Only where every change to the
-    table passes through this process's `Pins` (`on`: not a fleet's store, nor one
-    opened beside its lock holder).
+    """Names known to be unpinned, answered without a query: those `Pins.get` found
+    unpinned, until any pin changes (a mount looks a new name up three times before it
+    is written: cp's stat, the kernel's O_EXCL lookup, the create's check), and, once
+    `prime` has loaded every pin name into a `NameFilter`, every name it says was never
+    pinned (so a new name costs no query at all). Only where every change to the table
+    passes through this process's `Pins` (`on`: not a fleet's store, nor one opened
+    beside its lock holder).
 
     Every change runs inside `changing()`, which encloses its commit: it forgets every
-    name when it starts, and no query that overlapped it may add one (`epoch`)."""
+    name found unpinned when it starts, and no query that overlapped it may add one
+    (`epoch`); a change that names a pin adds the name to the filter first (`adding`)."""
 
     LIMIT = 4096
 
@@ -68,9 +106,39 @@ class Misses:
         self._names: set[str] = set()
         self._epoch = 0
         self._writing = 0
+        self.filter: NameFilter | None = None
 
     def known(self, name: str) -> bool:
-        return name in self._names
+        if name in self._names:
+            return True
+        f = self.filter
+        return f is not None and not f.maybe(name)
+
+    def prime(self, scan: Callable[[], Iterable[str]]) -> bool:
+        """Build the filter from `scan()` (every pin name). False (no filter) when a
+        change was under way or ran meanwhile: prime again later."""
+        if not self.on:
+            return False
+        with self._lock:
+            if self._writing:
+                return False
+            epoch = self._epoch
+        names = list(scan())
+        f = NameFilter(len(names))
+        for name in names:
+            f.add(name)
+        with self._lock:
+            if epoch != self._epoch:
+                return False
+            self.filter = f
+        return True
+
+    def adding(self, name: str) -> None:
+        """(inside `changing()`, before its commit) `name` is about to be pinned."""
+        with self._lock:
+            f = self.filter
+            if f is not None and not f.add(name):
+                self.filter = None  # (full: lookups query again, as before `prime`)
 
     def before_query(self) -> int:
         return self._epoch
@@ -188,6 +256,7 @@ class Pins:
     def _write(self, name: str, key: Key, replace: bool | Key) -> tuple[PinRecord, bool]:
         """The pin row (the caller holds `key`'s pin and is inside `misses.changing()`):
         (the record, whether it was written)."""
+        self.misses.adding(name)
         with self.tables.tx() as conn:
             record = PinRecord(name, key, now_ns())
             new = (name, key.raw, record.created_ns)
@@ -227,8 +296,15 @@ class Pins:
                 if not replace:
                     raise Exists(f"the pin {new!r} exists")
                 conn.execute("DELETE FROM pins WHERE name = ?", (new,))
+            self.misses.adding(new)
             conn.execute("UPDATE pins SET name = ? WHERE name = ?", (new, old))
         # (no counter move: the same objects stay pinned)
+
+    def prime(self) -> bool:
+        """Load every pin name into `misses`' filter, so that a name never pinned is
+        answered without a query (a mount does this once at start, before it serves).
+        False when it did not (`misses` off, or a change ran meanwhile)."""
+        return self.misses.prime(lambda: [n for (n,) in self.tables.read("SELECT name FROM pins")])
 
     def list(self) -> list[PinRecord]:
         rows = self.tables.read("SELECT name, key, created_ns FROM pins ORDER BY name")

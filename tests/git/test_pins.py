@@ -298,3 +298,46 @@ def test_a_store_opened_beside_its_lock_holder_keeps_no_misses(app, tmp_path):
         assert got is not None and got.key == app.pins.get("later").key
     finally:
         beside.close()
+
+
+def test_a_primed_filter_answers_names_never_pinned_without_a_query(app):
+    """After `prime` (what a mount does at start), a name never pinned is known
+    unpinned before any lookup of it; every name a change pins (a pin, a put, a
+    rename's target) is asked for again; a change during the scan leaves no filter."""
+    pins, store = app.pins, app.store
+    key = store.add(b"primed\n")
+    pins.pin("before", key)
+    assert not pins.misses.known("fresh")  # (no filter yet: only a lookup's miss)
+    assert pins.prime()
+    assert pins.misses.known("fresh") and pins.get("fresh") is None
+    assert not pins.misses.known("before") and pins.get("before").key == key
+    pins.pin("pinned", key)
+    pins.put_pinned("put", b"put after the prime\n")
+    pins.rename("before", "renamed")
+    for name in ("pinned", "put", "renamed"):
+        assert not pins.misses.known(name)
+        assert pins.get(name) is not None
+    assert pins.get("before") is None  # (a maybe of the filter: the query says no)
+
+    def scan_with_a_change() -> list[str]:
+        names = [n for (n,) in pins.tables.read("SELECT name FROM pins")]
+        pins.pin("during", key)  # lands after the scan read the names
+        return names
+
+    pins.misses.filter = None
+    assert not pins.misses.prime(scan_with_a_change)
+    assert pins.misses.filter is None and pins.get("during") is not None
+
+
+def test_a_full_filter_is_dropped_and_lookups_query_again():
+    from alkfs.pins import Misses, NameFilter
+
+    misses = Misses(on=True)
+    assert misses.prime(lambda: ["a", "b"])
+    f = misses.filter
+    assert f is not None and f.capacity == NameFilter.MIN_NAMES
+    f.count = f.capacity  # (as if that many were added since)
+    with misses.changing():
+        misses.adding("c")
+    assert misses.filter is None and not misses.known("c") and not misses.known("zz")
+    assert not Misses(on=False).prime(lambda: [])
