@@ -8,6 +8,7 @@ from __future__ import annotations
 import builtins
 import contextlib
 import fcntl
+import functools
 import hashlib
 import logging
 import os
@@ -17,7 +18,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO, TypeVar, cast
 
 from .binding import DB_NAME as DB_NAME
 from .binding import open_database, settle
@@ -102,6 +103,22 @@ def _kv_tier(db: Database) -> SqlTier:
     return SqlTier(db)
 
 
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _counted(fn: F) -> F:
+    """A Store method that may add objects: `Store.puts` moves when it ends."""
+
+    @functools.wraps(fn)
+    def counted(self: Store, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(self, *args, **kwargs)
+        finally:
+            self.puts += 1
+
+    return cast(F, counted)
+
+
 class Store:
     """A content-addressed store: small objects in its database, large ones in a directory."""
 
@@ -143,6 +160,9 @@ class Store:
         self.inflight: Path | None = path if own is None or path is None else path / NODES_DIR / own
         self.last_sweep: SweepReport | None = None
         self.corrupt: set[bytes] = set()
+        # Puts that ended (stored or not), moved after each: a lookup that found a key
+        # absent and saw no put end meanwhile may answer the same until one does.
+        self.puts = 0
         self.deleted_hooks: list[Callable[[bytes], None]] = []
         # Held around each batch of a sweep's deletions (the layers above register them:
         # alkfs/app.py adds the derived packs' guard).
@@ -295,6 +315,7 @@ class Store:
         self.close()
 
     # -- puts -----------------------------------------------------------------
+    @_counted
     def put(
         self,
         source: Source,
@@ -953,6 +974,7 @@ class Store:
         return freed is not None
 
     # -- batched puts (many small objects in one transaction) -----------------------
+    @_counted
     def put_many(
         self, items: Sequence[tuple[bytes, Algorithm, Key | bytes | None]]
     ) -> builtins.list[PutResult]:
@@ -1117,6 +1139,7 @@ class Store:
                 raise TooLarge(f"{len(datas[big[0]])} bytes is over the kv-only threshold {limit}")
         return Store.Digested(algo, raws, datas, big)
 
+    @_counted
     def put_digested(self, batch: Digested) -> builtins.list[bool]:
         """Store a `digest_git` batch under its keys (small objects in one kv transaction,
         in the batch's order), each pinned before it is published: which ones were

@@ -4,13 +4,14 @@
 from __future__ import annotations
 
 import errno
+import time
 from typing import TYPE_CHECKING, Any
 
 from pyfuse3 import RequestContext
 
 from alkfs.errors import Invalid
 from alkfs.keys import Algorithm, Key
-from alkfs.store import ObjectStat, PutResult
+from alkfs.store import ObjectStat, PutResult, Store
 
 from ..errors import fail
 from ..staging.staged import StagedFile
@@ -23,6 +24,40 @@ from .policy import noop_setattr
 
 if TYPE_CHECKING:
     from ..context import Context
+
+
+ABSENT_TTL_S = 1.0  # (as long as the kernel keeps a pin's entry: DYNAMIC_TIMEOUT)
+ABSENT_MAX = 1024
+
+
+class Absent:
+    """Keys a lookup found absent, answered again without a query while no put has
+    ended since (`Store.puts`) and for at most ABSENT_TTL_S: a new file's name is looked
+    up three times before it is written (cp's stat, the kernel's O_EXCL lookup, the
+    create's check). Only where this process makes every change to the store (not a
+    fleet's member, nor a store opened beside its lock holder)."""
+
+    __slots__ = ("store", "on", "keys")
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.on = store.fleet is None and (store.path is None or store.holds_lock)
+        self.keys: dict[bytes, tuple[int, float]] = {}
+
+    def stat(self, key: Key) -> ObjectStat | None:
+        store = self.store
+        seen = self.keys.get(key.raw)
+        if seen is not None:
+            if seen[0] == store.puts and time.monotonic() - seen[1] < ABSENT_TTL_S:
+                return None
+            del self.keys[key.raw]
+        puts = store.puts
+        st = store.stat(key)
+        if st is None and self.on and puts == store.puts:
+            if len(self.keys) >= ABSENT_MAX:
+                self.keys.clear()
+            self.keys[key.raw] = (puts, time.monotonic())
+        return st
 
 
 class ObjectsDir(StaticDir):
@@ -65,12 +100,13 @@ class AlgoDir(_Dir):
     lives by the window, SPEC 3.1), and the created name disappears. The names being
     written resolve by lookup but are not listed."""
 
-    __slots__ = ("algo", "staged")
+    __slots__ = ("algo", "staged", "absent")
 
     def __init__(self, ctx: Context, parent: Node, algo: Algorithm) -> None:
         super().__init__(ctx, ("dir", f"/objects/{algo.label}"), parent, algo.label.encode())
         self.algo = algo
         self.staged: dict[bytes, StagedFile] = {}
+        self.absent = Absent(ctx.store)
 
     def key_of(self, name: bytes) -> Key | None:
         if len(name) != self.algo.hex_len:
@@ -87,7 +123,7 @@ class AlgoDir(_Dir):
             if staged is None:
                 fail(errno.ENOENT)
             return staged
-        st = self.ctx.store.stat(key)
+        st = self.absent.stat(key)
         if st is None:
             staged = self.staged.get(name)
             if staged is None:
@@ -108,7 +144,7 @@ class AlgoDir(_Dir):
         if name in self.staged:
             fail(errno.EEXIST, f"{self.path}/{name.decode(errors='replace')} is being written")
         expect = self.key_of(name)
-        if expect is not None and self.ctx.store.has(expect):
+        if expect is not None and self.absent.stat(expect) is not None:
             fail(errno.EEXIST, f"{expect} exists")
         node = StagedFile(self.ctx, self, name, self.algo, expect=expect, mode=mode)
         self.staged[name] = node

@@ -4,6 +4,7 @@ counts, paged listings, verified reads, xattrs and the control file."""
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
 import logging
 import os
@@ -579,3 +580,34 @@ def test_the_example_config_and_flags_make_the_daemon_settings():
         "kv_only": True,
         "threshold": 9,
     }
+
+
+async def test_a_key_found_absent_is_answered_again_until_a_put_ends(h, app):
+    """/objects/<algo> remembers a key its lookup found absent (a new file's name is
+    looked up three times before it is written) only while no put has ended since, and
+    for at most ABSENT_TTL_S: an object stored by any path is found at once."""
+    data = b"stored after its name was looked up\n"
+    key = Key.of(Algorithm.SHA256, hashlib.sha256(data).digest())
+    where = f"/objects/sha256/{key.hex}"
+    with pytest.raises(pyfuse3.FUSEError) as e:
+        await h.walk(where)
+    assert e.value.errno == errno.ENOENT
+    node = h.ops.node(await h.ino("/objects/sha256"))
+    absent = node.absent
+    assert absent.on and key.raw in absent.keys  # the next lookups cost no query
+    queried: list[str] = []
+    app.store.db.conn().set_trace_callback(queried.append)
+    try:
+        with pytest.raises(pyfuse3.FUSEError):
+            await h.walk(where)
+        assert queried == []
+        app.store.add(data)  # (not through this directory: a push, the command line)
+        assert (await h.walk(where)).st_size == len(data)
+    finally:
+        app.store.db.conn().set_trace_callback(None)
+    # the time bound: a memo older than ABSENT_TTL_S is asked again
+    other = Key.of(Algorithm.SHA256, bytes(32))
+    assert absent.stat(other) is None and other.raw in absent.keys
+    puts, _ = absent.keys[other.raw]
+    absent.keys[other.raw] = (puts, 0.0)
+    assert absent.stat(other) is None and absent.keys[other.raw][1] > 0.0
