@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from .git.closure import RefClosure
     from .store import PutResult, Source, Store
 
+PRIME_MAX = 2_000_000  # pins beyond which `prime` loads no filter (lookups query)
 ADDED_MAX = 100_000  # pins remembered for `contains` between two memos
 GIT_ALGOS = frozenset(a.value for a in Algorithm if a.is_git)
 PIN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}\Z")
@@ -304,6 +305,9 @@ class Pins:
         """Load every pin name into `misses`' filter, so that a name never pinned is
         answered without a query (a mount does this once at start, before it serves).
         False when it did not (`misses` off, or a change ran meanwhile)."""
+        (count,) = self.tables.read("SELECT count(*) FROM pins")[0]
+        if count > PRIME_MAX:  # (the scan's names would all be in memory at once)
+            return False
         return self.misses.prime(lambda: [n for (n,) in self.tables.read("SELECT name FROM pins")])
 
     def list(self) -> list[PinRecord]:

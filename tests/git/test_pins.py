@@ -341,3 +341,15 @@ def test_a_full_filter_is_dropped_and_lookups_query_again():
         misses.adding("c")
     assert misses.filter is None and not misses.known("c") and not misses.known("zz")
     assert not Misses(on=False).prime(lambda: [])
+
+
+def test_a_store_of_more_pins_than_prime_max_loads_no_filter(app, monkeypatch):
+    import alkfs.pins as pins_mod
+
+    pins = app.pins
+    pins.pin("one", app.store.add(b"one\n"))
+    pins.pin("two", app.store.add(b"two\n"))
+    monkeypatch.setattr(pins_mod, "PRIME_MAX", 1)
+    assert not pins.prime() and pins.misses.filter is None
+    monkeypatch.setattr(pins_mod, "PRIME_MAX", 2)
+    assert pins.prime() and pins.misses.filter is not None
