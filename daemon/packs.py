@@ -55,6 +55,9 @@ def _env_float(name: str, default: float) -> float:
         return default
 
 
+Version = tuple[int, int | None]  # (the kv table's highest row id, Served._mark())
+
+
 class Served:
     """The derived sets one mount serves (thread-safe where noted)."""
 
@@ -69,8 +72,12 @@ class Served:
         self.building = trio.Lock()
         self.last_built: dict[str, float] = {}
         self._base: dict[str, tuple[int, dict[int, list[bytes]]]] = {}
-        self._new: dict[str, tuple[int, int, dict[int, list[bytes]]]] = {}
-        self._memo: dict[tuple[str, int], tuple[tuple[int, int], list[bytes]]] = {}
+        self._new: dict[str, tuple[int, Version, dict[int, list[bytes]]]] = {}
+        self._memo: dict[tuple[str, int], tuple[tuple[int, Version], list[bytes]]] = {}
+        # (Store.puts, value) of the kv table's highest row id per format and of the large
+        # tier's prefix directories: see `_mark`
+        self._tops: dict[str, tuple[int, int]] = {}
+        self._large: dict[tuple[str, int], tuple[int, list[str]]] = {}
         off = os.environ.get("ALKFS_PACKS", "").lower() in ("0", "off", "no")
         for fmt in () if off else FORMATS:
             try:
@@ -109,25 +116,23 @@ class Served:
         if base is None or base[0] != gen.number:
             base = (gen.number, await self.ctx.run_sync(self._left_out, d, gen))
             self._base[fmt] = base
-        top = d.max_rowid()
+        mark = self._mark()
+        version: Version = (self._top(fmt, d, mark), mark)
         new = self._new.get(fmt)
-        if new is None or new[0] != gen.number or new[1] != top:
-            new = (gen.number, top, await self.ctx.run_sync(self._stored_since, d, gen))
+        if new is None or new[0] != gen.number or new[1] != version:
+            new = (gen.number, version, await self.ctx.run_sync(self._stored_since, d, gen))
             self._new[fmt] = new
         # the kv candidates of one prefix, sorted, while the set and the highest row stay
         memo = self._memo.get((fmt, prefix))
-        if memo is None or memo[0] != (gen.number, top):
+        if memo is None or memo[0] != (gen.number, version):
             kv = set(base[1].get(prefix, ())) | set(new[2].get(prefix, ()))
-            memo = ((gen.number, top), sorted(kv))
+            memo = ((gen.number, version), sorted(kv))
             self._memo[(fmt, prefix)] = memo
         ordered = memo[1]
         store = self.ctx.store
         algo = d.algo
         if store.large is not None:  # large/<algo>/<xx>/<hex> (alkfs/tiers/local.py)
-            try:
-                names = os.listdir(f"{store.large.root}/{algo.label}/{prefix:02x}")
-            except FileNotFoundError:
-                names = []
+            names = self._large_names(f"{store.large.root}/{algo.label}", prefix, mark)
             extra = set()
             for name in names:
                 try:
@@ -145,6 +150,37 @@ class Served:
             if st is not None:
                 out.append(st)
         return out
+
+    def _mark(self) -> int | None:
+        """`Store.puts` where this process makes every change to the store (not a fleet's
+        member, nor a store opened beside its lock holder), else None. What a listing
+        depends on then grows only with a put of ours: while the mark stays, the highest
+        row id and the large tier's prefix directories are not read again (git lists all
+        256 fan-out directories to abbreviate one id). A deletion meanwhile is caught
+        by the stat of each candidate."""
+        store = self.ctx.store
+        return store.puts if store.fleet is None and store.holds_lock else None
+
+    def _top(self, fmt: str, d: Derived, mark: int | None) -> int:
+        seen = self._tops.get(fmt)
+        if mark is not None and seen is not None and seen[0] == mark:
+            return seen[1]
+        top = d.max_rowid()
+        if mark is not None and mark == self._mark():  # (no put ended meanwhile)
+            self._tops[fmt] = (mark, top)
+        return top
+
+    def _large_names(self, root: str, prefix: int, mark: int | None) -> list[str]:
+        seen = self._large.get((root, prefix))
+        if mark is not None and seen is not None and seen[0] == mark:
+            return seen[1]
+        try:
+            names = os.listdir(f"{root}/{prefix:02x}")
+        except FileNotFoundError:
+            names = []
+        if mark is not None and mark == self._mark():
+            self._large[(root, prefix)] = (mark, names)
+        return names
 
     @staticmethod
     def _by_prefix(digests) -> dict[int, list[bytes]]:

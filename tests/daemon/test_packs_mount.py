@@ -395,6 +395,42 @@ async def test_repack_now_publishes_a_set_and_drops_the_old_names(tmp_path):
         app.close()
 
 
+async def test_fanout_listings_read_the_table_again_only_after_a_put(tmp_path):
+    """Direct calls: on a store this process alone changes, listing the fan-out
+    directories again (git lists all 256 per process) reads nothing from sqlite until a
+    put ends; an object put or deleted meanwhile is listed, or not, at once."""
+    from alkfsd.context import Context
+    from alkfsd.fs import Operations
+    from alkfsd.packs import served
+
+    from alkfs.git.objects import canonical
+    from alkfs.keys import Algorithm
+
+    store_path, _src = imported_store(tmp_path)
+    app = Alkfs.open(store_path, window_s=0)
+    ctx = Context(app.store, app=app, live=False)
+    try:
+        Operations(ctx)
+        s = served(ctx)
+        for prefix in range(256):
+            await s.unpacked("sha1", prefix)
+        queried: list[str] = []
+        conn = app.store.db.conn()
+        conn.set_trace_callback(queried.append)
+        try:
+            for prefix in range(256):
+                await s.unpacked("sha1", prefix)
+            assert queried == []
+            key = app.store.add(canonical("blob", b"listed at once\n"), algo=Algorithm.GIT_SHA1)
+            assert await s.unpacked("sha1", key.digest[0]) == [app.store.stat(key)]
+            assert any("max(" in q for q in queried)  # (the put moved the mark)
+        finally:
+            conn.set_trace_callback(None)
+    finally:
+        ctx.close()
+        app.close()
+
+
 def test_a_set_corrupted_on_disk_is_withdrawn_at_start_and_rebuilt(start_mount, tmp_path):
     store, src = imported_store(tmp_path)
     pack = next((store / "derived" / "sha1" / "gen-1" / "pack").glob("*.pack"))
