@@ -189,9 +189,8 @@ class Pins:
         self.builds = 0
         self._memo: tuple[str | None, int, set[bytes]] | None = None
         self._lock = threading.Lock()
-        # (a memory store is this process's; a file's only while this process holds its
-        # lock: one opened beside the lock holder sees another process's changes)
-        self.misses = Misses(on=store.path is None or store.holds_lock)
+        # (one opened beside the lock holder sees another process's changes)
+        self.misses = Misses(on=store.sole_writer)
 
     def _bump(self, key: bytes) -> None:
         with self._lock:

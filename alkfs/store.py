@@ -298,6 +298,13 @@ class Store:
         database (a fleet's member and a store opened beside the lock holder do not)."""
         return self._lock_fd is not None
 
+    @property
+    def sole_writer(self) -> bool:
+        """Every change to the store is made by this process (a memory store, or one
+        whose lock this process holds; never a fleet's): what it found absent or listed
+        can change only through its own calls, which memos of absence rely on."""
+        return self.fleet is None and (self.path is None or self.holds_lock)
+
     def close(self) -> None:
         if self.fleet is not None:
             self.fleet.close()

@@ -152,14 +152,13 @@ class Served:
         return out
 
     def _mark(self) -> int | None:
-        """`Store.puts` where this process makes every change to the store (not a fleet's
-        member, nor a store opened beside its lock holder), else None. What a listing
-        depends on then grows only with a put of ours: while the mark stays, the highest
-        row id and the large tier's prefix directories are not read again (git lists all
-        256 fan-out directories to abbreviate one id). A deletion meanwhile is caught
-        by the stat of each candidate."""
+        """`Store.puts` where this process makes every change to the store
+        (`Store.sole_writer`), else None. What a listing depends on then grows only with
+        a put of ours: while the mark stays, the highest row id and the large tier's
+        prefix directories are not read again (git lists all 256 fan-out directories to
+        abbreviate one id). A deletion meanwhile is caught by the stat of each candidate."""
         store = self.ctx.store
-        return store.puts if store.fleet is None and store.holds_lock else None
+        return store.puts if store.sole_writer else None
 
     def _top(self, fmt: str, d: Derived, mark: int | None) -> int:
         seen = self._tops.get(fmt)

@@ -15,7 +15,7 @@ from alkfs.store import ObjectStat, PutResult, Store
 
 from ..errors import fail
 from ..staging.staged import StagedFile
-from .base import FIRST_OFFSET, Emit, File, Node, StaticDir
+from .base import DYNAMIC_TIMEOUT, FIRST_OFFSET, Emit, File, Node, StaticDir
 from .base import Dir as _Dir
 from .handles import DirHandle, Handle
 from .listing import PAGE, after_cookie
@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from ..context import Context
 
 
-ABSENT_TTL_S = 1.0  # (as long as the kernel keeps a pin's entry: DYNAMIC_TIMEOUT)
+ABSENT_TTL_S = DYNAMIC_TIMEOUT  # (as long as the kernel keeps a pin's entry)
 ABSENT_MAX = 1024
 
 
@@ -41,7 +41,7 @@ class Absent:
 
     def __init__(self, store: Store) -> None:
         self.store = store
-        self.on = store.fleet is None and (store.path is None or store.holds_lock)
+        self.on = store.sole_writer
         self.keys: dict[bytes, tuple[int, float]] = {}
 
     def stat(self, key: Key) -> ObjectStat | None:
