@@ -6,6 +6,7 @@ through the loose path, and git's gc/repack/prune in /repos/<id> delete nothing.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -354,22 +355,34 @@ def test_git_gc_repack_and_prune_in_a_repository_delete_nothing(start_mount, tmp
     assert errno.EPERM  # (utime of a pack: see the first test)
 
 
-async def test_repack_now_publishes_a_set_and_drops_the_old_names(tmp_path):
-    """Direct calls (no kernel): repack_now builds a set of every format with objects, and
-    the view queues the invalidation of every name of the retired set."""
+@contextlib.contextmanager
+def direct(tmp_path: Path):
+    """An imported store opened in-process with a mount's Context and Operations (no
+    kernel): (app, ctx, the derived sets it serves)."""
     from alkfsd.context import Context
     from alkfsd.fs import Operations
-    from alkfsd.packs import RETIRE_GRACE_S, repack_now, served
-
-    from alkfs.git.objects import canonical
-    from alkfs.keys import Algorithm
+    from alkfsd.packs import served
 
     store_path, _src = imported_store(tmp_path)
     app = Alkfs.open(store_path, window_s=0)
     ctx = Context(app.store, app=app, live=False)
     try:
         Operations(ctx)
-        s = served(ctx)
+        yield app, ctx, served(ctx)
+    finally:
+        ctx.close()
+        app.close()
+
+
+async def test_repack_now_publishes_a_set_and_drops_the_old_names(tmp_path):
+    """Direct calls (no kernel): repack_now builds a set of every format with objects, and
+    the view queues the invalidation of every name of the retired set."""
+    from alkfsd.packs import RETIRE_GRACE_S, repack_now
+
+    from alkfs.git.objects import canonical
+    from alkfs.keys import Algorithm
+
+    with direct(tmp_path) as (app, ctx, s):
         old = s.current("sha1")
         assert old is not None and old.number == 1
         key = app.store.add(canonical("blob", b"repacked now\n"), algo=Algorithm.GIT_SHA1)
@@ -390,28 +403,16 @@ async def test_repack_now_publishes_a_set_and_drops_the_old_names(tmp_path):
         await trio.sleep(RETIRE_GRACE_S)
         await trio.to_thread.run_sync(s.prune, "sha1")
         assert not old.root.exists()
-    finally:
-        ctx.close()
-        app.close()
 
 
 async def test_fanout_listings_read_the_table_again_only_after_a_put(tmp_path):
     """Direct calls: on a store this process alone changes, listing the fan-out
     directories again (git lists all 256 per process) reads nothing from sqlite until a
-    put ends; an object put or deleted meanwhile is listed, or not, at once."""
-    from alkfsd.context import Context
-    from alkfsd.fs import Operations
-    from alkfsd.packs import served
-
+    put ends; an object put meanwhile is listed at once."""
     from alkfs.git.objects import canonical
     from alkfs.keys import Algorithm
 
-    store_path, _src = imported_store(tmp_path)
-    app = Alkfs.open(store_path, window_s=0)
-    ctx = Context(app.store, app=app, live=False)
-    try:
-        Operations(ctx)
-        s = served(ctx)
+    with direct(tmp_path) as (app, _ctx, s):
         for prefix in range(256):
             await s.unpacked("sha1", prefix)
         queried: list[str] = []
@@ -426,9 +427,6 @@ async def test_fanout_listings_read_the_table_again_only_after_a_put(tmp_path):
             assert any("max(" in q for q in queried)  # (the put moved the mark)
         finally:
             conn.set_trace_callback(None)
-    finally:
-        ctx.close()
-        app.close()
 
 
 def test_a_set_corrupted_on_disk_is_withdrawn_at_start_and_rebuilt(start_mount, tmp_path):
