@@ -6,7 +6,8 @@ module and fails on an upward import, and on an import of a daemon module inside
 function (the way a cycle is hidden); a name needed only for types is imported under
 `if TYPE_CHECKING:`.
 
-    framework    errors (the one errno map), inodes, invalidate, nodes.handles and
+    framework    errors (the one errno map), inodes, invalidate, deathguard (the
+                 connection aborted when the daemon dies), nodes.handles and
                  nodes.base (the node contract), nodes.listing, nodes.policy,
                  nodes.root (the top-level registry: its entries are named, resolved
                  when the root is listed), listings (the listings the kernel caches),

@@ -12,8 +12,9 @@ keys (`store`, `mountpoint`, `threshold`, `window`, `kv_only`, `sweep_every`,
 Readiness is reported to systemd (`READY=1` on $NOTIFY_SOCKET) once the mount answers.
 
 A mountpoint where a live FUSE mount already answers is refused (one line, exit 1):
-mounting over it would hide it without a word. A dead one (ENOTCONN, its daemon gone)
-is cleared at start.
+mounting over it would hide it without a word. A dead one (ENOTCONN or ECONNABORTED,
+its daemon gone) is cleared at start; daemon/deathguard.py makes sure a killed daemon's
+mount dies with it.
 """
 
 from __future__ import annotations
@@ -34,9 +35,10 @@ from alkfs.app import Alkfs
 from alkfs.errors import AlkfsError, StoreLocked
 from alkfs.store import Store
 
-from . import packs
+from . import deathguard, packs
 from .config import Usage, hide_password, settings
 from .context import Context, Options
+from .deathguard import unescape
 from .errors import ClipFormatter
 from .fs import Operations
 from .staging.spool import clear_spool, spool_dir
@@ -44,6 +46,9 @@ from .staging.spool import clear_spool, spool_dir
 log = logging.getLogger("alkfsd")
 
 MAX_TASKS = 64
+# what a mount whose daemon is gone answers (ECONNABORTED: its connection was aborted,
+# by fusectl or our death guard, daemon/deathguard.py)
+DEAD_MOUNT = (errno.ENOTCONN, errno.ECONNABORTED)
 READ_AHEAD_KB = 1024  # the kernel's default for a FUSE mount is 128 (one request per 128 KiB)
 
 
@@ -62,20 +67,6 @@ def sd_notify(message: str) -> None:
         log.warning("sd_notify to %s failed: %s", addr, exc)
 
 
-def _unescape(field: str) -> str:
-    """/proc/self/mounts escapes space, tab, newline and backslash as octal."""
-    out, i = [], 0
-    while i < len(field):
-        code = field[i + 1 : i + 4]
-        if field[i] == "\\" and len(code) == 3 and all(c in "01234567" for c in code):
-            out.append(chr(int(code, 8)))
-            i += 4
-        else:
-            out.append(field[i])
-            i += 1
-    return "".join(out)
-
-
 def mounted_at(mnt: str) -> tuple[str, str] | None:
     """(source, fstype) of the topmost mount at `mnt`, or None."""
     found = None
@@ -83,8 +74,8 @@ def mounted_at(mnt: str) -> tuple[str, str] | None:
         with open("/proc/self/mounts") as f:
             for line in f:
                 parts = line.split()
-                if len(parts) >= 3 and _unescape(parts[1]) == mnt:
-                    found = (_unescape(parts[0]), parts[2])
+                if len(parts) >= 3 and unescape(parts[1]) == mnt:
+                    found = (unescape(parts[0]), parts[2])
     except OSError:
         return None
     return found
@@ -96,7 +87,7 @@ class MountpointBusy(Exception):
 
 def refuse_live_mount(mnt: str) -> None:
     """MountpointBusy when a FUSE mount that answers is at `mnt` (a dead one answers
-    ENOTCONN and is left to clear_stale_mount)."""
+    ENOTCONN or ECONNABORTED and is left to clear_stale_mount)."""
     entry = mounted_at(mnt)
     if entry is None or not entry[1].startswith("fuse"):
         return
@@ -112,16 +103,17 @@ def refuse_live_mount(mnt: str) -> None:
 
 
 def clear_stale_mount(mnt: str) -> None:
-    """A mount left by a dead daemon answers ENOTCONN; detach it so we can mount again.
+    """A mount left by a dead daemon answers ENOTCONN (ECONNABORTED once its connection
+    was aborted); detach it so we can mount again.
     (statvfs, not stat: the kernel may answer stat from its attribute cache.)"""
     try:
         os.statvfs(mnt)
     except FileNotFoundError:
         os.makedirs(mnt, exist_ok=True)
     except OSError as exc:
-        if exc.errno != errno.ENOTCONN:
+        if exc.errno not in DEAD_MOUNT:
             raise
-        log.warning("clearing a stale mount at %s (errno=ENOTCONN)", mnt)
+        log.warning("clearing a stale mount at %s (errno=%s)", mnt, errno.errorcode[exc.errno])
         subprocess.run(["fusermount3", "-uz", mnt], check=False, capture_output=True)
 
 
@@ -260,6 +252,7 @@ def main(argv: list[str] | None = None) -> int:
     ctx: Context | None = None
     ops: Operations | None = None
     mounted = False
+    guard = None
     try:
         if clear_spool(store):
             log.info("removed what earlier writes left in %s", spool_dir(store))
@@ -293,6 +286,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"alkfsd: cannot mount at {mnt}: {exc}", file=sys.stderr)
             return 1
         mounted = True
+        guard = deathguard.start(mnt)  # (from this, the main thread: deathguard.py)
         log.info(
             "mounted %s at %s (database %s, mode %s, threshold %d, window %ss%s)",
             store_path,
@@ -310,6 +304,7 @@ def main(argv: list[str] | None = None) -> int:
         if mounted:
             pyfuse3.close(unmount=True)
             log.info("unmounted %s", mnt)
+        deathguard.stop(guard)
         if ctx is not None:
             ctx.close()  # (push sessions' pins released, scratch bytes removed)
         app.close()

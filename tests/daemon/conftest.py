@@ -163,7 +163,7 @@ class Mount:
 
     def wait_mounted(self) -> None:
         """Bounded poll: the mount entry is there, answers statvfs and is a mount point (a
-        dead mount left by a killed daemon is also listed, but answers ENOTCONN until it
+        dead mount left by a killed daemon is also listed, but answers ENOTCONN (ECONNABORTED once aborted) until it
         is replaced)."""
         assert self.proc is not None
         deadline = time.monotonic() + MOUNT_TIMEOUT_S
@@ -179,7 +179,7 @@ class Mount:
                     if os.stat(self.mnt).st_dev != os.stat(self.mnt.parent).st_dev:
                         return
                 except OSError as exc:
-                    if exc.errno != errno.ENOTCONN:
+                    if exc.errno not in (errno.ENOTCONN, errno.ECONNABORTED):
                         raise
             if time.monotonic() > deadline:
                 raise RuntimeError(f"alkfsd did not mount {self.mnt}:\n{self.log()}")
