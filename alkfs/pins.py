@@ -73,11 +73,16 @@ class NameFilter:
         return [(a + i * b) % size for i in range(self.SPOTS)]
 
     def add(self, name: str) -> bool:
+        """Add `name`: False when the filter is full. A name already in (every spot set:
+        a re-pin, a replace) changes nothing and is not counted again."""
+        bits = self.bits
+        spots = [s for s in self._spots(name) if not bits[s >> 3] >> (s & 7) & 1]
+        if not spots:
+            return True
         if self.count >= self.capacity:
             return False
         self.count += 1
-        bits = self.bits
-        for spot in self._spots(name):
+        for spot in spots:
             bits[spot >> 3] |= 1 << (spot & 7)
         return True
 
@@ -115,16 +120,19 @@ class Misses:
         f = self.filter
         return f is not None and not f.maybe(name)
 
-    def prime(self, scan: Callable[[], Iterable[str]]) -> bool:
-        """Build the filter from `scan()` (every pin name). False (no filter) when a
-        change was under way or ran meanwhile: prime again later."""
+    def prime(self, scan: Callable[[], Iterable[str] | None]) -> bool:
+        """Build the filter from `scan()` (every pin name; None: too many to hold). False
+        (no filter) then, or when a change was under way or ran meanwhile."""
         if not self.on:
             return False
         with self._lock:
             if self._writing:
                 return False
             epoch = self._epoch
-        names = list(scan())
+        scanned = scan()
+        if scanned is None:
+            return False
+        names = list(scanned)
         f = NameFilter(len(names))
         for name in names:
             f.add(name)
@@ -304,10 +312,12 @@ class Pins:
         """Load every pin name into `misses`' filter, so that a name never pinned is
         answered without a query (a mount does this once at start, before it serves).
         False when it did not (`misses` off, or a change ran meanwhile)."""
-        (count,) = self.tables.read("SELECT count(*) FROM pins")[0]
-        if count > PRIME_MAX:  # (the scan's names would all be in memory at once)
-            return False
-        return self.misses.prime(lambda: [n for (n,) in self.tables.read("SELECT name FROM pins")])
+
+        def scan() -> list[str] | None:  # (one scan: at most PRIME_MAX + 1 names held)
+            rows = self.tables.read("SELECT name FROM pins LIMIT ?", (PRIME_MAX + 1,))
+            return None if len(rows) > PRIME_MAX else [n for (n,) in rows]
+
+        return self.misses.prime(scan)
 
     def list(self) -> list[PinRecord]:
         rows = self.tables.read("SELECT name, key, created_ns FROM pins ORDER BY name")

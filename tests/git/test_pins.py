@@ -343,6 +343,19 @@ def test_a_full_filter_is_dropped_and_lookups_query_again():
     assert not Misses(on=False).prime(lambda: [])
 
 
+def test_a_name_added_again_is_not_counted_again():
+    """(a re-pin or a replace of the same name must not fill the filter: it would be
+    dropped, and every new name would cost a query again)"""
+    from alkfs.pins import NameFilter
+
+    f = NameFilter(0)
+    assert f.add("report") and f.count == 1
+    f.count = f.capacity  # full
+    assert f.add("report")  # already in: still True, still full, not dropped
+    assert f.count == f.capacity
+    assert not f.add("another") and not f.maybe("another")
+
+
 def test_a_store_of_more_pins_than_prime_max_loads_no_filter(app, monkeypatch):
     import alkfs.pins as pins_mod
 
