@@ -11,6 +11,15 @@ warm against three sides, interleaved, medians of paired runs:
     A  a bare repository whose objects/info/alternates is MNT/git/sha1 (refs copied)
     R  MNT/repos/ID used as the repository (--git-dir)
 
+Before anything is timed, the mount is brought to the state its own pipeline reaches
+(`steady_state`): a push of 200 new commits into R, timed until every object of it is in
+a listed (intake) pack; a consolidation (`echo repack > MNT/.alkfs/control`); then the
+pushed branch deleted and a sweep, timed until the set the sweep publishes lists none of
+the pushed objects (the daemon runs with `--push-grace 1s`, so the push's pins are gone
+by then, and `--window 1h`: they are staged, not deleted). `clone --no-local --bare`
+clones each side (N and A by their paths, R as MNT/repos/ID) into a fresh directory
+next to the native repository.
+
 It prints the ratios A/N and R/N, the pack count and sizes of both sides, and the time
 the import and the packing took. Commands under 50 ms native get at least 21 runs.
 
@@ -43,6 +52,8 @@ from pathlib import Path
 from common import BIN, Mount
 
 ROOT = Path(__file__).resolve().parents[1]
+CLONES = Path(tempfile.gettempdir())  # (set under the run's directory by main)
+PUSH_GRACE_S = 1  # the daemon's --push-grace: the steady state's sweep reaches a push
 GIT_ENV = {
     **os.environ,
     "GIT_CONFIG_GLOBAL": os.devnull,
@@ -100,19 +111,29 @@ COMMANDS = {
     ],
     "blame docs/LONG.txt": ["blame", "main", "--", "docs/LONG.txt"],
     "fsck --connectivity-only": ["fsck", "--connectivity-only"],
+    # (no --git-dir: SIDE is the source; DEST a fresh directory, removed after each run)
+    "clone --no-local --bare": ["clone", "-q", "--no-local", "--bare", "{side}", "{dest}"],
 }
 
 
 def timed(gitdir: Path, args: list[str]) -> float:
+    """Seconds of one `git --git-dir=GITDIR ARGS`, or, when ARGS name `{side}`, of `git
+    ARGS` with `{side}` the repository and `{dest}` a new directory (removed untimed)."""
+    dest = None
+    if "{side}" in args:
+        dest = Path(tempfile.mkdtemp(prefix="clone-", dir=CLONES)) / "dest.git"
+        argv = [str(gitdir) if a == "{side}" else str(dest) if a == "{dest}" else a for a in args]
+        argv = ["git", *argv]
+    else:
+        argv = ["git", f"--git-dir={gitdir}", *args]
     t0 = time.perf_counter()
     subprocess.run(
-        ["git", f"--git-dir={gitdir}", *args],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        check=True,
-        env=GIT_ENV,
+        argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True, env=GIT_ENV
     )
-    return time.perf_counter() - t0
+    took = time.perf_counter() - t0
+    if dest is not None:
+        shutil.rmtree(dest.parent)
+    return took
 
 
 def drop_caches() -> None:
@@ -184,10 +205,33 @@ def alternates_user(path: Path, mnt: Path, refs: bytes) -> Path:
     return path
 
 
-def time_to_packed(src: Path, repo: Path, mnt: Path) -> float:
-    """Push 200 new commits into MNT/repos/ID; seconds from the push's end until every
-    object of it is in a listed pack (the daemon runs with ALKFS_PACK_EVERY=1)."""
-    work = src.parent / "push.git"
+def control(mnt: Path, command: str) -> None:
+    """One command through MNT/.alkfs/control (returns when it has run)."""
+    with open(mnt / ".alkfs" / "control", "w") as f:
+        f.write(command + "\n")
+
+
+def wait_for(pred, what: str, timeout: float = 300) -> float:
+    """Seconds until `pred()` holds (polled every 50 ms); inf after `timeout`."""
+    t0 = time.perf_counter()
+    while not pred():
+        time.sleep(0.05)
+        if time.perf_counter() - t0 > timeout:
+            print(f"{what}: not within {timeout:.0f} s")
+            return float("inf")
+    took = time.perf_counter() - t0
+    print(f"{what}: {took:.2f} s")
+    return took
+
+
+def steady_state(src: Path, repo: Path, mnt: Path) -> dict:
+    """Bring the mount to the state the daemon's own pipeline reaches, not the import's
+    first set: push 200 new commits into MNT/repos/ID and time until every object of it
+    is in a listed pack (the intake; the daemon runs with ALKFS_PACK_EVERY=1), run a
+    consolidation (`repack`), then delete the pushed branch and sweep: the sweep stages
+    its objects and a set without them is published (a rewrite of the packs that held
+    them), timed until no listed pack holds one. The sides then have the same refs."""
+    work = src.parent / f"push-{mnt.name}.git"
     git("clone", "-q", "--bare", str(src), str(work))
     out = []
     for i in range(200):
@@ -200,18 +244,26 @@ def time_to_packed(src: Path, repo: Path, mnt: Path) -> float:
         data = b"pushed file %d\n" % i * 20
         out.append(b"M 100644 inline pushed/f%d.txt\ndata %d\n%s\n" % (i % 10, len(data), data))
     git("-C", str(work), "fast-import", "--quiet", input=b"".join(out))
-    new = set(
-        git(f"--git-dir={work}", "rev-list", "--objects", "pushed", "^main").decode().split()[::1]
-    )
+    new = set(git(f"--git-dir={work}", "rev-list", "--objects", "pushed", "^main").decode().split())
     new = {x for x in new if len(x) == 40}
     git(f"--git-dir={work}", "push", "-q", str(repo), "pushed")
+    took: dict = {"pushed_objects": len(new)}
+    took["time_to_packed_s"] = wait_for(
+        lambda: new <= listed_ids(mnt), f"a push of {len(new)} objects packed after it returned"
+    )
     t0 = time.perf_counter()
-    while not new <= listed_ids(mnt):
-        time.sleep(0.05)
-        if time.perf_counter() - t0 > 300:
-            return float("inf")
-    took = time.perf_counter() - t0
-    print(f"a push of {len(new)} objects was packed {took:.2f} s after it returned")
+    control(mnt, "repack")
+    took["consolidation_s"] = time.perf_counter() - t0
+    print(f"consolidation (repack): {took['consolidation_s']:.2f} s")
+    git(f"--git-dir={repo}", "update-ref", "-d", "refs/heads/pushed")
+    time.sleep(PUSH_GRACE_S + 0.5)  # (the push's pins go after the grace)
+    t0 = time.perf_counter()
+    control(mnt, "sweep")
+    waited = wait_for(
+        lambda: not new & listed_ids(mnt), "after the sweep returned, a set without them"
+    )
+    took["sweep_to_rewritten_s"] = waited if waited == float("inf") else time.perf_counter() - t0
+    print(f"sweep to a set without the pushed objects: {took['sweep_to_rewritten_s']:.2f} s")
     return took
 
 
@@ -226,6 +278,9 @@ def main() -> int:
     if args.quick:
         args.commits, args.runs, args.first = 400, 3, 1
     tmp = Path(tempfile.mkdtemp(prefix="alkfs-git-speed-"))
+    global CLONES
+    CLONES = tmp / "clones"  # (on the native side's disk)
+    CLONES.mkdir()
     mount = versus = None
     try:
         src = tmp / "src.git"
@@ -272,6 +327,8 @@ def main() -> int:
                     str(tmp / "mnt0"),
                     "--window",
                     "1h",
+                    "--push-grace",
+                    f"{PUSH_GRACE_S}s",
                 ],
                 tmp / "mnt0",
                 tmp / "alkfsd0.log",
@@ -279,9 +336,21 @@ def main() -> int:
             versus.start()
             sides["A0"] = alternates_user(tmp / "alt0.git", tmp / "mnt0", refs)
             sides["R0"] = tmp / "mnt0" / "repos" / "bench"
+            print("versus:")
+            steady_state(src, sides["R0"], tmp / "mnt0")
         mount = Mount(
             "alkfsd",
-            [str(BIN / "python"), "-m", "alkfsd.main", str(store), str(mnt), "--window", "1h"],
+            [
+                str(BIN / "python"),
+                "-m",
+                "alkfsd.main",
+                str(store),
+                str(mnt),
+                "--window",
+                "1h",
+                "--push-grace",
+                f"{PUSH_GRACE_S}s",
+            ],
             mnt,
             tmp / "alkfsd.log",
         )
@@ -289,6 +358,7 @@ def main() -> int:
         alt = alternates_user(tmp / "alt.git", mnt, refs)
         repo = mnt / "repos" / "bench"
         sides["A"], sides["R"] = alt, repo
+        steady = steady_state(src, repo, mnt)
         n_packs, n_bytes = packs_of(native / "objects")
         m_packs, m_bytes = packs_of(mnt / "git" / "sha1")
         print(
@@ -300,7 +370,7 @@ def main() -> int:
             f"mount:  {m_packs} pack(s), {m_bytes / 1e6:.1f} MB, bitmap no, commit-graph "
             f"{'yes (split chain)' if (mnt / 'git/sha1/info/commit-graphs').exists() else 'no'}"
         )
-        results: dict = {"load": os.getloadavg()[0]}
+        results: dict = {"load": os.getloadavg()[0], "packs": [m_packs, m_bytes, n_packs, n_bytes]}
         others = [k for k in sides if k != "N"]
         print(
             f"{'command':45} {'native ms':>10} "
@@ -339,7 +409,7 @@ def main() -> int:
         if args.first:
             cold = {"N": native, "A": alt, "R": repo}  # (not the --versus sides)
             results["first_run"] = first_runs(mount, cold, args.first)
-        results["time_to_packed_s"] = time_to_packed(src, repo, mnt)
+        results.update(steady)
         out = ROOT / "bench" / "out" / ("git-speed-quick.json" if args.quick else "git-speed.json")
         out.parent.mkdir(exist_ok=True)
         out.write_text(json.dumps(results, indent=1) + "\n")
