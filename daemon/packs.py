@@ -73,7 +73,8 @@ class Served:
         self.last_built: dict[str, float] = {}
         self._base: dict[str, tuple[int, dict[int, list[bytes]]]] = {}
         self._new: dict[str, tuple[int, Version, dict[int, list[bytes]]]] = {}
-        self._memo: dict[tuple[str, int], tuple[tuple[int, Version], list[bytes]]] = {}
+        self._memo: dict[tuple[str, int], tuple[tuple[int, Version, int], list[bytes]]] = {}
+        self._staged: dict[str, tuple[int, int, set[bytes]]] = {}  # (gen, window version, set)
         # (Store.puts, value) of the kv table's highest row id per format and of the large
         # tier's prefix directories: see `_mark`
         self._tops: dict[str, tuple[int, int]] = {}
@@ -100,14 +101,18 @@ class Served:
 
     # -- the fan-out listings: what no published pack holds --------------------------------
     async def unpacked(self, fmt: str, prefix: int) -> list[ObjectStat] | None:
-        """The stored objects of `fmt` whose first byte is `prefix` and that the published
-        set lacks, in key order; None when no set holding objects is published.
+        """The stored objects of `fmt` whose first byte is `prefix`, that the published
+        set lacks and that no sweep has staged for deletion, in key order; None when no
+        set holding objects is published. (A staged object still resolves by name; left
+        out of the listing, git's enumerations — `--batch-all-objects`, `fsck` — do not
+        read each dead object through the mount after the sweep's set dropped it.)
 
         Kept cheap for git, which lists all 256 directories to abbreviate one id: the kv
         objects the set left out are found once per generation (in a thread), those
         stored since it was built by row id (refreshed when the table's highest row id
-        moves), large-tier ones by listing that prefix's directory; each is stat'ed, so a
-        deleted one is not listed."""
+        moves), the staged set when the window changes (`_staged_now`), large-tier ones
+        by listing that prefix's directory; each is stat'ed, so a deleted one is not
+        listed."""
         gen = self.packed(fmt)
         if gen is None:
             return None
@@ -122,11 +127,13 @@ class Served:
         if new is None or new[0] != gen.number or new[1] != version:
             new = (gen.number, version, await self.ctx.run_sync(self._stored_since, d, gen))
             self._new[fmt] = new
-        # the kv candidates of one prefix, sorted, while the set and the highest row stay
+        window, staged = await self._staged_now(fmt, d, gen, mark)
+        # the kv candidates of one prefix, sorted, while the set, the highest row and the
+        # window stay
         memo = self._memo.get((fmt, prefix))
-        if memo is None or memo[0] != (gen.number, version):
+        if memo is None or memo[0] != (gen.number, version, window):
             kv = set(base[1].get(prefix, ())) | set(new[2].get(prefix, ()))
-            memo = ((gen.number, version), sorted(kv))
+            memo = ((gen.number, version, window), sorted(kv - staged))
             self._memo[(fmt, prefix)] = memo
         ordered = memo[1]
         store = self.ctx.store
@@ -140,7 +147,8 @@ class Served:
                 except ValueError:
                     continue
                 if len(digest) == algo.digest_len and digest[0] == prefix and digest not in gen:
-                    extra.add(digest)
+                    if digest not in staged:
+                        extra.add(digest)
             if extra:
                 ordered = sorted(extra.union(ordered))
         out = []
@@ -150,6 +158,21 @@ class Served:
             if st is not None:
                 out.append(st)
         return out
+
+    async def _staged_now(
+        self, fmt: str, d: Derived, gen: Generation, mark: int | None
+    ) -> tuple[int, set[bytes]]:
+        """(the window's version, the digests of `fmt` staged for deletion). The version
+        is the window's own count of changes where this process is the sole writer (a
+        sweep that stages or takes moves it), else its row count (read in a thread): a
+        fleet's sweep that stages publishes a new set, which reads the window again."""
+        window = self.ctx.store.window
+        version = window.changes if mark is not None else await self.ctx.run_sync(window.rows)
+        seen = self._staged.get(fmt)
+        if seen is None or seen[:2] != (gen.number, version):
+            seen = (gen.number, version, await self.ctx.run_sync(d.staged))
+            self._staged[fmt] = seen
+        return version, seen[2]
 
     def _mark(self) -> int | None:
         """`Store.puts` where this process makes every change to the store
