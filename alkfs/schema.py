@@ -48,7 +48,7 @@ META = Table(
     "meta",
     "The store's settings, fixed at creation, and its identity.",
     (
-        Column("name", "text", "mode | threshold | schema_version | store_id"),
+        Column("name", "text", "mode | threshold | schema_version | store_id | arrival_high"),
         Column("value", "text", "its value, as text", null=True),
     ),
     ("name",),
@@ -70,6 +70,25 @@ BLOBS = Table(
 ARRIVALS = "seq"
 """PostgreSQL's blobs carry `seq`, the order rows arrived in (sqlite's rowid plays it):
 derived packs build from what arrived since their last build."""
+
+ARRIVAL_TRIGGERS = (
+    # sqlite numbers a new row one past the highest rowid left, so deleting the newest
+    # rows would let the next ones reuse their numbers and arrive "before" a derived set
+    # built while those existed (never packed by an intake, never listed as new). The
+    # highest rowid a deletion removed from the top is kept in meta (arrival_high), and
+    # a row inserted at or below it is renumbered just above it.
+    "CREATE TRIGGER IF NOT EXISTS blobs_arrival_high AFTER DELETE ON blobs"
+    " WHEN old.rowid > (SELECT coalesce(max(rowid), 0) FROM blobs)"
+    " BEGIN INSERT INTO meta (name, value) VALUES ('arrival_high', old.rowid)"
+    " ON CONFLICT (name) DO UPDATE"
+    " SET value = max(CAST(value AS INTEGER), CAST(excluded.value AS INTEGER)); END",
+    "CREATE TRIGGER IF NOT EXISTS blobs_arrive_above AFTER INSERT ON blobs"
+    " WHEN new.rowid <= (SELECT CAST(value AS INTEGER) FROM meta WHERE name = 'arrival_high')"
+    " BEGIN UPDATE blobs SET rowid = 1 +"
+    " (SELECT CAST(value AS INTEGER) FROM meta WHERE name = 'arrival_high')"
+    " WHERE rowid = new.rowid; END",
+)
+"""sqlite only (PostgreSQL's `seq` is an identity: never reused)."""
 
 WINDOW = Table(
     "gc_window",
@@ -250,6 +269,8 @@ def ddl(table: Table, engine: str) -> list[str]:
         out.append(f"CREATE INDEX IF NOT EXISTS {name} ON {table.name} ({', '.join(columns)})")
     if table is BLOBS and engine == "postgresql":
         out.append(f"CREATE INDEX IF NOT EXISTS blobs_{ARRIVALS} ON blobs ({ARRIVALS})")
+    if table is BLOBS and engine == "sqlite":
+        out.extend(ARRIVAL_TRIGGERS)  # (after META: they write it)
     return out
 
 
