@@ -212,7 +212,11 @@ class Served:
         return out
 
     def _left_out(self, d: Derived, gen: Generation) -> dict[int, list[bytes]]:
-        """kv objects stored when `gen` was built that it does not hold (a thread)."""
+        """kv objects stored when `gen` was built that it does not hold (a thread): as
+        the set recorded them, else found by comparing every stored key with it."""
+        recorded = gen.left_out()
+        if recorded is not None:
+            return self._by_prefix(recorded)
         lo, hi = bytes([d.algo.value]), bytes([d.algo.value + 1])
         keys = d._kv().arrived(lo, hi, 0, upto=int(gen.meta.get("max_rowid", 0)))
         return self._by_prefix(digest for k in keys if (digest := k[1:]) not in gen)

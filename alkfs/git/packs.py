@@ -7,7 +7,9 @@ Layout (private to the store, never reached through the mount's own files)::
         pack/pack-<h>.pack .idx .keep    pack v2 + idx v2 (sha256 forms for git-sha256)
         pack/multi-pack-index            MIDX v1 over the set's packs
         info/commit-graphs/              a split commit-graph (chain + graph-<h>.graph)
-        alkfs.json                       what the set covers (not served)
+        alkfs.json                       what the set covers (not served): its highest
+                                         row id, and the kv objects of the format it
+                                         left out (`left_out`, hex, up to LEFT_OUT_MAX)
     STORE/derived/<fmt>/tmp-*            a build in progress (removed at open)
 
 A build reads verified objects straight from the store's kv table (large-tier objects
@@ -79,6 +81,10 @@ FORMATS = {"sha1": Algorithm.GIT_SHA1, "sha256": Algorithm.GIT_SHA256}
 TYPE_CODES = {b"commit": 1, b"tree": 2, b"blob": 3, b"tag": 4}
 LOOSE_NEW_MAX = 20_000  # new objects written loose for an incremental build (else a raw pack)
 MAX_PACKS = 12  # packs in a set before an intake consolidates them into one
+# A set records the kv objects (row id <= its max_rowid) it left out, so that the mount's
+# fan-out listings need not compare every stored key with the set to find them (O(store)
+# at the first listing of every generation); past this many it records none (null).
+LEFT_OUT_MAX = 50_000
 KEEP_TEXT = b"alkfs: derived pack, owned by the store's daemon\n"
 _GEN = re.compile(r"gen-(\d+)")
 
@@ -202,6 +208,20 @@ class Generation:
             out.update(idx.digests())
         return out
 
+    def left_out(self) -> list[bytes] | None:
+        """The kv objects (row id <= meta max_rowid) the set left out, as it recorded
+        them; None when it recorded none (too many, a set built before it recorded them,
+        or a record that does not parse): then only a scan finds them."""
+        recorded = self.meta.get("left_out")
+        if not isinstance(recorded, list):
+            return None
+        n = 20 if self.fmt == "sha1" else 32
+        try:
+            out = [bytes.fromhex(h) for h in recorded]
+        except (TypeError, ValueError):
+            return None
+        return out if all(len(d) == n for d in out) else None
+
     def pack_order(self) -> list[bytes]:
         """Every object, pack by pack, in the order the packs hold them (git's write order)."""
         out: list[bytes] = []
@@ -209,6 +229,10 @@ class Generation:
             pairs = sorted(zip(idx.offsets(), idx.digests(), strict=True))
             out.extend(d for _o, d in pairs)
         return out
+
+
+def _left_out_record(digests: set[bytes]) -> list[str] | None:
+    return sorted(d.hex() for d in digests) if len(digests) <= LEFT_OUT_MAX else None
 
 
 def verify_trailer(path: Path, fmt: str) -> bytes:
@@ -618,14 +642,15 @@ class Derived:
         after = 0 if gen is None else int(gen.meta.get("max_rowid", 0))
         return self._kv().count_arrived(lo, hi, after)
 
-    def _scan(self) -> tuple[dict[bytes, bytes], list[bytes], int]:
-        """Every non-blob of the format (verified, digest -> bytes), the blob digests, and
-        the highest row id seen (read in the same transaction)."""
+    def _scan(self) -> tuple[dict[bytes, bytes], list[bytes], list[bytes], int]:
+        """Every non-blob of the format (verified, digest -> bytes), the blob digests, the
+        corrupt ones (logged), and the highest row id seen (read in the same transaction)."""
         lo, hi = self._range()
         kv = self._kv()
         digest = _hash(self.fmt)
         objects: dict[bytes, bytes] = {}
         blobs: list[bytes] = []
+        corrupt: list[bytes] = []
         with kv.db.snapshot() as conn:
             top = kv.high_water(conn)
             for key, value in kv.git_range(lo, hi, conn):
@@ -636,7 +661,8 @@ class Derived:
                     objects[d] = value
                 else:
                     log.error("derived %s: corrupt object %s left out", self.fmt, d.hex())
-        return objects, blobs, top
+                    corrupt.append(d)
+        return objects, blobs, corrupt, top
 
     def _scan_kinds(self) -> tuple[dict[bytes, bytes], int]:
         """digest -> the first two bytes of the type ("co", "tr", "bl", "ta") of every kv
@@ -662,6 +688,28 @@ class Derived:
                 log.error("derived %s: corrupt object %s left out", self.fmt, d.hex())
 
     # -- git ---------------------------------------------------------------------------
+    def _index_files(self, repo: Path, out: Path, graph: list[bytes], if_not: str) -> None:
+        """The set's multi-pack-index, and a split commit-graph layer of `graph`'s
+        commits (when it fails, `if_not` is logged: a set without a new layer is still
+        whole; git reads those commits from the packs)."""
+        self._git(repo, "multi-pack-index", "write", objdir=out)
+        if graph:
+            try:
+                self._git(
+                    repo,
+                    "commit-graph",
+                    "write",
+                    "--split",
+                    "--stdin-commits",
+                    "--no-progress",
+                    objdir=out,
+                    input=b"".join(c.hex().encode() + b"\n" for c in graph),
+                )
+            except StoreIO as exc:
+                log.error("derived %s: %s: %s", self.fmt, if_not, exc)
+        for stale in (out / "info" / "commit-graphs").glob("*.lock"):
+            stale.unlink()
+
     def _git(
         self,
         repo: Path,
@@ -789,11 +837,13 @@ class Derived:
 
     def _plan(
         self, prev: Generation | None, skip: set[bytes]
-    ) -> tuple[list[tuple[bytes, bytes]], list[bytes], int, list[bytes] | None]:
+    ) -> tuple[list[tuple[bytes, bytes]], list[bytes], int, list[bytes] | None, set[bytes]]:
         """(pack-objects input, graph commits, top row id, new objects or None for a full
-        build). Mostly old objects: only the commits and the new objects are read."""
+        build, every kv object of the format the scan saw). Mostly old objects: only the
+        commits and the new objects are read."""
         if prev is not None and prev.indexes:
             kinds, top = self._scan_kinds()
+            seen = set(kinds)
             for d in skip:
                 kinds.pop(d, None)
             previous = prev.pack_order()
@@ -809,18 +859,20 @@ class Derived:
                         kinds.pop(d, None)
                 fresh = [d for d in fresh if d in kinds]
                 order, graph = ordered_incremental(kinds, fetched, previous, self.fmt)
-                return order, graph, top, fresh
-        objects, blobs, top = self._scan()
+                return order, graph, top, fresh, seen
+        objects, blobs, corrupt, top = self._scan()
+        seen = {*objects, *blobs, *corrupt}
         if skip:
             for d in skip:
                 objects.pop(d, None)
             blobs = [b for b in blobs if b not in skip]
         order, graph = ordered_objects(objects, blobs, self.fmt)
-        return order, graph, top, None
+        return order, graph, top, None, seen
 
-    def _intake_plan(self, prev: Generation) -> tuple[dict[bytes, bytes], int] | None:
+    def _intake_plan(self, prev: Generation) -> tuple[dict[bytes, bytes], int, list[bytes]] | None:
         """The objects an intake pack beside the previous set's packs would hold (verified
-        bytes) and the top row id; None when the set must be consolidated instead: it
+        bytes), the top row id and the arrivals it leaves out (staged or corrupt); None
+        when the set must be consolidated instead: it
         holds objects now staged for deletion, it has MAX_PACKS packs, or the intake packs
         would hold more than half as many objects as the largest (geometric, factor 2)."""
         if not prev.indexes or len(prev.indexes) >= MAX_PACKS:
@@ -833,14 +885,19 @@ class Derived:
         digest = _hash(self.fmt)
         after = int(prev.meta.get("max_rowid", 0))
         new: dict[bytes, bytes] = {}
+        left: list[bytes] = []
         with kv.db.snapshot() as conn:
             top = kv.high_water(conn)
             for key, value in kv.arrived_values(lo, hi, after, conn):
                 d = key[1:]
-                if d in staged or d in prev:
+                if d in prev:
+                    continue
+                if d in staged:
+                    left.append(d)
                     continue
                 if digest(value).digest() != d:
                     log.error("derived %s: corrupt object %s left out", self.fmt, d.hex())
+                    left.append(d)
                     continue
                 new[d] = value
                 if len(new) > LOOSE_NEW_MAX:
@@ -848,7 +905,7 @@ class Derived:
         counts = sorted(idx.count for idx in prev.indexes)
         if 2 * (sum(counts[:-1]) + len(new)) > counts[-1]:
             return None
-        return new, top
+        return new, top, left
 
     def _build(self, exclude: set[bytes]) -> BuildResult:
         prev = self._current
@@ -856,7 +913,7 @@ class Derived:
             plan = self._intake_plan(prev)
             if plan is not None:
                 return self._build_intake(prev, *plan)
-        order, graph_commits, top, fresh = self._plan(prev, exclude | self.staged())
+        order, graph_commits, top, fresh, seen = self._plan(prev, exclude | self.staged())
         number = self._next_number()
         self.root.mkdir(parents=True, exist_ok=True)
         tmp = self.root / f"tmp-{self._who}-{number}-{uuid.uuid4().hex[:8]}"
@@ -896,23 +953,7 @@ class Derived:
                 )
                 for p in (out / "pack").glob("*.idx"):
                     p.with_suffix(".keep").write_bytes(KEEP_TEXT)
-                self._git(repo, "multi-pack-index", "write", objdir=out)
-                if graph_commits:
-                    try:
-                        self._git(
-                            repo,
-                            "commit-graph",
-                            "write",
-                            "--split",
-                            "--stdin-commits",
-                            "--no-progress",
-                            objdir=out,
-                            input=b"".join(c.hex().encode() + b"\n" for c in graph_commits),
-                        )
-                    except StoreIO as exc:
-                        log.error("derived %s: no commit-graph in this set: %s", self.fmt, exc)
-                for stale in (out / "info" / "commit-graphs").glob("*.lock"):
-                    stale.unlink()
+                self._index_files(repo, out, graph_commits, "no commit-graph in this set")
             self._check(out)
             meta = {
                 "generation": number,
@@ -920,6 +961,7 @@ class Derived:
                 "objects": len(order),
                 "mode": mode,
                 "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                "left_out": _left_out_record(seen.difference(d for d, _p in order)),
             }
             (out / "alkfs.json").write_text(json.dumps(meta) + "\n")
             _fsync_tree(out)
@@ -945,9 +987,13 @@ class Derived:
             0.0,
         )
 
-    def _build_intake(self, prev: Generation, new: dict[bytes, bytes], top: int) -> BuildResult:
+    def _build_intake(
+        self, prev: Generation, new: dict[bytes, bytes], top: int, left: list[bytes]
+    ) -> BuildResult:
         """A set of the previous set's files (hard links: the same immutable files) plus
-        one intake pack of `new`, a new multi-pack-index and one more commit-graph layer."""
+        one intake pack of `new`, a new multi-pack-index and one more commit-graph layer.
+        It leaves out what the previous set did and `left` (none recorded if that did not
+        record its own)."""
         n = 20 if self.fmt == "sha1" else 32
         number = self._next_number()
         tmp = self.root / f"tmp-{self._who}-{number}-{uuid.uuid4().hex[:8]}"
@@ -1004,35 +1050,23 @@ class Derived:
                 # reads them from the packs)
                 old_parents = {p: True for c in commits for p in commits[c][1] if p in prev}
                 graph = _graphable(commits, old_parents)
-                self._git(repo, "multi-pack-index", "write", objdir=out)
-                if graph:
-                    try:
-                        self._git(
-                            repo,
-                            "commit-graph",
-                            "write",
-                            "--split",
-                            "--stdin-commits",
-                            "--no-progress",
-                            objdir=out,
-                            input=b"".join(c.hex().encode() + b"\n" for c in graph),
-                        )
-                    except StoreIO as exc:
-                        log.error(
-                            "derived %s: the commit-graph keeps its layers: %s", self.fmt, exc
-                        )
-                for stale in (out / "info" / "commit-graphs").glob("*.lock"):
-                    stale.unlink()
+                self._index_files(repo, out, graph, "the commit-graph keeps its layers")
             else:
                 self._git(repo, "init", "-q", "--bare", f"--object-format={self.fmt}", str(repo))
                 self._git(repo, "multi-pack-index", "write", objdir=out)
             self._check(out, skip=linked)
+            before = prev.left_out()
+            if before:  # (those deleted since drop out of the record)
+                tag = bytes([self.algo.value])
+                have = self._kv().present([tag + d for d in before])
+                before = [d for d in before if tag + d in have]
             meta = {
                 "generation": number,
                 "max_rowid": top,
                 "objects": prev.objects + len(new),
                 "mode": "intake",
                 "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                "left_out": None if before is None else _left_out_record({*before, *left}),
             }
             (out / "alkfs.json").write_text(json.dumps(meta) + "\n")
             _fsync_tree(out)

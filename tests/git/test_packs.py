@@ -212,6 +212,59 @@ def test_a_sweep_publishes_a_set_without_every_object_it_deletes(app, make_repo,
     git(user, "commit-graph", "verify", f"--object-dir={after.root}")
 
 
+def left_out_by_scan(d: packs.Derived, gen: packs.Generation) -> set[bytes]:
+    lo, hi = bytes([d.algo.value]), bytes([d.algo.value + 1])
+    upto = gen.meta["max_rowid"]
+    return {k[1:] for k in d._kv().arrived(lo, hi, 0, upto=upto) if k[1:] not in gen}
+
+
+def test_a_set_records_the_objects_it_left_out(app, make_repo):
+    """Every build records the kv objects it left out (staged for deletion), the same as
+    comparing every stored key with the set would find: an intake carries the previous
+    record (less what was deleted since), a consolidation records anew."""
+    repo = history(make_repo, "sha1")
+    import_repo(app, repo.gitdir, "r", progress=False)
+    store = app.store
+    d = packs.derived_for(store, "sha1")
+    assert d.current().left_out() == [] == d.current().meta["left_out"]
+    a = store.add(canonical("blob", b"dead before any set held it\n"), algo=Algorithm.GIT_SHA1)
+    assert store.sweep(0).candidates_staged == 1  # staged
+    d.build()
+    gen = d.current()
+    assert gen.meta["mode"] == "intake" and gen.left_out() == [a.digest]
+    assert gen.meta["left_out"] == [a.hex] and left_out_by_scan(d, gen) == {a.digest}
+    b = store.add(canonical("blob", b"packed, then dead\n"), algo=Algorithm.GIT_SHA1)
+    d.build()
+    gen = d.current()
+    assert gen.meta["mode"] == "intake" and b.digest in gen and gen.left_out() == [a.digest]
+    report = store.sweep(0)  # deletes a, stages b
+    assert (report.deleted, report.candidates_staged) == (1, 1)
+    d.build()  # b is in the set and staged: a consolidation, without it
+    gen = d.current()
+    assert gen.meta["mode"] != "intake" and b.digest not in gen
+    assert gen.left_out() == [b.digest] and left_out_by_scan(d, gen) == {b.digest}
+    c = store.add(canonical("blob", b"staged, then deleted\n"), algo=Algorithm.GIT_SHA1)
+    report = store.sweep(0)  # deletes b (the set without it is published), stages c
+    assert (report.deleted, report.candidates_staged) == (1, 1)
+    assert store.sweep(0).deleted == 1 and not store.has(c)  # and c
+    e = store.add(canonical("blob", b"new\n"), algo=Algorithm.GIT_SHA1)
+    d.build()
+    gen = d.current()
+    assert gen.meta["mode"] == "intake" and e.digest in gen
+    assert gen.left_out() == [] and left_out_by_scan(d, gen) == set()  # (both deleted)
+
+
+def test_a_record_missing_or_malformed_reads_as_none(app, make_repo):
+    repo = history(make_repo, "sha1")
+    import_repo(app, repo.gitdir, "r", progress=False)
+    gen = packs.derived_for(app.store, "sha1").current()
+    for bad in (None, "00", ["zz"], ["00" * 19], [7]):
+        gen.meta["left_out"] = bad
+        assert gen.left_out() is None
+    del gen.meta["left_out"]  # (a set built before sets recorded it)
+    assert gen.left_out() is None
+
+
 def test_a_sweep_deleting_packed_objects_rebuilds_before_it_deletes(app, make_repo):
     repo = history(make_repo, "sha1")
     import_repo(app, repo.gitdir, "r", progress=False)
