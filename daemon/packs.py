@@ -79,6 +79,7 @@ class Served:
         # tier's prefix directories: see `_mark`
         self._tops: dict[str, tuple[int, int]] = {}
         self._large: dict[tuple[str, int], tuple[int, list[str]]] = {}
+        self._large_dirs: dict[str, tuple[int, frozenset[str]]] = {}
         off = os.environ.get("ALKFS_PACKS", "").lower() in ("0", "off", "no")
         for fmt in () if off else FORMATS:
             try:
@@ -196,12 +197,28 @@ class Served:
         seen = self._large.get((root, prefix))
         if mark is not None and seen is not None and seen[0] == mark:
             return seen[1]
+        if f"{prefix:02x}" not in self._large_prefixes(root, mark):
+            return []  # (one listing of ROOT tells, not one failed listing a prefix)
         try:
             names = os.listdir(f"{root}/{prefix:02x}")
         except FileNotFoundError:
             names = []
         if mark is not None and mark == self._mark():
             self._large[(root, prefix)] = (mark, names)
+        return names
+
+    def _large_prefixes(self, root: str, mark: int | None) -> frozenset[str]:
+        """The prefix directories the large tier has for this format (none at all when
+        it never stored a large git object), read again only when the mark moves."""
+        seen = self._large_dirs.get(root)
+        if mark is not None and seen is not None and seen[0] == mark:
+            return seen[1]
+        try:
+            names = frozenset(os.listdir(root))
+        except FileNotFoundError:
+            names = frozenset()
+        if mark is not None and mark == self._mark():
+            self._large_dirs[root] = (mark, names)
         return names
 
     @staticmethod

@@ -429,6 +429,21 @@ async def test_fanout_listings_read_the_table_again_only_after_a_put(tmp_path):
             conn.set_trace_callback(None)
 
 
+async def test_a_large_object_stored_after_the_listings_is_listed_at_once(tmp_path):
+    """Direct calls: the large tier's prefix directories are known from one listing of
+    its format's directory (none exist here until the put), read again after a put."""
+    from alkfs.git.objects import canonical
+    from alkfs.keys import Algorithm
+
+    with direct(tmp_path) as (app, _ctx, s):
+        for prefix in range(256):
+            assert await s.unpacked("sha1", prefix) == []
+        key = app.store.add(canonical("blob", b"L" * 300_000), algo=Algorithm.GIT_SHA1)
+        assert app.store.stat(key).tier == "large"
+        assert await s.unpacked("sha1", key.digest[0]) == [app.store.stat(key)]
+        assert await s.unpacked("sha1", (key.digest[0] + 1) % 256) == []
+
+
 async def test_what_a_set_left_out_is_read_from_its_record_not_found_by_a_scan(tmp_path):
     """Direct calls: the first listing of a generation takes the objects it left out
     from the set's own record (no comparison of every stored key with the set); a set
