@@ -7,7 +7,8 @@ Publishing (by the intake task, `repack_now`, or a sweep's guard in its own thre
 `Served._published`, which tells the views (gitview registers one per object directory)
 so that they drop the kernel's entries of the names that changed.
 
-`run(ctx)` is the background task: at start it re-verifies the published sets (one that
+`run(ctx)` is the background task: at start it finds what the fan-out listings of the
+published sets need (before git's first listing asks), re-verifies the sets (one that
 fails is withdrawn: its objects are served loose until the rebuild), builds a first set
 when there is none,
 then every `ALKFS_PACK_POLL` seconds (default 5) counts the objects stored since the
@@ -362,6 +363,11 @@ async def run(ctx: Context) -> None:
     s = served(ctx)
     for d in s.derived.values():  # a fleet's member: the set published for the fleet
         await ctx.run_sync(d.refresh)
+    for fmt in s.derived:  # what the first git process lists: found before it asks
+        try:
+            await s.unpacked(fmt, 0)
+        except AlkfsError as exc:
+            log.warning("derived %s: cannot list the fan-out yet (%s)", fmt, exc)
     if not s.derived or ctx.read_only:
         return
     for fmt, d in s.derived.items():  # a set that no longer verifies is withdrawn, rebuilt
