@@ -955,37 +955,44 @@ class Derived:
                     p.with_suffix(".keep").write_bytes(KEEP_TEXT)
                 self._index_files(repo, out, graph_commits, "no commit-graph in this set")
             self._check(out)
-            meta = {
-                "generation": number,
-                "max_rowid": top,
-                "objects": len(order),
-                "mode": mode,
-                "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                "left_out": _left_out_record(seen.difference(d for d, _p in order)),
-            }
-            (out / "alkfs.json").write_text(json.dumps(meta) + "\n")
-            _fsync_tree(out)
-            final = self.root / f"gen-{number}"
-            os.rename(out, final)
-            fsync_dir(self.root)
-            gen = Generation.load(self.fmt, number, final)
-            if gen.objects != len(order):
-                raise StoreIO(
-                    f"derived {self.fmt}: the packs hold {gen.objects} objects, not {len(order)}"
-                )
-            self._publish(gen)
+            left = _left_out_record(seen.difference(d for d, _p in order))
+            return self._finish(out, number, top, len(order), mode, left, new)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
-        return BuildResult(
-            self.fmt,
-            number,
-            gen.objects,
-            len(gen.indexes),
-            sum(gen.files.values()),
-            new,
-            mode,
-            0.0,
-        )
+
+    def _finish(
+        self,
+        out: Path,
+        number: int,
+        top: int,
+        objects: int,
+        mode: str,
+        left_out: list[str] | None,
+        new: int,
+    ) -> BuildResult:
+        """Record what the checked set in `out` covers, rename it into place as
+        generation `number` (durably), check it holds `objects`, and publish it."""
+        meta = {
+            "generation": number,
+            "max_rowid": top,
+            "objects": objects,
+            "mode": mode,
+            "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "left_out": left_out,
+        }
+        (out / "alkfs.json").write_text(json.dumps(meta) + "\n")
+        _fsync_tree(out)
+        final = self.root / f"gen-{number}"
+        os.rename(out, final)
+        fsync_dir(self.root)
+        gen = Generation.load(self.fmt, number, final)
+        if gen.objects != objects:
+            raise StoreIO(
+                f"derived {self.fmt}: the packs hold {gen.objects} objects, not {objects}"
+            )
+        self._publish(gen)
+        size = sum(gen.files.values())
+        return BuildResult(self.fmt, number, gen.objects, len(gen.indexes), size, new, mode, 0.0)
 
     def _build_intake(
         self, prev: Generation, new: dict[bytes, bytes], top: int, left: list[bytes]
@@ -1060,38 +1067,11 @@ class Derived:
                 tag = bytes([self.algo.value])
                 have = self._kv().present([tag + d for d in before])
                 before = [d for d in before if tag + d in have]
-            meta = {
-                "generation": number,
-                "max_rowid": top,
-                "objects": prev.objects + len(new),
-                "mode": "intake",
-                "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                "left_out": None if before is None else _left_out_record({*before, *left}),
-            }
-            (out / "alkfs.json").write_text(json.dumps(meta) + "\n")
-            _fsync_tree(out)
-            final = self.root / f"gen-{number}"
-            os.rename(out, final)
-            fsync_dir(self.root)
-            gen = Generation.load(self.fmt, number, final)
-            if gen.objects != prev.objects + len(new):
-                raise StoreIO(
-                    f"derived {self.fmt}: the packs hold {gen.objects} objects, "
-                    f"not {prev.objects + len(new)}"
-                )
-            self._publish(gen)
+            record = None if before is None else _left_out_record({*before, *left})
+            objects = prev.objects + len(new)
+            return self._finish(out, number, top, objects, "intake", record, len(new))
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
-        return BuildResult(
-            self.fmt,
-            number,
-            gen.objects,
-            len(gen.indexes),
-            sum(gen.files.values()),
-            len(new),
-            "intake",
-            0.0,
-        )
 
     def _check(self, out: Path, skip: set[Path] = frozenset()) -> None:  # type: ignore[assignment]
         """Every file's trailer checksum, and each idx's copy of its pack's checksum
