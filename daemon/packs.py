@@ -47,6 +47,7 @@ log = logging.getLogger("alkfsd")
 
 View = Callable[[str, Generation | None, Generation | None], None]
 RETIRE_GRACE_S = 2 * DYNAMIC_TIMEOUT  # a retired generation stays at least this long
+WINDOW_RECHECK_S = 1.0  # a fleet's member reads the window's row count at most this often
 
 
 def _env_float(name: str, default: float) -> float:
@@ -76,6 +77,7 @@ class Served:
         self._new: dict[str, tuple[int, Version, dict[int, list[bytes]]]] = {}
         self._memo: dict[tuple[str, int], tuple[tuple[int, Version, int], list[bytes]]] = {}
         self._staged: dict[str, tuple[int, int, set[bytes]]] = {}  # (gen, window version, set)
+        self._rows_seen: tuple[float, int] | None = None  # (monotonic, the window's rows)
         # (Store.puts, value) of the kv table's highest row id per format and of the large
         # tier's prefix directories: see `_mark`
         self._tops: dict[str, tuple[int, int]] = {}
@@ -166,10 +168,17 @@ class Served:
     ) -> tuple[int, set[bytes]]:
         """(the window's version, the digests of `fmt` staged for deletion). The version
         is the window's own count of changes where this process is the sole writer (a
-        sweep that stages or takes moves it), else its row count (read in a thread): a
-        fleet's sweep that stages publishes a new set, which reads the window again."""
+        sweep that stages or takes moves it), else its row count (read in a thread, at
+        most once a WINDOW_RECHECK_S: git lists 256 directories a process): a fleet's
+        sweep that stages publishes a new set, which reads the window again."""
         window = self.ctx.store.window
-        version = window.changes if mark is not None else await self.ctx.run_sync(window.rows)
+        if mark is not None:
+            version = window.changes
+        else:
+            now = time.monotonic()
+            if self._rows_seen is None or now - self._rows_seen[0] >= WINDOW_RECHECK_S:
+                self._rows_seen = (now, await self.ctx.run_sync(window.rows))
+            version = self._rows_seen[1]
         seen = self._staged.get(fmt)
         if seen is None or seen[:2] != (gen.number, version):
             seen = (gen.number, version, await self.ctx.run_sync(d.staged))
