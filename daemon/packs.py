@@ -47,7 +47,7 @@ log = logging.getLogger("alkfsd")
 
 View = Callable[[str, Generation | None, Generation | None], None]
 RETIRE_GRACE_S = 2 * DYNAMIC_TIMEOUT  # a retired generation stays at least this long
-WINDOW_RECHECK_S = 1.0  # a fleet's member reads the window's row count at most this often
+SHARED_RECHECK_S = 1.0  # a fleet member re-reads what its peers change (top row, window) this often
 
 
 def _env_float(name: str, default: float) -> float:
@@ -81,6 +81,7 @@ class Served:
         # (Store.puts, value) of the kv table's highest row id per format and of the large
         # tier's prefix directories: see `_mark`
         self._tops: dict[str, tuple[int, int]] = {}
+        self._shared_tops: dict[str, tuple[float, int, int]] = {}  # (monotonic, puts, top)
         self._large: dict[tuple[str, int], tuple[int, list[str]]] = {}
         self._large_dirs: dict[str, tuple[int, frozenset[str]]] = {}
         off = os.environ.get("ALKFS_PACKS", "").lower() in ("0", "off", "no")
@@ -126,7 +127,7 @@ class Served:
             base = (gen.number, await self.ctx.run_sync(self._left_out, d, gen))
             self._base[fmt] = base
         mark = self._mark()
-        version: Version = (self._top(fmt, d, mark), mark)
+        version: Version = (await self._top(fmt, d, mark), mark)
         new = self._new.get(fmt)
         if new is None or new[0] != gen.number or new[1] != version:
             new = (gen.number, version, await self.ctx.run_sync(self._stored_since, d, gen))
@@ -169,14 +170,14 @@ class Served:
         """(the window's version, the digests of `fmt` staged for deletion). The version
         is the window's own count of changes where this process is the sole writer (a
         sweep that stages or takes moves it), else its row count (read in a thread, at
-        most once a WINDOW_RECHECK_S: git lists 256 directories a process): a fleet's
+        most once a SHARED_RECHECK_S: git lists 256 directories a process): a fleet's
         sweep that stages publishes a new set, which reads the window again."""
         window = self.ctx.store.window
         if mark is not None:
             version = window.changes
         else:
             now = time.monotonic()
-            if self._rows_seen is None or now - self._rows_seen[0] >= WINDOW_RECHECK_S:
+            if self._rows_seen is None or now - self._rows_seen[0] >= SHARED_RECHECK_S:
                 self._rows_seen = (now, await self.ctx.run_sync(window.rows))
             version = self._rows_seen[1]
         seen = self._staged.get(fmt)
@@ -194,13 +195,25 @@ class Served:
         store = self.ctx.store
         return store.puts if store.sole_writer else None
 
-    def _top(self, fmt: str, d: Derived, mark: int | None) -> int:
-        seen = self._tops.get(fmt)
-        if mark is not None and seen is not None and seen[0] == mark:
-            return seen[1]
-        top = d.max_rowid()
-        if mark is not None and mark == self._mark():  # (no put ended meanwhile)
-            self._tops[fmt] = (mark, top)
+    async def _top(self, fmt: str, d: Derived, mark: int | None) -> int:
+        """The kv table's highest row id: kept while the mark stays (a sole writer: read
+        inline, one index seek in sqlite), else read in a thread at most once a
+        SHARED_RECHECK_S while this process's puts stay (a fleet's member: a peer's put
+        is listed within that time, one of ours at once)."""
+        if mark is not None:
+            seen = self._tops.get(fmt)
+            if seen is not None and seen[0] == mark:
+                return seen[1]
+            top = d.max_rowid()
+            if mark == self._mark():  # (no put ended meanwhile)
+                self._tops[fmt] = (mark, top)
+            return top
+        now, puts = time.monotonic(), self.ctx.store.puts
+        shared = self._shared_tops.get(fmt)
+        if shared is not None and shared[1] == puts and now - shared[0] < SHARED_RECHECK_S:
+            return shared[2]
+        top = await self.ctx.run_sync(d.max_rowid)
+        self._shared_tops[fmt] = (now, puts, top)
         return top
 
     def _large_names(self, root: str, prefix: int, mark: int | None) -> list[str]:
