@@ -160,3 +160,26 @@ def test_a_retired_set_stays_while_a_daemon_holds_its_files_and_goes_after(fleet
         rows(m1.database, "SELECT * FROM fleet_packs"),
         m2.log()[-3000:],
     )
+
+
+def test_an_object_one_member_stores_is_listed_by_the_other(start_pg_mount, tmp_path):
+    """Both members serve a published set and pack nothing new (no intake): an object
+    stored through mount 2 is in its fan-out listing at once, and in mount 1's within
+    about a second (each member re-reads its peers' newest row at most once a second)."""
+    no_intake = {"ALKFS_PACK_EVERY": "86400", "ALKFS_PACK_OBJECTS": "1000000"}
+    store = tmp_path / "store"
+    m1 = start_pg_mount(store, "--window", "0", mnt=tmp_path / "mnt1", env=no_intake)
+    src = source_repo(tmp_path / "src.git", "sha1")
+    os.mkdir(m1.path("repos", "r"))
+    git(f"--git-dir={src}", "push", "-q", m1.path("repos", "r"), "main")
+    (m1.mnt / ".alkfs" / "control").write_text("repack\n")  # a set holding the push
+    m2 = start_pg_mount(store, "--window", "0", mnt=tmp_path / "mnt2", env=no_intake)
+    wait_for("both to serve it", lambda: generation(m1) is not None)
+    wait_for("both to serve it", lambda: generation(m2) == generation(m1))
+    env = {"GIT_OBJECT_DIRECTORY": m2.path("git", "sha1"), "GIT_DIR": m2.path("repos", "r")}
+    oid = git("hash-object", "-w", "--stdin", env=env, input=b"stored through mount 2\n").strip()
+    assert oid not in idx_ids(m2.mnt, "sha1") | idx_ids(m1.mnt, "sha1")
+    assert oid[2:] in os.listdir(m2.path("git", "sha1", oid[:2]))
+    wait_for("mount 1 to list it", lambda: oid[2:] in os.listdir(m1.path("git", "sha1", oid[:2])))
+    for m in (m1, m2):
+        assert m.tracebacks() == [], m.all_logs()[-3000:]
