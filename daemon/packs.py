@@ -47,7 +47,6 @@ log = logging.getLogger("alkfsd")
 
 View = Callable[[str, Generation | None, Generation | None], None]
 RETIRE_GRACE_S = 2 * DYNAMIC_TIMEOUT  # a retired generation stays at least this long
-SHARED_RECHECK_S = 1.0  # a fleet member re-reads what its peers change (top row, window) this often
 
 
 def _env_float(name: str, default: float) -> float:
@@ -75,13 +74,10 @@ class Served:
         self.last_built: dict[str, float] = {}
         self._base: dict[str, tuple[int, dict[int, list[bytes]]]] = {}
         self._new: dict[str, tuple[int, Version, dict[int, list[bytes]]]] = {}
-        self._memo: dict[tuple[str, int], tuple[tuple[int, Version, int], list[bytes]]] = {}
-        self._staged: dict[str, tuple[int, int, set[bytes]]] = {}  # (gen, window version, set)
-        self._rows_seen: tuple[float, int] | None = None  # (monotonic, the window's rows)
+        self._memo: dict[tuple[str, int], tuple[tuple[int, Version], list[bytes]]] = {}
         # (Store.puts, value) of the kv table's highest row id per format and of the large
         # tier's prefix directories: see `_mark`
         self._tops: dict[str, tuple[int, int]] = {}
-        self._shared_tops: dict[str, tuple[float, int, int]] = {}  # (monotonic, puts, top)
         self._large: dict[tuple[str, int], tuple[int, list[str]]] = {}
         self._large_dirs: dict[str, tuple[int, frozenset[str]]] = {}
         off = os.environ.get("ALKFS_PACKS", "").lower() in ("0", "off", "no")
@@ -106,18 +102,17 @@ class Served:
 
     # -- the fan-out listings: what no published pack holds --------------------------------
     async def unpacked(self, fmt: str, prefix: int) -> list[ObjectStat] | None:
-        """The stored objects of `fmt` whose first byte is `prefix`, that the published
-        set lacks and that no sweep has staged for deletion, in key order; None when no
-        set holding objects is published. (A staged object still resolves by name; left
-        out of the listing, git's enumerations — `--batch-all-objects`, `fsck` — do not
-        read each dead object through the mount after the sweep's set dropped it.)
+        """The stored objects of `fmt` whose first byte is `prefix` and that the published
+        set lacks, in key order; None when no set holding objects is published. (Objects
+        staged for deletion are listed too: one may be live again before a sweep takes
+        it from the window, and `git fsck --full` calls a reachable object it neither
+        finds in a pack nor in a listing "missing".)
 
         Kept cheap for git, which lists all 256 directories to abbreviate one id: the kv
         objects the set left out are found once per generation (in a thread), those
         stored since it was built by row id (refreshed when the table's highest row id
-        moves), the staged set when the window changes (`_staged_now`), large-tier ones
-        by listing that prefix's directory; each is stat'ed, so a deleted one is not
-        listed."""
+        moves), large-tier ones by listing that prefix's directory; each is stat'ed, so
+        a deleted one is not listed."""
         gen = self.packed(fmt)
         if gen is None:
             return None
@@ -132,13 +127,11 @@ class Served:
         if new is None or new[0] != gen.number or new[1] != version:
             new = (gen.number, version, await self.ctx.run_sync(self._stored_since, d, gen))
             self._new[fmt] = new
-        window, staged = await self._staged_now(fmt, d, gen, mark)
-        # the kv candidates of one prefix, sorted, while the set, the highest row and the
-        # window stay
+        # the kv candidates of one prefix, sorted, while the set and the highest row stay
         memo = self._memo.get((fmt, prefix))
-        if memo is None or memo[0] != (gen.number, version, window):
+        if memo is None or memo[0] != (gen.number, version):
             kv = set(base[1].get(prefix, ())) | set(new[2].get(prefix, ()))
-            memo = ((gen.number, version, window), sorted(kv - staged))
+            memo = ((gen.number, version), sorted(kv))
             self._memo[(fmt, prefix)] = memo
         ordered = memo[1]
         store = self.ctx.store
@@ -152,8 +145,7 @@ class Served:
                 except ValueError:
                     continue
                 if len(digest) == algo.digest_len and digest[0] == prefix and digest not in gen:
-                    if digest not in staged:
-                        extra.add(digest)
+                    extra.add(digest)
             if extra:
                 ordered = sorted(extra.union(ordered))
         out = []
@@ -163,28 +155,6 @@ class Served:
             if st is not None:
                 out.append(st)
         return out
-
-    async def _staged_now(
-        self, fmt: str, d: Derived, gen: Generation, mark: int | None
-    ) -> tuple[int, set[bytes]]:
-        """(the window's version, the digests of `fmt` staged for deletion). The version
-        is the window's own count of changes where this process is the sole writer (a
-        sweep that stages or takes moves it), else its row count (read in a thread, at
-        most once a SHARED_RECHECK_S: git lists 256 directories a process): a fleet's
-        sweep that stages publishes a new set, which reads the window again."""
-        window = self.ctx.store.window
-        if mark is not None:
-            version = window.changes
-        else:
-            now = time.monotonic()
-            if self._rows_seen is None or now - self._rows_seen[0] >= SHARED_RECHECK_S:
-                self._rows_seen = (now, await self.ctx.run_sync(window.rows))
-            version = self._rows_seen[1]
-        seen = self._staged.get(fmt)
-        if seen is None or seen[:2] != (gen.number, version):
-            seen = (gen.number, version, await self.ctx.run_sync(d.staged))
-            self._staged[fmt] = seen
-        return version, seen[2]
 
     def _mark(self) -> int | None:
         """`Store.puts` where this process makes every change to the store
@@ -197,23 +167,17 @@ class Served:
 
     async def _top(self, fmt: str, d: Derived, mark: int | None) -> int:
         """The kv table's highest row id: kept while the mark stays (a sole writer: read
-        inline, one index seek in sqlite), else read in a thread at most once a
-        SHARED_RECHECK_S while this process's puts stay (a fleet's member: a peer's put
-        is listed within that time, one of ours at once)."""
-        if mark is not None:
-            seen = self._tops.get(fmt)
-            if seen is not None and seen[0] == mark:
-                return seen[1]
-            top = d.max_rowid()
-            if mark == self._mark():  # (no put ended meanwhile)
-                self._tops[fmt] = (mark, top)
-            return top
-        now, puts = time.monotonic(), self.ctx.store.puts
-        shared = self._shared_tops.get(fmt)
-        if shared is not None and shared[1] == puts and now - shared[0] < SHARED_RECHECK_S:
-            return shared[2]
-        top = await self.ctx.run_sync(d.max_rowid)
-        self._shared_tops[fmt] = (now, puts, top)
+        inline, one index seek in sqlite), else read for each listing, in a thread (a
+        fleet's member on PostgreSQL: a round trip; `git fsck --full` calls an object
+        another member just stored "missing" if a listing misses it)."""
+        if mark is None:
+            return await self.ctx.run_sync(d.max_rowid)
+        seen = self._tops.get(fmt)
+        if seen is not None and seen[0] == mark:
+            return seen[1]
+        top = d.max_rowid()
+        if mark == self._mark():  # (no put ended meanwhile)
+            self._tops[fmt] = (mark, top)
         return top
 
     def _large_names(self, root: str, prefix: int, mark: int | None) -> list[str]:
@@ -254,7 +218,7 @@ class Served:
     def _left_out(self, d: Derived, gen: Generation) -> dict[int, list[bytes]]:
         """kv objects stored when `gen` was built that it does not hold (a thread): as
         the set recorded them, else found by comparing every stored key with it."""
-        recorded = gen.left_out()
+        recorded = d.left_out(gen)
         if recorded is not None:
             return self._by_prefix(recorded)
         lo, hi = bytes([d.algo.value]), bytes([d.algo.value + 1])

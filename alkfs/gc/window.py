@@ -3,8 +3,7 @@
 Staging is idempotent and forward-only (a re-stage never moves a deadline
 earlier); a take is bounded and removes what it returns (`visible_after <= now`).
 The durable form lives in the store's database (either engine); mem mode keeps the
-same schedule in memory. `changes` counts this process's stages and takes that changed
-the window (what a memo of the staged set held by this process's sole writer keys on).
+same schedule in memory.
 """
 
 from __future__ import annotations
@@ -22,7 +21,6 @@ class SqlWindow:
 
     def __init__(self, db: Database) -> None:
         self.db = db
-        self.changes = 0
 
     def stage(self, rows: Iterable[tuple[bytes, int]], staged_ns: int) -> int:
         """Stage (key, visible_after) rows in one transaction; returns how many."""
@@ -43,7 +41,6 @@ class SqlWindow:
                 "ON CONFLICT(key) DO UPDATE SET "
                 "visible_after = greatest(gc_window.visible_after, excluded.visible_after)",
             )
-        self.changes += 1
         return len(params)
 
     def take(self, now_ns: int, limit: int = TAKE_BATCH) -> list[tuple[bytes, int]]:
@@ -55,8 +52,6 @@ class SqlWindow:
                 " ORDER BY visible_after LIMIT ?) RETURNING key, staged_ns",
                 (now_ns, limit),
             ).fetchall()
-        if rows:
-            self.changes += 1
         return sorted((bytes(k), s) for k, s in rows)
 
     def staged_keys(self) -> set[bytes]:
@@ -76,7 +71,6 @@ class MemoryWindow:
     def __init__(self) -> None:
         self._rows: dict[bytes, tuple[int, int]] = {}
         self._lock = threading.Lock()
-        self.changes = 0
 
     def stage(self, rows: Iterable[tuple[bytes, int]], staged_ns: int) -> int:
         # Validated in full before anything changes: all or nothing, like the durable form.
@@ -85,13 +79,11 @@ class MemoryWindow:
             for k, v in params:
                 old = self._rows.get(k)
                 self._rows[k] = (max(v, old[0]), old[1]) if old else (v, staged_ns)
-            self.changes += bool(params)
         return len(params)
 
     def take(self, now_ns: int, limit: int = TAKE_BATCH) -> list[tuple[bytes, int]]:
         with self._lock:
             due = sorted((v, k) for k, (v, _) in self._rows.items() if v <= now_ns)[:limit]
-            self.changes += bool(due)
             return sorted((k, self._rows.pop(k)[1]) for _, k in due)
 
     def staged_keys(self) -> set[bytes]:

@@ -633,6 +633,15 @@ class Derived:
     def _range(self) -> tuple[bytes, bytes]:
         return bytes([self.algo.value]), bytes([self.algo.value + 1])
 
+    def left_out(self, gen: Generation) -> list[bytes] | None:
+        """What `gen` recorded it left out, where that record is the whole truth: on
+        sqlite, whose single writer numbers rows in commit order, so no row committed
+        after the build's snapshot has a number at or below its max_rowid. PostgreSQL
+        numbers rows (`seq`) when they are inserted, not when they commit: a row whose
+        transaction was still open at the snapshot has a lower number than rows it
+        saw, so only a scan finds it (None)."""
+        return gen.left_out() if self._kv().db.engine == "sqlite" else None
+
     def max_rowid(self) -> int:
         return self._kv().high_water()
 

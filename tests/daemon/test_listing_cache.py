@@ -132,8 +132,8 @@ def test_a_fanout_listing_follows_objects_stored_and_swept(start_mount, tmp_path
     assert ls(fan) == [] and ls(fan) == []
     assert put_loose(m.mnt, content) == oid
     assert ls(fan) == [oid[2:]] and ls(fan) == [oid[2:]]
-    assert sweep(m)["candidates_staged"] == 1  # unreferenced, unpinned: staged (not
-    assert ls(fan) == [] and (fan / oid[2:]).exists()  # listed, still resolves), then
+    assert sweep(m)["candidates_staged"] == 1  # unreferenced, unpinned: staged, then
+    assert ls(fan) == [oid[2:]]
     assert sweep(m)["deleted"] == 1  # deleted (window 0)
     assert ls(fan) == []
     assert not (fan / oid[2:]).exists()
