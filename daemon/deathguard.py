@@ -13,8 +13,10 @@ the cycle; a reboot is the other way out.
 So the daemon starts this guard once it is mounted: a small process (this file run by
 the same Python, standard library only) that asks the kernel for a signal when the
 daemon's main thread exits (`PR_SET_PDEATHSIG`) and opens the connection's fusectl files
-first (in a private mount namespace of its own when fusectl is not mounted, so the host's
-mount table does not change). At that signal, if the mount is still up, it asks it for
+first (when fusectl is not mounted: in a private mount namespace it leaves again at once,
+so the host's mount table does not change, and no copy of the daemon's mount outlives an
+unmount in the host: a copy kept by the guard's namespace would keep the connection up
+after `fusermount3 -u`, and the daemon would never see its end). At that signal, if the mount is still up, it asks it for
 a statvfs: a connection the kernel ended as the daemon exited answers at once (ENOTCONN)
 and nothing more is done; if nothing answers within ANSWER_WITHIN_S, the guard aborts
 the connection: the stuck request fails with ECONNABORTED, the daemon's last thread
@@ -97,11 +99,17 @@ def stop(guard: subprocess.Popen | None) -> None:
 
 
 def _open(conn: int) -> tuple[int, int]:
-    """(abort, waiting) of the connection, opened; fusectl mounted in a private
-    namespace first when it is not mounted here."""
+    """(abort, waiting) of the connection, opened. When fusectl is not mounted here: in a
+    private mount namespace that mounts it, then back in this one (the open files keep
+    that fusectl mount; the private namespace, and its copy of every other mount, goes
+    as the guard leaves it). The caller is single-threaded (setns of a mount namespace
+    requires it)."""
     libc = ctypes.CDLL(None, use_errno=True)
     base = f"{CONNECTIONS}/{conn}"
-    if not os.path.isdir(base):
+    if os.path.isdir(base):
+        return os.open(f"{base}/abort", os.O_WRONLY), os.open(f"{base}/waiting", os.O_RDONLY)
+    home = os.open("/proc/self/ns/mnt", os.O_RDONLY)
+    try:
         if (
             libc.unshare(CLONE_NEWNS) != 0
             or libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None) != 0
@@ -109,7 +117,15 @@ def _open(conn: int) -> tuple[int, int]:
         ):
             err = ctypes.get_errno()
             raise OSError(err, f"cannot mount fusectl: {os.strerror(err)}")
-    return os.open(f"{base}/abort", os.O_WRONLY), os.open(f"{base}/waiting", os.O_RDONLY)
+        try:
+            files = os.open(f"{base}/abort", os.O_WRONLY), os.open(f"{base}/waiting", os.O_RDONLY)
+        finally:
+            if libc.setns(home, CLONE_NEWNS) != 0:  # (back: never keep a copy of the mount)
+                err = ctypes.get_errno()
+                raise OSError(err, f"cannot return to the mount namespace: {os.strerror(err)}")
+        return files
+    finally:
+        os.close(home)
 
 
 def answers(mnt: str, within: float) -> bool:

@@ -126,3 +126,30 @@ def os_errno_of_statfs(mnt: Path) -> int:
     except OSError as exc:
         return exc.errno or errno.EIO
     return 0
+
+
+def test_an_external_unmount_ends_the_daemon_once_its_guard_is_ready(start_mount):
+    """`fusermount3 -u` from outside, after the guard has opened its fusectl files: the
+    daemon exits 0. (A guard that mounted fusectl in a private namespace and stayed there
+    kept a copy of the daemon's mount in it: the connection outlived the host's unmount
+    and the daemon never saw its end.)"""
+    m = start_mount()
+    guard = guard_of(m.pid)
+
+    def ready() -> bool:
+        for fd in os.listdir(f"/proc/{guard}/fd"):
+            try:
+                if os.readlink(f"/proc/{guard}/fd/{fd}").endswith("/abort"):
+                    return True
+            except FileNotFoundError:  # (closed meanwhile)
+                continue
+        return False
+
+    assert wait_until(ready, 10)
+    own = os.readlink(f"/proc/{m.pid}/ns/mnt")
+    assert os.readlink(f"/proc/{guard}/ns/mnt") == own  # back in the daemon's namespace
+    done = subprocess.run(["fusermount3", "-u", str(m.mnt)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert m.proc.wait(timeout=20) == 0
+    assert not Path(f"/proc/{guard}").exists()
+    assert "aborting FUSE connection" not in m.log()
