@@ -838,9 +838,9 @@ class Derived:
         gen = self._current
         if gen is None or not gen.indexes:
             return 0
-        return sum(1 for d in self.staged() if d in gen)
+        return sum(1 for d in self._staged() if d in gen)
 
-    def staged(self) -> set[bytes]:
+    def _staged(self) -> set[bytes]:
         prefix = self.algo.value
         return {bytes(k[1:]) for k in self.store.window.staged_keys() if k[0] == prefix}
 
@@ -886,7 +886,7 @@ class Derived:
         would hold more than half as many objects as the largest (geometric, factor 2)."""
         if not prev.indexes or len(prev.indexes) >= MAX_PACKS:
             return None
-        staged = self.staged()
+        staged = self._staged()
         if any(d in prev for d in staged):
             return None
         lo, hi = self._range()
@@ -922,7 +922,7 @@ class Derived:
             plan = self._intake_plan(prev)
             if plan is not None:
                 return self._build_intake(prev, *plan)
-        order, graph_commits, top, fresh, seen = self._plan(prev, exclude | self.staged())
+        order, graph_commits, top, fresh, seen = self._plan(prev, exclude | self._staged())
         number = self._next_number()
         self.root.mkdir(parents=True, exist_ok=True)
         tmp = self.root / f"tmp-{self._who}-{number}-{uuid.uuid4().hex[:8]}"
