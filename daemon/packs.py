@@ -49,6 +49,14 @@ View = Callable[[str, Generation | None, Generation | None], None]
 RETIRE_GRACE_S = 2 * DYNAMIC_TIMEOUT  # a retired generation stays at least this long
 
 
+def _names(path: str) -> list[str]:
+    """The names in a directory; none when it does not exist."""
+    try:
+        return os.listdir(path)
+    except FileNotFoundError:
+        return []
+
+
 def _env_float(name: str, default: float) -> float:
     try:
         return float(os.environ.get(name, default))
@@ -79,7 +87,7 @@ class Served:
         # tier's prefix directories: see `_mark`
         self._tops: dict[str, tuple[int, int]] = {}
         self._large: dict[tuple[str, int], tuple[int, list[str]]] = {}
-        self._large_dirs: dict[str, tuple[int, frozenset[str]]] = {}
+        self._large_dirs: dict[str, tuple[int, list[str]]] = {}
         off = os.environ.get("ALKFS_PACKS", "").lower() in ("0", "off", "no")
         for fmt in () if off else FORMATS:
             try:
@@ -172,41 +180,28 @@ class Served:
         another member just stored "missing" if a listing misses it)."""
         if mark is None:
             return await self.ctx.run_sync(d.max_rowid)
-        seen = self._tops.get(fmt)
-        if seen is not None and seen[0] == mark:
-            return seen[1]
-        top = d.max_rowid()
-        if mark == self._mark():  # (no put ended meanwhile)
-            self._tops[fmt] = (mark, top)
-        return top
+        return self._while_mark(self._tops, fmt, mark, d.max_rowid)
 
     def _large_names(self, root: str, prefix: int, mark: int | None) -> list[str]:
-        seen = self._large.get((root, prefix))
-        if mark is not None and seen is not None and seen[0] == mark:
-            return seen[1]
-        if f"{prefix:02x}" not in self._large_prefixes(root, mark):
+        xx = f"{prefix:02x}"
+        if xx not in self._large_prefixes(root, mark):
             return []  # (one listing of ROOT tells, not one failed listing a prefix)
-        try:
-            names = os.listdir(f"{root}/{prefix:02x}")
-        except FileNotFoundError:
-            names = []
-        if mark is not None and mark == self._mark():
-            self._large[(root, prefix)] = (mark, names)
-        return names
+        return self._while_mark(self._large, (root, prefix), mark, lambda: _names(f"{root}/{xx}"))
 
-    def _large_prefixes(self, root: str, mark: int | None) -> frozenset[str]:
+    def _large_prefixes(self, root: str, mark: int | None) -> list[str]:
         """The prefix directories the large tier has for this format (none at all when
-        it never stored a large git object), read again only when the mark moves."""
-        seen = self._large_dirs.get(root)
+        it never stored a large git object)."""
+        return self._while_mark(self._large_dirs, root, mark, lambda: _names(root))
+
+    def _while_mark(self, memo: dict, key: Any, mark: int | None, read: Callable[[], Any]) -> Any:
+        """`read()`, kept in `memo[key]` while the mark stays (see `_mark`)."""
+        seen = memo.get(key)
         if mark is not None and seen is not None and seen[0] == mark:
             return seen[1]
-        try:
-            names = frozenset(os.listdir(root))
-        except FileNotFoundError:
-            names = frozenset()
-        if mark is not None and mark == self._mark():
-            self._large_dirs[root] = (mark, names)
-        return names
+        value = read()
+        if mark is not None and mark == self._mark():  # (no put ended meanwhile)
+            memo[key] = (mark, value)
+        return value
 
     @staticmethod
     def _by_prefix(digests) -> dict[int, list[bytes]]:

@@ -144,7 +144,7 @@ class FanoutDir(Dir):
         algo, prefix, state_ = self.algo, self.prefix, dh.state
         fmt = "sha1" if algo is Algorithm.GIT_SHA1 else "sha256"
         unpacked = await derived_packs.served(self.ctx).unpacked(fmt, prefix)
-        if unpacked is not None:  # a set is published: list only what it lacks (nor staged)
+        if unpacked is not None:  # a set is published: list only what it lacks
             for st in unpacked:
                 c = cookie(st.key)
                 if c <= start:
