@@ -23,7 +23,7 @@ SQL that differs between the engines.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
@@ -58,6 +58,7 @@ class Database(Protocol):
     engine: str  # "sqlite" | "postgresql"
     arrival: str  # the kv column giving arrival order ("rowid" | "seq")
     full_scan: str  # a FROM-clause hint that a query reads the whole range
+    on_backfill: Callable[[], None] | None  # the engine asks for `backfill` (sqlite only)
 
     def tx(self, wait: bool = True) -> AbstractContextManager[Conn]: ...
 
@@ -78,6 +79,8 @@ class Database(Protocol):
     def spare_bytes(self) -> int: ...
 
     def reclaim(self) -> None: ...
+
+    def backfill(self) -> None: ...
 
     def tune_bulk_writer(self) -> None: ...
 

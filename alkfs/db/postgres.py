@@ -23,7 +23,7 @@ import logging
 import select
 import threading
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import psycopg
@@ -141,6 +141,7 @@ class PostgresDatabase:
         self._lost: str | None = None  # why the store is not this process's any more
         self._lock_mutex = threading.Lock()
         self.on_full = None  # (the server's disk is not the store's: nothing to tell)
+        self.on_backfill: Callable[[], None] | None = None  # (never called: see backfill)
         # A connection of its own first: a server that is not there (or refuses) fails
         # at once with its own reason, not after the pool's timeout as "incomplete".
         if lock:
@@ -443,6 +444,9 @@ class PostgresDatabase:
 
     def reclaim(self) -> None:
         pass
+
+    def backfill(self) -> None:
+        pass  # (no log of ours to copy: the server checkpoints)
 
     def tune_bulk_writer(self) -> None:
         pass

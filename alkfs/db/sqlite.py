@@ -29,6 +29,13 @@ WRITER_CHECKPOINT_PAGES = 2048  # 8 MiB of WAL at the default page size
 # same for 128 commits as for 512: at 128, a checkpoint every 128 small files made 46
 # FLUSHes of ~15 ms in a 10,000-file cp -r (0.7 s of 11 s); at 512 it is a quarter of them.
 NOWAIT_COMMITS = 512
+# Every BACKFILL_COMMITS non-waiting commits the database asks for a backfill (on_backfill:
+# a PASSIVE checkpoint on another thread, that holds up no writer): the WAL's frames are
+# then written to the database file and fsynced beside the commits, and the refused
+# commit's checkpoint copies only what arrived since. In a 10,000-file put_pinned loop
+# the checkpoints' share fell from 32-38 us a put to 13-16 us (the -wal file grew to
+# 31 MiB instead of 15 MiB: a backfill running when a checkpoint is due skips that one).
+BACKFILL_COMMITS = 128
 AUTOCHECKPOINT_PAGES = 1000  # sqlite's default
 FILE_MODE = 0o600  # the database and (as sqlite does) its -wal and -shm
 
@@ -56,6 +63,9 @@ class SqliteDatabase:
         self._lock = threading.Lock()
         self._closed = False
         self._nowait_left = NOWAIT_COMMITS
+        # Called (no arguments, must not raise, on the committing thread) every
+        # BACKFILL_COMMITS non-waiting commits: the caller runs `backfill` elsewhere soon.
+        self.on_backfill: Callable[[], None] | None = None
         # Called (no arguments, must not raise) whenever sqlite says the disk is full,
         # after the transaction was rolled back: the store's reserve (alkfs/reserve.py).
         self.on_full: Callable[[], None] | None = None
@@ -207,6 +217,8 @@ class SqliteDatabase:
         `wait` (set when they change; a loop's connection keeps the non-waiting ones)."""
         if not wait:
             self._nowait_left -= 1
+            if self._nowait_left % BACKFILL_COMMITS == 0 and self.on_backfill is not None:
+                self.on_backfill()
             if self._nowait_left <= 0:
                 self._nowait_left = NOWAIT_COMMITS
                 raise WouldWait("a checkpoint is due: this commit is a waiting one")
@@ -288,6 +300,16 @@ class SqliteDatabase:
         """Checkpoint the WAL and truncate it (deletions grew it; the pages they freed
         are already part of the file, so this needs no new space)."""
         self.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+
+    def backfill(self) -> None:
+        """Copy the WAL's committed frames into the database file (a PASSIVE checkpoint:
+        it takes no write lock and waits for nobody; busy, it does nothing)."""
+        try:
+            self.conn().execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+        except sqlite3.Error as exc:
+            code = (getattr(exc, "sqlite_errorcode", 0) or 0) & 0xFF
+            if code not in (SQLITE_BUSY, SQLITE_LOCKED):
+                self._raise(exc)
 
     def tune_bulk_writer(self) -> None:
         """This thread's connection as a bulk writer's (alkfs/git/importer.py): a page

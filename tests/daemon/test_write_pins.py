@@ -148,6 +148,29 @@ def test_cp_r_into_pins_pins_every_file(mount, sources):
     check_pinned_files(m, sorted(EXPECTED))
 
 
+def test_small_files_written_into_pins_are_backfilled_into_the_database_file(mount, tmp_path):
+    """The commits of small files on the daemon's loop never checkpoint; every
+    BACKFILL_COMMITS of them the daemon's backfill task copies the WAL into the database
+    file beside them (alkfs/db/sqlite.py). Fewer files than NOWAIT_COMMITS: without the
+    task nothing would have checkpointed, and store.db would keep its first size."""
+    m = mount
+    if m.database is not None:
+        pytest.skip("PostgreSQL: the server checkpoints its own log")
+    db = m.store_path / "store.db"
+    src = tmp_path / "many"
+    src.mkdir()
+    rng = random.Random(7)
+    for i in range(300):
+        (src / f"f{i:03d}").write_bytes(rng.randbytes(2048))
+    before = db.stat().st_size
+    run("cp", "-r", f"{src}/.", m.path("pins"))
+    deadline = time.monotonic() + 30
+    while db.stat().st_size < before + 256 * 2048 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert db.stat().st_size >= before + 256 * 2048, (before, db.stat().st_size)
+    assert len([p for p in os.listdir(m.path("pins")) if p.startswith("f")]) == 300
+
+
 def _getxattr_refusals(m) -> int:
     text = m.path(".alkfs", "metrics").read_text()
     return sum(

@@ -128,3 +128,41 @@ def test_puts_that_never_wait_keep_the_wal_bounded(tmp_path):
         assert store.counts()["sha256"]["count"] == 1501
     finally:
         col.store.close()
+
+
+def test_puts_that_never_wait_ask_for_a_backfill_every_backfill_commits(tmp_path):
+    col = open_column("kv-only", tmp_path, threshold=1 << 17)
+    try:
+        store = looked(col.store)
+        asked: list[int] = []
+        store.db.on_backfill = lambda: asked.append(1)
+        for i in range(3 * sqlite_engine.BACKFILL_COMMITS + 1):
+            store.put(f"small file {i}\n".encode(), wait=False).pin.release()
+        assert len(asked) == 3
+        store.put(b"a waiting put asks for nothing\n").pin.release()
+        assert len(asked) == 3
+    finally:
+        col.store.close()
+
+
+def test_a_backfill_writes_the_log_into_the_file_while_a_writer_holds_the_lock(tmp_path):
+    """A PASSIVE checkpoint: the pages the commits left in the WAL reach the database file,
+    and a writer holding sqlite's write lock meanwhile is not waited for."""
+    col = open_column("kv-only", tmp_path, threshold=1 << 17)
+    try:
+        store = looked(col.store)
+        for i in range(200):
+            store.put(os.urandom(3000) + b"%d" % i, wait=False).pin.release()
+        path = col.root / DB_NAME
+        before = os.path.getsize(path)
+        other = sqlite3.connect(path, isolation_level=None)
+        other.execute("BEGIN IMMEDIATE")
+        try:
+            store.db.backfill()
+        finally:
+            other.execute("ROLLBACK")
+            other.close()
+        assert os.path.getsize(path) >= before + 200 * 3000
+        assert store.counts()["sha256"]["count"] == 201
+    finally:
+        col.store.close()
