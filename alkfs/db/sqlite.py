@@ -217,11 +217,14 @@ class SqliteDatabase:
         `wait` (set when they change; a loop's connection keeps the non-waiting ones)."""
         if not wait:
             self._nowait_left -= 1
-            if self._nowait_left % BACKFILL_COMMITS == 0 and self.on_backfill is not None:
-                self.on_backfill()
             if self._nowait_left <= 0:
                 self._nowait_left = NOWAIT_COMMITS
                 raise WouldWait("a checkpoint is due: this commit is a waiting one")
+            # (not asked with the refusal: a backfill then would hold the checkpoint lock
+            # when the retry's checkpoint runs, which skips it, and the WAL starts over
+            # only after a checkpoint that copied everything)
+            if self._nowait_left % BACKFILL_COMMITS == 0 and self.on_backfill is not None:
+                self.on_backfill()
         nowait = getattr(self._local, "nowait", None)  # the connection in that posture
         if (nowait is conn) != wait:
             return  # (already as asked)
