@@ -109,12 +109,31 @@ def test_a_clean_stop_aborts_nothing_and_leaves_no_guard(start_mount):
     assert not m.mounted()
 
 
+def fd_targets(pid: int) -> list[str]:
+    """What the process's open files are, skipping one closed while they are listed (the
+    guard opens its namespace handle and closes it again while it starts)."""
+    out = []
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            out.append(os.readlink(f"/proc/{pid}/fd/{fd}"))
+        except FileNotFoundError:
+            continue
+    return out
+
+
+def guard_ready(guard: int) -> bool:
+    """The guard has opened its connection's fusectl files."""
+    return any(t.endswith("/abort") for t in fd_targets(guard))
+
+
 def test_the_guard_never_holds_the_fuse_device(start_mount):
     """(a guard with a copy of /dev/fuse would itself keep a dead daemon's connection)"""
     m = start_mount()
     guard = guard_of(m.pid)
-    fds = os.listdir(f"/proc/{guard}/fd")
-    targets = [os.readlink(f"/proc/{guard}/fd/{fd}") for fd in fds]
+    targets = fd_targets(guard)  # while it starts
+    assert "/dev/fuse" not in targets, targets
+    assert wait_until(lambda: guard_ready(guard), 10)
+    targets = fd_targets(guard)  # and once it holds the fusectl files
     assert "/dev/fuse" not in targets, targets
     assert not any(t.endswith("alkfs.lock") for t in targets), targets
     assert os_errno_of_statfs(m.mnt) == 0
@@ -135,17 +154,7 @@ def test_an_external_unmount_ends_the_daemon_once_its_guard_is_ready(start_mount
     and the daemon never saw its end.)"""
     m = start_mount()
     guard = guard_of(m.pid)
-
-    def ready() -> bool:
-        for fd in os.listdir(f"/proc/{guard}/fd"):
-            try:
-                if os.readlink(f"/proc/{guard}/fd/{fd}").endswith("/abort"):
-                    return True
-            except FileNotFoundError:  # (closed meanwhile)
-                continue
-        return False
-
-    assert wait_until(ready, 10)
+    assert wait_until(lambda: guard_ready(guard), 10)
     own = os.readlink(f"/proc/{m.pid}/ns/mnt")
     assert os.readlink(f"/proc/{guard}/ns/mnt") == own  # back in the daemon's namespace
     done = subprocess.run(["fusermount3", "-u", str(m.mnt)], capture_output=True, text=True)
