@@ -86,15 +86,18 @@ def test_a_set_built_once_is_served_by_both_daemons(fleet, tmp_path):
     )
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="flaky since before 2026-12-02 (d2842d1 fails it 1 run in 3 when the whole file "
-    "runs): some runs every sweep cancels the staged candidates by arbitration, so none is "
-    "deleted within five sweeps; not yet understood (see the session note of 2026-12-03)",
-)
 def test_a_sweep_leaves_no_deleted_object_in_any_set_either_daemon_lists(fleet):
     m1, m2, src = fleet
     both_serve_one_set(m1, m2, src)
+    # The push through mount 1 pinned its objects in daemon 1 until its refs committed;
+    # a released pin's row goes at daemon 1's next unpin flush (alkfs/fleet.py,
+    # UNPIN_EVERY_S), and a sweep before it keeps what the row names (pinned elsewhere).
+    # Without this wait all five sweeps below could run inside that half second (they
+    # take ~20 ms each) and delete nothing: the flake of 2026-12-02/03.
+    wait_for(
+        "daemon 1's released pin rows to go",
+        lambda: rows(m1.database, "SELECT count(*) FROM fleet_pins") == [(0,)],
+    )
     side = git(f"--git-dir={src}", "rev-parse", "side").strip()
     side_blob = git(f"--git-dir={src}", "rev-parse", "side:side.txt").strip()
     assert {side, side_blob} <= idx_ids(m1.mnt, "sha1") & idx_ids(m2.mnt, "sha1")
