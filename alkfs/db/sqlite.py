@@ -33,9 +33,9 @@ NOWAIT_COMMITS = 512
 # a PASSIVE checkpoint on another thread, that holds up no writer): the WAL's frames are
 # then written to the database file and fsynced beside the commits, and the refused
 # commit's checkpoint copies only what arrived since. In a 10,000-file put_pinned loop
-# the checkpoints' share fell from 32-38 us a put to 13-16 us. (Never asked with the
-# refused commit itself: see _posture. The daemon's -wal peaked at 15.5 MiB over three
-# 10,000-file cp -r runs into /pins, 19.1 MiB before the backfill.)
+# the puts over 1 ms cost 22-34 us a put without it, 10-13 us with it (the average put
+# 80-103 vs 76-90 us). Through the mount the gain is within noise (README). (Never asked
+# with the refused commit itself: see _posture.)
 BACKFILL_COMMITS = 128
 AUTOCHECKPOINT_PAGES = 1000  # sqlite's default
 FILE_MODE = 0o600  # the database and (as sqlite does) its -wal and -shm
