@@ -9,7 +9,8 @@ Layout (private to the store, never reached through the mount's own files)::
         info/commit-graphs/              a split commit-graph (chain + graph-<h>.graph)
         alkfs.json                       what the set covers (not served): its highest
                                          row id, and the kv objects of the format it
-                                         left out (`left_out`, hex, up to LEFT_OUT_MAX)
+                                         left out (`left_out`, hex, up to LEFT_OUT_MAX;
+                                         sqlite only: see Derived._records_left_out)
     STORE/derived/<fmt>/tmp-*            a build in progress (removed at open)
 
 A build reads verified objects straight from the store's kv table (large-tier objects
@@ -633,14 +634,19 @@ class Derived:
     def _range(self) -> tuple[bytes, bytes]:
         return bytes([self.algo.value]), bytes([self.algo.value + 1])
 
+    @property
+    def _records_left_out(self) -> bool:
+        """Whether a set's record of what it left out is the whole truth: on sqlite,
+        whose single writer numbers rows in commit order, so no row committed after the
+        build's snapshot has a number at or below its max_rowid. PostgreSQL numbers rows
+        (`seq`) when they are inserted, not when they commit: a row whose transaction was
+        still open at the snapshot has a lower number than rows it saw, so only a scan
+        finds it. There no set records it (and none is trusted)."""
+        return self._kv().db.engine == "sqlite"
+
     def left_out(self, gen: Generation) -> list[bytes] | None:
-        """What `gen` recorded it left out, where that record is the whole truth: on
-        sqlite, whose single writer numbers rows in commit order, so no row committed
-        after the build's snapshot has a number at or below its max_rowid. PostgreSQL
-        numbers rows (`seq`) when they are inserted, not when they commit: a row whose
-        transaction was still open at the snapshot has a lower number than rows it
-        saw, so only a scan finds it (None)."""
-        return gen.left_out() if self._kv().db.engine == "sqlite" else None
+        """What `gen` recorded it left out; None where only a scan tells."""
+        return gen.left_out() if self._records_left_out else None
 
     def max_rowid(self) -> int:
         return self._kv().high_water()
@@ -964,7 +970,9 @@ class Derived:
                     p.with_suffix(".keep").write_bytes(KEEP_TEXT)
                 self._index_files(repo, out, graph_commits, "no commit-graph in this set")
             self._check(out)
-            left = _left_out_record(seen.difference(d for d, _p in order))
+            left = None
+            if self._records_left_out:
+                left = _left_out_record(seen.difference(d for d, _p in order))
             return self._finish(out, number, top, len(order), mode, left, new)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -1071,7 +1079,7 @@ class Derived:
                 self._git(repo, "init", "-q", "--bare", f"--object-format={self.fmt}", str(repo))
                 self._git(repo, "multi-pack-index", "write", objdir=out)
             self._check(out, skip=linked)
-            before = prev.left_out()
+            before = self.left_out(prev)
             if before:  # (those deleted since drop out of the record)
                 tag = bytes([self.algo.value])
                 have = self._kv().present([tag + d for d in before])
