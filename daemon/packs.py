@@ -87,7 +87,7 @@ class Served:
         # tier's prefix directories: see `_mark`
         self._tops: dict[str, tuple[int, int]] = {}
         self._large: dict[tuple[str, int], tuple[int, list[str]]] = {}
-        self._large_dirs: dict[str, tuple[int, list[str]]] = {}
+        self._large_dirs: dict[str, tuple[int, frozenset[str]]] = {}
         off = os.environ.get("ALKFS_PACKS", "").lower() in ("0", "off", "no")
         for fmt in () if off else FORMATS:
             try:
@@ -188,10 +188,10 @@ class Served:
             return []  # (one listing of ROOT tells, not one failed listing a prefix)
         return self._while_mark(self._large, (root, prefix), mark, lambda: _names(f"{root}/{xx}"))
 
-    def _large_prefixes(self, root: str, mark: int | None) -> list[str]:
+    def _large_prefixes(self, root: str, mark: int | None) -> frozenset[str]:
         """The prefix directories the large tier has for this format (none at all when
         it never stored a large git object)."""
-        return self._while_mark(self._large_dirs, root, mark, lambda: _names(root))
+        return self._while_mark(self._large_dirs, root, mark, lambda: frozenset(_names(root)))
 
     def _while_mark(self, memo: dict, key: Any, mark: int | None, read: Callable[[], Any]) -> Any:
         """`read()`, kept in `memo[key]` while the mark stays (see `_mark`)."""
