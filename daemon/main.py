@@ -20,6 +20,8 @@ mount dies with it.
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import ctypes.util
 import errno
 import logging
 import os
@@ -51,6 +53,11 @@ MAX_TASKS = 64
 # by fusectl or our death guard, daemon/deathguard.py)
 DEAD_MOUNT = (errno.ENOTCONN, errno.ECONNABORTED)
 READ_AHEAD_KB = 1024  # the kernel's default for a FUSE mount is 128 (one request per 128 KiB)
+# glibc's malloc: every 1 MiB WRITE's bytes from the heap, and freed memory kept for the
+# next ones instead of given back at once (README, "Large writes")
+MMAP_THRESHOLD = 4 << 20
+TRIM_THRESHOLD = 32 << 20
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
 
 
 def sd_notify(message: str) -> None:
@@ -244,7 +251,26 @@ async def _log_counts(ops: Operations) -> None:
         ops.log_limit.flush()
 
 
+def keep_freed_memory() -> bool:
+    """Ask glibc's malloc to serve allocations up to MMAP_THRESHOLD from its heaps and
+    keep up to TRIM_THRESHOLD of freed memory in each. By default a 1 MiB buffer is
+    mapped afresh, or given back when freed, and each of its pages is faulted in again:
+    a 1 GiB cp into /pins made ~100,000 page faults in the daemon without this, ~300
+    with it (after the first, ~11,000; the daemon keeps ~30 MB more). False (nothing
+    changed) off glibc."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c"))
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return False
+    mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+    return bool(mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and bool(
+        mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD)
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
+    keep_freed_memory()
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(ClipFormatter("%(asctime)s alkfsd[%(process)d] %(levelname)s %(message)s"))
     logging.basicConfig(level=logging.INFO, handlers=[handler])
