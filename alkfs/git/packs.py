@@ -30,19 +30,28 @@ built (by row id) go into one small pack beside the previous set's packs, which 
 generation shares as hard links, with a new multi-pack-index and one more commit-graph
 layer. The set is consolidated into one pack instead (the full or incremental build
 above) when the intake packs would hold more than half as many objects as its largest
-pack (geometric, factor 2), when it has MAX_PACKS packs, when it holds an object now
-staged for deletion, or when objects must be excluded (a sweep's guard).
+pack (geometric, factor 2), when it has MAX_PACKS packs, when a pack other than its
+staged pack holds an object now staged for deletion, or when objects must be excluded (a
+sweep's guard).
+
+Objects staged for deletion: a full or incremental build leaves them out of its main
+pack and writes them into a pack of their own (the set's staged pack, named in
+alkfs.json), so that for their window they stay packed, and off the fan-out listings,
+while one that is made live again needs nothing. No commit-graph layer names them.
 
 Publishing never changes a file: a new set gets a new generation directory. A retired
 generation stays on disk until `prune` is told nobody holds it (the daemon counts its open
 handles; a process without a mount prunes at once).
 
 Deletion safety: `guard_deletes` is held by the sweep around each batch of deletions. If
-any key of the batch is in the published set, a set without them (and without anything
-else staged for deletion) is built and published first; builds take the same lock, so no
-set published after the deletes can list a deleted object. If that build fails (a full
-disk), the packs are withdrawn (an empty generation is published) and every object is
-served loose. Builds always leave out objects staged for deletion.
+any key of the batch is in the published set, a set without them is published first:
+when the staged pack is the only pack that holds any of them (and no commit-graph layer
+names one), the set without that pack (hard links and a new multi-pack-index: the sweep
+waits for no pack rewrite; what else it held is served loose); otherwise a set built
+without them (and with everything else staged in a staged pack). Builds take the same
+lock, so no set published after the deletes can list a deleted object. If that build
+fails (a full disk), the packs are withdrawn (an empty generation is published) and every
+object is served loose.
 """
 
 from __future__ import annotations
@@ -191,6 +200,29 @@ class Generation:
         return any(digest in idx for idx in self.indexes)
 
     @property
+    def staged_index(self) -> PackIndex | None:
+        """The set's pack of objects staged for deletion when it was built (its idx is
+        named in alkfs.json, `staged_pack`), or None: see Derived._pack_staged."""
+        name = self.meta.get("staged_pack")
+        for idx in self.indexes:
+            if name and idx.path.name == Path(str(name)).name:
+                return idx
+        return None
+
+    def main_holds(self, digest: bytes) -> bool:
+        """Whether a pack other than the staged one holds `digest`."""
+        staged = self.staged_index
+        return any(digest in idx for idx in self.indexes if idx is not staged)
+
+    def graph_commits(self) -> set[bytes]:
+        """Every commit a commit-graph layer of the set names (its OID lookup chunks)."""
+        out: set[bytes] = set()
+        for rel in self.files:
+            if rel.startswith("info/commit-graphs/") and rel.endswith(".graph"):
+                out |= _graph_oids(self.root / rel, 20 if self.fmt == "sha1" else 32)
+        return out
+
+    @property
     def objects(self) -> int:
         return sum(i.count for i in self.indexes)
 
@@ -230,6 +262,23 @@ class Generation:
             pairs = sorted(zip(idx.offsets(), idx.digests(), strict=True))
             out.extend(d for _o, d in pairs)
         return out
+
+
+def _graph_oids(path: Path, hlen: int) -> set[bytes]:
+    """The commit ids one commit-graph file names (its OIDF/OIDL chunks)."""
+    data = path.read_bytes()
+    if data[:4] != b"CGPH" or len(data) < 8:
+        raise StoreIO(f"{path}: not a commit-graph file")
+    chunks = data[6]
+    table: dict[bytes, int] = {}
+    for i in range(chunks + 1):
+        at = 8 + 12 * i
+        table[data[at : at + 4]] = int.from_bytes(data[at + 4 : at + 12], "big")
+    fanout, names = table.get(b"OIDF"), table.get(b"OIDL")
+    if fanout is None or names is None:
+        raise StoreIO(f"{path}: no OID chunks")
+    count = int.from_bytes(data[fanout + 4 * 255 : fanout + 4 * 256], "big")
+    return {data[names + i * hlen : names + (i + 1) * hlen] for i in range(count)}
 
 
 def _left_out_record(digests: set[bytes]) -> list[str] | None:
@@ -839,12 +888,13 @@ class Derived:
         return self.shared.builder(wait)
 
     def staged_in_current(self) -> int:
-        """How many objects staged for deletion the published set holds (a build would
-        leave them out: publish it before their window ends)."""
+        """How many objects staged for deletion the published set holds in its main packs
+        (a build moves them into its staged pack: publish it before their window ends, so
+        the sweep that deletes them only drops that pack)."""
         gen = self._current
         if gen is None or not gen.indexes:
             return 0
-        return sum(1 for d in self._staged() if d in gen)
+        return sum(1 for d in self._staged() if gen.main_holds(d))
 
     def _staged(self) -> set[bytes]:
         prefix = self.algo.value
@@ -893,7 +943,7 @@ class Derived:
         if not prev.indexes or len(prev.indexes) >= MAX_PACKS:
             return None
         staged = self._staged()
-        if any(d in prev for d in staged):
+        if any(prev.main_holds(d) for d in staged):
             return None
         lo, hi = self._range()
         kv = self._kv()
@@ -917,8 +967,8 @@ class Derived:
                 new[d] = value
                 if len(new) > LOOSE_NEW_MAX:
                     return None
-        counts = sorted(idx.count for idx in prev.indexes)
-        if 2 * (sum(counts[:-1]) + len(new)) > counts[-1]:
+        counts = sorted(idx.count for idx in prev.indexes if idx is not prev.staged_index)
+        if not counts or 2 * (sum(counts[:-1]) + len(new)) > counts[-1]:
             return None
         return new, top, left
 
@@ -928,7 +978,10 @@ class Derived:
             plan = self._intake_plan(prev)
             if plan is not None:
                 return self._build_intake(prev, *plan)
-        order, graph_commits, top, fresh, seen = self._plan(prev, exclude | self._staged())
+        if exclude and prev is not None and self._only_staged(prev, exclude):
+            return self._build_intake(prev, {}, int(prev.meta.get("max_rowid", 0)), [], True)
+        staged = self._staged()
+        order, graph_commits, top, fresh, seen = self._plan(prev, exclude | staged)
         number = self._next_number()
         self.root.mkdir(parents=True, exist_ok=True)
         tmp = self.root / f"tmp-{self._who}-{number}-{uuid.uuid4().hex[:8]}"
@@ -966,16 +1019,70 @@ class Derived:
                     str(out / "pack" / "pack"),
                     input=listing,
                 )
+            in_staged, staged_idx = self._pack_staged(tmp, out, sorted((staged - exclude) & seen))
+            if order or in_staged:
                 for p in (out / "pack").glob("*.idx"):
                     p.with_suffix(".keep").write_bytes(KEEP_TEXT)
                 self._index_files(repo, out, graph_commits, "no commit-graph in this set")
             self._check(out)
             left = None
             if self._records_left_out:
-                left = _left_out_record(seen.difference(d for d, _p in order))
-            return self._finish(out, number, top, len(order), mode, left, new)
+                left = _left_out_record(seen.difference(d for d, _p in order) - in_staged)
+            objects = len(order) + len(in_staged)
+            return self._finish(out, number, top, objects, mode, left, new, staged_idx)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
+
+    def _only_staged(self, prev: Generation, exclude: set[bytes]) -> bool:
+        """Whether leaving out `exclude` is dropping the set's staged pack: none of them
+        is in another pack, and no commit-graph layer names one (an intake's layer could
+        name a staged commit that a new child had made live again for a while)."""
+        if prev.staged_index is None or len(prev.indexes) < 2:
+            return False  # (nothing but staged objects: the build publishes an empty set)
+        if any(prev.main_holds(d) for d in exclude):
+            return False
+        try:
+            named = prev.graph_commits()
+        except (OSError, StoreIO) as exc:
+            log.warning("derived %s: cannot read the commit-graph (%s): rebuilding", self.fmt, exc)
+            return False
+        return named.isdisjoint(exclude)
+
+    def _pack_staged(self, tmp: Path, out: Path, digests: list[bytes]) -> tuple[set[bytes], str]:
+        """A pack of its own in `out` for the kv objects staged for deletion (verified;
+        one gone or corrupt meanwhile is left out): they stay packed, and so off the
+        fan-out listings, for their window, yet none is in a main pack, so the sweep that
+        deletes them publishes the set without this pack (`drop_staged`: links and a
+        multi-pack-index) instead of rewriting one. No commit-graph layer names them
+        (a build's graph leaves staged commits out; an intake's leaves out commits with a
+        parent in this pack). Returns (what it holds, its idx's name) or (empty, "")."""
+        if not digests:
+            return set(), ""
+        repo = tmp / "staged"
+        self._git(repo, "init", "-q", "--bare", f"--object-format={self.fmt}", str(repo))
+        held: list[bytes] = []
+
+        def kept() -> Iterator[tuple[bytes, bytes]]:
+            for d, data in self._read_many(digests):
+                held.append(d)
+                yield d, data
+
+        self._write_loose(repo / "objects", kept())
+        if not held:
+            return set(), ""
+        before = {p.name for p in (out / "pack").glob("*.idx")}
+        self._git(
+            repo,
+            "pack-objects",
+            "-q",
+            "--delta-base-offset",
+            str(out / "pack" / "pack"),
+            input=b"".join(d.hex().encode() + b"\n" for d in held),
+        )
+        made = [p.name for p in (out / "pack").glob("*.idx") if p.name not in before]
+        if len(made) != 1:
+            raise StoreIO(f"derived {self.fmt}: the staged objects' pack was not written")
+        return set(held), made[0]
 
     def _finish(
         self,
@@ -986,9 +1093,11 @@ class Derived:
         mode: str,
         left_out: list[str] | None,
         new: int,
+        staged_pack: str = "",
     ) -> BuildResult:
         """Record what the checked set in `out` covers, rename it into place as
-        generation `number` (durably), check it holds `objects`, and publish it."""
+        generation `number` (durably), check it holds `objects`, and publish it.
+        `staged_pack`: the idx name of its pack of staged objects (see _pack_staged)."""
         meta = {
             "generation": number,
             "max_rowid": top,
@@ -996,6 +1105,7 @@ class Derived:
             "mode": mode,
             "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "left_out": left_out,
+            "staged_pack": staged_pack or None,
         }
         (out / "alkfs.json").write_text(json.dumps(meta) + "\n")
         _fsync_tree(out)
@@ -1012,16 +1122,27 @@ class Derived:
         return BuildResult(self.fmt, number, gen.objects, len(gen.indexes), size, new, mode, 0.0)
 
     def _build_intake(
-        self, prev: Generation, new: dict[bytes, bytes], top: int, left: list[bytes]
+        self,
+        prev: Generation,
+        new: dict[bytes, bytes],
+        top: int,
+        left: list[bytes],
+        drop: bool = False,
     ) -> BuildResult:
         """A set of the previous set's files (hard links: the same immutable files) plus
         one intake pack of `new`, a new multi-pack-index and one more commit-graph layer.
         It leaves out what the previous set did and `left` (none recorded if that did not
-        record its own)."""
+        record its own). `drop`: without the previous set's pack of staged objects (a
+        sweep deletes them: see _pack_staged); what it held is served loose."""
         n = 20 if self.fmt == "sha1" else 32
         number = self._next_number()
         tmp = self.root / f"tmp-{self._who}-{number}-{uuid.uuid4().hex[:8]}"
         linked: set[Path] = set()
+        staged = prev.staged_index
+        dropped: set[bytes] = set()
+        if drop and staged is not None:
+            dropped = set(staged.digests())
+            gone = "pack/" + staged.path.name[: -len(".idx")]
         try:
             repo = tmp / "repo"
             out = tmp / "gen"
@@ -1032,6 +1153,8 @@ class Derived:
                 dst.parent.mkdir(parents=True, exist_ok=True)
                 if rel == "pack/multi-pack-index":
                     continue  # written anew below
+                if dropped and rel.rsplit(".", 1)[0] == gone:
+                    continue
                 if rel.endswith("-chain"):
                     shutil.copyfile(src, dst)  # git replaces it: never share it
                 else:
@@ -1071,8 +1194,11 @@ class Derived:
                     if p not in linked:
                         p.with_suffix(".keep").write_bytes(KEEP_TEXT)
                 # parents in the previous set are in its graph (or git adds them: it
-                # reads them from the packs)
-                old_parents = {p: True for c in commits for p in commits[c][1] if p in prev}
+                # reads them from the packs); one in the staged pack keeps its children
+                # out of the graph (see _pack_staged)
+                old_parents = {
+                    p: prev.main_holds(p) for c in commits for p in commits[c][1] if p in prev
+                }
                 graph = _graphable(commits, old_parents)
                 self._index_files(repo, out, graph, "the commit-graph keeps its layers")
             else:
@@ -1084,9 +1210,11 @@ class Derived:
                 tag = bytes([self.algo.value])
                 have = self._kv().present([tag + d for d in before])
                 before = [d for d in before if tag + d in have]
-            record = None if before is None else _left_out_record({*before, *left})
-            objects = prev.objects + len(new)
-            return self._finish(out, number, top, objects, "intake", record, len(new))
+            record = None if before is None else _left_out_record({*before, *left, *dropped})
+            objects = prev.objects + len(new) - len(dropped)
+            mode = "drop" if drop else "intake"
+            kept = "" if drop or staged is None else staged.path.name
+            return self._finish(out, number, top, objects, mode, record, len(new), kept)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
 

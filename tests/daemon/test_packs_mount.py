@@ -246,8 +246,13 @@ def test_an_open_handle_on_a_retired_pack_keeps_reading_the_same_bytes(start_mou
     m = start_mount(store, "--window", "1h", env=FAST_INTAKE)
     mnt = m.mnt
     oid = put_loose(mnt, "sha1", b"in an intake pack, then staged\n")
-    wait_for("the intake pack", lambda: oid in idx_ids(mnt, "sha1"))
+    # (and a pinned one beside it: the staged pack, of oid alone, is not the intake pack
+    # again under the same name)
+    kept = put_loose(mnt, "sha1", b"in the same intake pack, pinned\n")
+    os.symlink(f"../objects/git-sha1/{kept}", mnt / "pins" / "kept")
+    wait_for("the intake pack", lambda: {oid, kept} <= idx_ids(mnt, "sha1"))
     intake = pack_holding(mnt, oid)
+    assert pack_holding(mnt, kept) == intake
     # (the generation it retired stays RETIRE_GRACE_S: daemon/packs.py)
     gen = store / "derived" / "sha1" / f"gen-{int((store / 'derived/sha1/CURRENT').read_text())}"
     backing = gen / "pack" / intake
@@ -258,9 +263,9 @@ def test_an_open_handle_on_a_retired_pack_keeps_reading_the_same_bytes(start_mou
     midx = midx_backing.read_bytes()
     try:
         assert os.pread(fd, 4096, 0) == expected[:4096]
-        (mnt / ".alkfs" / "control").write_text("sweep\n")  # stages it: a set without it
+        (mnt / ".alkfs" / "control").write_text("sweep\n")  # stages oid: a set without it
         wait_for("a consolidated set", lambda: intake not in listing(mnt, "sha1"))
-        assert oid not in idx_ids(mnt, "sha1")
+        assert pack_holding(mnt, oid) != pack_holding(mnt, kept)  # (oid: in the staged pack)
         with pytest.raises(FileNotFoundError):
             os.stat(mnt / "git" / "sha1" / "pack" / intake)
         assert backing.exists()  # held by the handle
@@ -485,25 +490,42 @@ def test_a_set_corrupted_on_disk_is_withdrawn_at_start_and_rebuilt(start_mount, 
     assert "the published set is corrupt, withdrawn" in m.log()
 
 
-def test_a_set_without_staged_objects_is_published_before_their_window_ends(start_mount, tmp_path):
+def staged_pack(store: Path) -> str | None:
+    """The published sha1 set's pack of staged objects (alkfs.json), as a .pack name."""
+    d = store / "derived" / "sha1"
+    meta = json.loads((d / f"gen-{int((d / 'CURRENT').read_text())}" / "alkfs.json").read_text())
+    name = meta.get("staged_pack")
+    return name[: -len(".idx")] + ".pack" if name else None
+
+
+def test_staged_objects_move_into_a_pack_of_their_own_before_their_window_ends(
+    start_mount, tmp_path
+):
+    """A sweep stages an object an intake packed: the next set holds it in its staged
+    pack (so the sweep that deletes it only drops that pack), still packed, so off the
+    fan-out listing, and still read."""
     store, _src = imported_store(tmp_path)
     m = start_mount(store, "--window", "1h", env=FAST_INTAKE)
     mnt = m.mnt
     oid = put_loose(mnt, "sha1", b"staged for an hour\n")
     wait_for("the intake pack", lambda: oid in idx_ids(mnt, "sha1"))
+    assert staged_pack(store) is None
     (mnt / ".alkfs" / "control").write_text("sweep\n")
     assert last_sweep(mnt)["candidates_staged"] == 1
-    wait_for("a set without the staged object", lambda: oid not in idx_ids(mnt, "sha1"))
-    assert (mnt / "git" / "sha1" / oid[:2] / oid[2:]).exists()  # still stored, served loose
-    assert oid in fanout_listed(mnt, "sha1")
+    wait_for("a set with a staged pack", lambda: staged_pack(store) is not None)
+    assert pack_holding(mnt, oid) == staged_pack(store)
+    assert (mnt / "git" / "sha1" / oid[:2] / oid[2:]).exists()  # resolved by name
+    assert oid not in fanout_listed(mnt, "sha1")
     assert git(f"--git-dir={mnt}/repos/r", "cat-file", "-p", oid) == "staged for an hour\n"
+    assert m.tracebacks() == []
 
 
-def test_a_staged_commit_a_ref_names_again_is_listed_and_fsck_finds_it(start_mount, tmp_path):
-    """A branch deleted, its objects staged by a sweep and left out of the next set, then
-    the branch set again to its commit before any sweep takes them: they are live, in no
-    pack, and `git fsck --full` finds them only through the fan-out listings (it calls a
-    reachable object it neither enumerated nor finds in a pack "missing")."""
+def test_a_staged_commit_a_ref_names_again_is_packed_and_fsck_finds_it(start_mount, tmp_path):
+    """A branch deleted, its objects staged by a sweep and moved into the next set's
+    staged pack, then the branch set again to its commit before any sweep takes them:
+    they are live, packed, and `git fsck --full` finds every one (it calls a reachable
+    object it neither enumerated nor finds in a pack "missing"); the next sweep cancels
+    their deletion and they stay packed."""
     store, src = imported_store(tmp_path)
     m = start_mount(store, "--window", "1h", env=FAST_INTAKE)
     mnt = m.mnt
@@ -513,9 +535,14 @@ def test_a_staged_commit_a_ref_names_again_is_listed_and_fsck_finds_it(start_mou
     git(repo, "update-ref", "-d", "refs/heads/side")
     (mnt / ".alkfs" / "control").write_text("sweep\n")
     assert last_sweep(mnt)["candidates_staged"] == 3  # the side commit, its tree, its blob
-    wait_for("a set without them", lambda: side not in idx_ids(mnt, "sha1"))
+    wait_for("a set with a staged pack", lambda: staged_pack(store) is not None)
+    assert pack_holding(mnt, side) == staged_pack(store)
     git(repo, "update-ref", "refs/heads/side", side)  # live again, still staged
-    assert side in fanout_listed(mnt, "sha1")
+    assert side not in fanout_listed(mnt, "sha1")
+    git(repo, "fsck", "--full", "--strict", "--no-dangling")
+    (mnt / ".alkfs" / "control").write_text("sweep\n")
+    assert last_sweep(mnt)["deleted"] == 0
+    assert side in idx_ids(mnt, "sha1")
     git(repo, "fsck", "--full", "--strict", "--no-dangling")
     assert m.tracebacks() == []
 

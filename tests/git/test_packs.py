@@ -196,13 +196,29 @@ def test_a_sweep_publishes_a_set_without_every_object_it_deletes(app, make_repo,
     assert (first.deleted, first.candidates_staged) == (0, 4)
     assert d.current().number == before.number  # staging alone publishes nothing
     dead = {loose.hex, side, repo.rev("side^{tree}"), repo.rev("side:side.txt")}
-    # a build meanwhile leaves out what is staged
-    d.build()
-    assert dead.isdisjoint(pack_ids(d.current()))
-    d.build([])  # and a third set, packed again from the store: still without them
+    # a build meanwhile moves what is staged into a pack of its own, named by no graph
+    for _ in range(2):  # (and a third set: an intake, which keeps that pack as it is)
+        d.build()
+        gen = d.current()
+        assert gen.staged_index is not None
+        assert {x.hex() for x in gen.staged_index.digests()} == dead
+        assert not any(gen.main_holds(bytes.fromhex(x)) for x in dead)
+        assert dead.isdisjoint(x.hex() for x in gen.graph_commits())
+        assert pack_ids(gen) == store_ids(app, Algorithm.GIT_SHA1)
+    assert d.current().meta["mode"] == "intake"
     second = store.sweep(0)
     assert second.deleted == 4
     after = d.current()
+    # the sweep only dropped that pack: the same main pack files, a new multi-pack-index
+    assert (after.meta["mode"], after.staged_index, after.objects) == (
+        "drop",
+        None,
+        gen.objects - 4,
+    )
+    main = {rel for rel in gen.files if rel.startswith("pack/pack-")}
+    assert {rel for rel in after.files if rel.startswith("pack/pack-")} == {
+        rel for rel in main if gen.staged_index.path.name[: -len(".idx")] not in rel
+    }
     ids = pack_ids(after)
     assert dead.isdisjoint(ids)
     assert ids == store_ids(app, Algorithm.GIT_SHA1)
@@ -212,6 +228,52 @@ def test_a_sweep_publishes_a_set_without_every_object_it_deletes(app, make_repo,
     git(user, "commit-graph", "verify", f"--object-dir={after.root}")
 
 
+def test_the_graph_commits_read_from_a_set_are_the_commits_it_graphs(app, make_repo):
+    """Generation.graph_commits (the OID chunks of every commit-graph layer) of an
+    imported history: every commit of it, sha1 and sha256."""
+    for fmt in ("sha1", "sha256"):
+        repo = history(make_repo, fmt)
+        import_repo(app, repo.gitdir, f"r-{fmt}", progress=False)
+        gen = packs.derived_for(app.store, fmt).current()
+        commits = set(repo.git("rev-list", "--all").split())
+        assert len(commits) == 7
+        assert {c.hex() for c in gen.graph_commits()} == commits
+
+
+def test_a_commit_on_a_staged_parent_stays_out_of_the_intakes_graph(app, make_repo, tmp_path):
+    """A staged commit in the staged pack, then a child of it arrives (live again for a
+    while): the intake's graph layer names neither, so a sweep that deletes both later
+    can drop the staged pack and leave no graph naming a deleted commit."""
+    repo = history(make_repo, "sha1")
+    import_repo(app, repo.gitdir, "r", progress=False)
+    store = app.store
+    d = packs.derived_for(store, "sha1")
+    side = repo.rev("side")
+    [out] = app.refs.update("r", [RefUpdate("refs/heads/side", None, side)])
+    assert out.ok and store.sweep(0).candidates_staged == 3
+    d.build()
+    assert bytes.fromhex(side) in d.current() and not d.current().main_holds(bytes.fromhex(side))
+    body = (
+        f"tree {repo.rev('side^{tree}')}\nparent {side}\n"
+        "author A <a@example.com> 1700000000 +0000\n"
+        "committer A <a@example.com> 1700000000 +0000\n\na child of a staged commit\n"
+    ).encode()
+    child = store.add(canonical("commit", body), algo=Algorithm.GIT_SHA1)
+    d.build()
+    gen = d.current()
+    assert gen.meta["mode"] == "intake" and child.digest in gen
+    assert {child.digest, bytes.fromhex(side)}.isdisjoint(gen.graph_commits())
+    user = user_of(tmp_path, "sha1", gen.root)
+    git(user, "commit-graph", "verify", f"--object-dir={gen.root}")
+    # both die: the sweep that deletes them drops the staged pack and keeps the graph
+    assert store.sweep(0).deleted == 3  # (the side objects; the child is staged now)
+    after = d.current()
+    assert after.meta["mode"] == "drop" and after.graph_commits() == gen.graph_commits()
+    user = user_of(tmp_path, "sha1", after.root, "after")
+    git(user, "commit-graph", "verify", f"--object-dir={after.root}")
+    git(user, "multi-pack-index", f"--object-dir={after.root}", "verify")
+
+
 def left_out_by_scan(d: packs.Derived, gen: packs.Generation) -> set[bytes]:
     lo, hi = bytes([d.algo.value]), bytes([d.algo.value + 1])
     upto = gen.meta["max_rowid"]
@@ -219,9 +281,11 @@ def left_out_by_scan(d: packs.Derived, gen: packs.Generation) -> set[bytes]:
 
 
 def test_a_set_records_the_objects_it_left_out(app, make_repo):
-    """Every build records the kv objects it left out (staged for deletion), the same as
-    comparing every stored key with the set would find: an intake carries the previous
-    record (less what was deleted since), a consolidation records anew."""
+    """Every build records the kv objects it left out (staged for deletion and not in its
+    staged pack), the same as comparing every stored key with the set would find (or
+    more: one deleted since is not listed, each is stat'ed): an intake carries the
+    previous record (less what was deleted since), a consolidation records anew, a drop
+    of the staged pack adds what that held."""
     repo = history(make_repo, "sha1")
     import_repo(app, repo.gitdir, "r", progress=False)
     store = app.store
@@ -239,13 +303,16 @@ def test_a_set_records_the_objects_it_left_out(app, make_repo):
     assert gen.meta["mode"] == "intake" and b.digest in gen and gen.left_out() == [a.digest]
     report = store.sweep(0)  # deletes a, stages b
     assert (report.deleted, report.candidates_staged) == (1, 1)
-    d.build()  # b is in the set and staged: a consolidation, without it
+    d.build()  # b is in a main pack and staged: a consolidation, b in the staged pack
     gen = d.current()
-    assert gen.meta["mode"] != "intake" and b.digest not in gen
-    assert gen.left_out() == [b.digest] and left_out_by_scan(d, gen) == {b.digest}
+    assert gen.meta["mode"] != "intake" and b.digest in gen and not gen.main_holds(b.digest)
+    assert gen.left_out() == [] and left_out_by_scan(d, gen) == set()
     c = store.add(canonical("blob", b"staged, then deleted\n"), algo=Algorithm.GIT_SHA1)
-    report = store.sweep(0)  # deletes b (the set without it is published), stages c
+    report = store.sweep(0)  # deletes b (the set without its pack is published), stages c
     assert (report.deleted, report.candidates_staged) == (1, 1)
+    gen = d.current()
+    assert gen.meta["mode"] == "drop" and gen.left_out() == [b.digest]  # (b: gone since)
+    assert left_out_by_scan(d, gen) == set()
     assert store.sweep(0).deleted == 1 and not store.has(c)  # and c
     e = store.add(canonical("blob", b"new\n"), algo=Algorithm.GIT_SHA1)
     d.build()
