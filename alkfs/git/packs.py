@@ -774,6 +774,22 @@ class Derived:
         for stale in (out / "info" / "commit-graphs").glob("*.lock"):
             stale.unlink()
 
+    def _pack_objects(
+        self, repo: Path, out: Path, order: Iterable[tuple[bytes, bytes]], *args: str
+    ) -> None:
+        """`git pack-objects` in `repo` of `order` ((digest, path) pairs, in git's input
+        order: the paths give its deltas) into a new pack in out/pack."""
+        listing = b"".join(d.hex().encode() + (b" " + p if p else b"") + b"\n" for d, p in order)
+        self._git(
+            repo,
+            "pack-objects",
+            "-q",
+            "--delta-base-offset",
+            *args,
+            str(out / "pack" / "pack"),
+            input=listing,
+        )
+
     def _git(
         self,
         repo: Path,
@@ -1007,18 +1023,7 @@ class Derived:
                     self._write_raw_pack(raw, self._read_many([d for d, _p in order]))
                     self._git(repo, "index-pack", str(raw))
                     pack_args = ["--no-reuse-object"]
-                listing = b"".join(
-                    d.hex().encode() + (b" " + p if p else b"") + b"\n" for d, p in order
-                )
-                self._git(
-                    repo,
-                    "pack-objects",
-                    "-q",
-                    "--delta-base-offset",
-                    *pack_args,
-                    str(out / "pack" / "pack"),
-                    input=listing,
-                )
+                self._pack_objects(repo, out, order, *pack_args)
             in_staged, staged_idx = self._pack_staged(tmp, out, sorted((staged - exclude) & seen))
             if order or in_staged:
                 for p in (out / "pack").glob("*.idx"):
@@ -1071,14 +1076,7 @@ class Derived:
         if not held:
             return set(), ""
         before = {p.name for p in (out / "pack").glob("*.idx")}
-        self._git(
-            repo,
-            "pack-objects",
-            "-q",
-            "--delta-base-offset",
-            str(out / "pack" / "pack"),
-            input=b"".join(d.hex().encode() + b"\n" for d in held),
-        )
+        self._pack_objects(repo, out, [(d, b"") for d in held])
         made = [p.name for p in (out / "pack").glob("*.idx") if p.name not in before]
         if len(made) != 1:
             raise StoreIO(f"derived {self.fmt}: the staged objects' pack was not written")
@@ -1180,16 +1178,7 @@ class Derived:
                     if tree is not None and tree in trees:
                         _walk(tree, trees, blobs, seen, order, _TREE_ENTRY[n])
                 order += [(d, b"") for d in sorted(new.keys() - seen)]
-                self._git(
-                    repo,
-                    "pack-objects",
-                    "-q",
-                    "--delta-base-offset",
-                    str(out / "pack" / "pack"),
-                    input=b"".join(
-                        d.hex().encode() + (b" " + p if p else b"") + b"\n" for d, p in order
-                    ),
-                )
+                self._pack_objects(repo, out, order)
                 for p in (out / "pack").glob("*.idx"):
                     if p not in linked:
                         p.with_suffix(".keep").write_bytes(KEEP_TEXT)
