@@ -57,6 +57,7 @@ object is served loose.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import logging
@@ -199,10 +200,11 @@ class Generation:
     def __contains__(self, digest: bytes) -> bool:
         return any(digest in idx for idx in self.indexes)
 
-    @property
+    @functools.cached_property
     def staged_index(self) -> PackIndex | None:
         """The set's pack of objects staged for deletion when it was built (its idx is
-        named in alkfs.json, `staged_pack`), or None: see Derived._pack_staged."""
+        named in alkfs.json, `staged_pack`), or None: see Derived._pack_staged. (Read
+        once: a published set never changes.)"""
         name = self.meta.get("staged_pack")
         for idx in self.indexes:
             if name and idx.path.name == Path(str(name)).name:
@@ -219,7 +221,7 @@ class Generation:
         out: set[bytes] = set()
         for rel in self.files:
             if rel.startswith("info/commit-graphs/") and rel.endswith(".graph"):
-                out |= _graph_oids(self.root / rel, 20 if self.fmt == "sha1" else 32)
+                out |= _graph_oids(self.root / rel, FORMATS[self.fmt].digest_len)
         return out
 
     @property
@@ -248,7 +250,7 @@ class Generation:
         recorded = self.meta.get("left_out")
         if not isinstance(recorded, list):
             return None
-        n = 20 if self.fmt == "sha1" else 32
+        n = FORMATS[self.fmt].digest_len
         try:
             out = [bytes.fromhex(h) for h in recorded]
         except (TypeError, ValueError):
@@ -1057,8 +1059,8 @@ class Derived:
         """A pack of its own in `out` for the kv objects staged for deletion (verified;
         one gone or corrupt meanwhile is left out): they stay packed, and so off the
         fan-out listings, for their window, yet none is in a main pack, so the sweep that
-        deletes them publishes the set without this pack (`drop_staged`: links and a
-        multi-pack-index) instead of rewriting one. No commit-graph layer names them
+        deletes them publishes the set without this pack (`_build_intake` with `drop`:
+        links and a multi-pack-index) instead of rewriting one. No commit-graph layer names them
         (a build's graph leaves staged commits out; an intake's leaves out commits with a
         parent in this pack). Returns (what it holds, its idx's name) or (empty, "")."""
         if not digests:
@@ -1138,9 +1140,10 @@ class Derived:
         linked: set[Path] = set()
         staged = prev.staged_index
         dropped: set[bytes] = set()
+        gone = ""  # (the dropped pack's files: pack/<name>.{idx,pack,keep})
         if drop and staged is not None:
             dropped = set(staged.digests())
-            gone = "pack/" + staged.path.name[: -len(".idx")]
+            gone = "pack/" + staged.path.stem
         try:
             repo = tmp / "repo"
             out = tmp / "gen"
@@ -1151,7 +1154,7 @@ class Derived:
                 dst.parent.mkdir(parents=True, exist_ok=True)
                 if rel == "pack/multi-pack-index":
                     continue  # written anew below
-                if dropped and rel.rsplit(".", 1)[0] == gone:
+                if gone and rel.rsplit(".", 1)[0] == gone:
                     continue
                 if rel.endswith("-chain"):
                     shutil.copyfile(src, dst)  # git replaces it: never share it
