@@ -513,6 +513,7 @@ def test_staged_objects_move_into_a_pack_of_their_own_before_their_window_ends(
     (mnt / ".alkfs" / "control").write_text("sweep\n")
     assert last_sweep(mnt)["candidates_staged"] == 1
     wait_for("a set with a staged pack", lambda: staged_pack(store) is not None)
+    wait_for("the mount to serve it", lambda: staged_pack(store) in listing(mnt, "sha1"))
     assert pack_holding(mnt, oid) == staged_pack(store)
     assert (mnt / "git" / "sha1" / oid[:2] / oid[2:]).exists()  # resolved by name
     assert oid not in fanout_listed(mnt, "sha1")
@@ -536,6 +537,7 @@ def test_a_staged_commit_a_ref_names_again_is_packed_and_fsck_finds_it(start_mou
     (mnt / ".alkfs" / "control").write_text("sweep\n")
     assert last_sweep(mnt)["candidates_staged"] == 3  # the side commit, its tree, its blob
     wait_for("a set with a staged pack", lambda: staged_pack(store) is not None)
+    wait_for("the mount to serve it", lambda: staged_pack(store) in listing(mnt, "sha1"))
     assert pack_holding(mnt, side) == staged_pack(store)
     git(repo, "update-ref", "refs/heads/side", side)  # live again, still staged
     assert side not in fanout_listed(mnt, "sha1")
@@ -562,9 +564,15 @@ def test_verify_withdraws_a_set_corrupted_while_mounted_and_the_intake_rebuilds_
     pack.write_bytes(bytes(data))
     (mnt / ".alkfs" / "control").write_text("verify\n")
     assert "the published set is corrupt, withdrawn" in m.log()
-    wait_for("a rebuilt set", lambda: int(current.read_text()) >= number + 2)
-    packs = json.loads((mnt / ".alkfs" / "status").read_text())["packs"]["sha1"]
-    assert packs["objects"] > 0 and packs["generation"] >= number + 2
+
+    def served() -> dict:
+        return json.loads((mnt / ".alkfs" / "status").read_text())["packs"]["sha1"]
+
+    # (CURRENT is renamed into place a moment before the daemon serves what it names:
+    # wait for what the daemon serves, not for the file)
+    wait_for("a rebuilt set served", lambda: (served()["generation"] or 0) >= number + 2)
+    assert int(current.read_text()) >= number + 2
+    assert served()["objects"] > 0
     assert_packs_hold_all_of(src, mnt, tmp_path)
     for name in listing(mnt, "sha1"):
         if name.endswith(".idx"):
