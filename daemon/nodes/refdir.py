@@ -75,14 +75,15 @@ class HeadFile(RepoFile):
 
     async def open(self, flags: int, req: RequestContext) -> Handle:
         if wants_write(flags):
-            shown = b"" if flags & os.O_TRUNC else self.content()
-            return RefWriteHandle(self, self.repo, "HEAD", None, pid_of(req), shown)
+            trunc = bool(flags & os.O_TRUNC)
+            shown = b"" if trunc else self.content()
+            return RefWriteHandle(self, self.repo, "HEAD", None, pid_of(req), shown, trunc)
         return await super().open(flags, req)
 
     async def setattr(
         self, attr: Any, fields: Any, handle: Handle | None, req: RequestContext
     ) -> Any:
-        return _truncate_only(self, fields, handle)
+        return _truncate_only(self, attr, fields, handle)
 
 
 class RefFile(RepoFile):
@@ -105,14 +106,15 @@ class RefFile(RepoFile):
     async def open(self, flags: int, req: RequestContext) -> Handle:
         if wants_write(flags):
             old = self.ctx.refs.get(self.repo.id, self.ref)
-            shown = b"" if flags & os.O_TRUNC or old is None else f"{old}\n".encode()
-            return RefWriteHandle(self, self.repo, self.ref, old, pid_of(req), shown)
+            trunc = bool(flags & os.O_TRUNC)
+            shown = b"" if trunc or old is None else f"{old}\n".encode()
+            return RefWriteHandle(self, self.repo, self.ref, old, pid_of(req), shown, trunc)
         return await super().open(flags, req)
 
     async def setattr(
         self, attr: Any, fields: Any, handle: Handle | None, req: RequestContext
     ) -> Any:
-        return _truncate_only(self, fields, handle)
+        return _truncate_only(self, attr, fields, handle)
 
 
 class NewRefFile(RefFile):
@@ -132,16 +134,18 @@ class NewRefFile(RefFile):
         return b"" if oid is None else f"{oid}\n".encode()
 
 
-def _truncate_only(node: RepoFile, fields: Any, handle: Handle | None) -> Any:
-    """O_TRUNC of an open ref or HEAD and touch: accepted (the next write replaces it
-    whole). A truncate by path (no open handle) would leave an empty ref: EINVAL."""
+def _truncate_only(node: RepoFile, attr: Any, fields: Any, handle: Handle | None) -> Any:
+    """A truncate to 0 of an open ref or HEAD, and touch: accepted (the next write replaces
+    it whole; a close with nothing written is EINVAL, see RefWriteHandle.flush). A truncate
+    by path (no open handle), or to another size, would leave no ref: EINVAL."""
     if fields.update_mode or fields.update_uid or fields.update_gid:
         fail(errno.EPERM, f"{node.path}: its mode and owner cannot be changed")
-    if fields.update_size and not isinstance(handle, RefWriteHandle):
+    if fields.update_size and (not isinstance(handle, RefWriteHandle) or attr.st_size != 0):
         fail(errno.EINVAL, f"{node.path}: a ref changes only by writing a new value into it")
     if fields.update_size and isinstance(handle, RefWriteHandle):
         del handle.buf[0:]
         handle.shown = None
+        handle.emptied = True
     return node.attr()
 
 

@@ -189,7 +189,14 @@ class RefWriteHandle(Handle):
     direct_io = True
 
     def __init__(
-        self, node: RepoFile, repo: Repo, ref: str, old: str | None, pid: int, shown: bytes = b""
+        self,
+        node: RepoFile,
+        repo: Repo,
+        ref: str,
+        old: str | None,
+        pid: int,
+        shown: bytes = b"",
+        emptied: bool = False,
     ) -> None:
         super().__init__(node)
         self.repo = repo
@@ -198,6 +205,7 @@ class RefWriteHandle(Handle):
         self.pid = pid
         self.buf = bytearray()
         self.shown: bytes | None = shown  # the value at open, until written or truncated
+        self.emptied = emptied  # opened O_TRUNC or truncated to 0: a close must bring a value
         self.applied = False
 
     async def read(self, off: int, size: int) -> bytes:
@@ -223,8 +231,12 @@ class RefWriteHandle(Handle):
         await write_ref(self.node.ctx, self.repo, self.ref, bytes(self.buf), self.old, self.pid)
 
     async def flush(self) -> None:
-        if not self.applied and self.buf:
+        if self.applied:
+            return
+        if self.buf:
             await self.apply()
+        elif self.emptied:  # (`truncate -s 0 REF`, `: > REF`): an empty ref is no value
+            fail(errno.EINVAL, f"{self.node.path}: emptied and closed; a ref is not emptied")
 
 
 class LockFile(File):

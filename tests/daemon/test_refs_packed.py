@@ -297,6 +297,39 @@ def test_an_open_packed_refs_never_changes_and_the_next_open_sees_a_move_at_once
     assert os.stat(repo / "packed-refs").st_ino != ino
 
 
+def test_a_ref_is_never_emptied_by_a_truncate_or_an_empty_write(served):
+    m, _, _ = served
+    repo = m.mnt / "repos" / "small"
+    heads = repo / "refs" / "heads"
+    main, side = (heads / "main").read_text(), (heads / "side").read_text()
+    # coreutils truncate: open(O_WRONLY|O_CREAT), ftruncate(fd, 0), close
+    done = subprocess.run(["truncate", "-s", "0", heads / "main"], capture_output=True)
+    assert done.returncode == 1 and b"Invalid argument" in done.stderr
+    fd = os.open(heads / "main", os.O_WRONLY | os.O_TRUNC)  # `: > REF` (sh ignores close's errno)
+    assert errno_of(os.close, fd) == errno.EINVAL
+    assert errno_of(os.truncate, heads / "main", 0) == errno.EINVAL
+    fd = os.open(heads / "main", os.O_WRONLY)
+    assert errno_of(os.ftruncate, fd, 5) == errno.EINVAL  # only to 0, then a new value
+    os.close(fd)  # nothing written, not emptied: no change and no error
+    done = subprocess.run(["truncate", "-s", "0", repo / "HEAD"], capture_output=True)
+    assert done.returncode == 1 and b"Invalid argument" in done.stderr
+    assert (heads / "main").read_text() == main
+    # a truncate to 0 then a new line is a write of that line (as `>` with O_TRUNC is)
+    fd = os.open(heads / "main", os.O_WRONLY)
+    os.ftruncate(fd, 0)
+    os.write(fd, side.encode())
+    os.close(fd)
+    assert (heads / "main").read_text() == side
+    subprocess.run(["sh", "-c", 'printf "%s" "$2" > "$1"', "sh", heads / "main", main], check=True)
+    assert (heads / "main").read_text() == main
+    new = heads / "fresh"
+    fd = os.open(new, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)  # a create: no value
+    os.close(fd)  # held nothing before, holds nothing now (as `touch` of a new ref)
+    assert not new.exists()
+    assert (repo / "HEAD").read_text() == "ref: refs/heads/main\n"
+    assert m.tracebacks() == []
+
+
 def test_bad_ref_writes_get_their_errno_and_change_nothing(served):
     m, _, _ = served
     repo = m.mnt / "repos" / "small"
@@ -319,11 +352,9 @@ def test_bad_ref_writes_get_their_errno_and_change_nothing(served):
         os.close(fd)
     assert (heads / "main").read_text() == main
     fd = os.open(repo / "HEAD", os.O_WRONLY | os.O_TRUNC)
-    try:
-        long_name = b"ref: refs/heads/" + b"x" * (10 << 20) + b"\n"
-        assert errno_of(os.write, fd, long_name) == errno.ENAMETOOLONG
-    finally:
-        os.close(fd)
+    long_name = b"ref: refs/heads/" + b"x" * (10 << 20) + b"\n"
+    assert errno_of(os.write, fd, long_name) == errno.ENAMETOOLONG
+    assert errno_of(os.close, fd) == errno.EINVAL  # emptied, nothing written: no value
     assert (repo / "HEAD").read_text() == "ref: refs/heads/main\n"
     log = m.log()
     assert max(len(line) for line in log.splitlines()) < 2000  # no value quoted whole
