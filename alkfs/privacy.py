@@ -14,8 +14,8 @@ hold `alkfs.lock` (no daemon starts), read every object out of `store.db` and
 - `tighten` removes the group and other bits of an existing store made before this
   (or by hand), once, at open.
 
-`prepare` does all of it for a store directory about to be opened (`Alkfs.open`, which
-the daemon and the command line use).
+`prepare` checks a store directory about to be opened and `settle` tightens it once it
+is open for writing (`Alkfs.open`, which the daemon and the command line use).
 """
 
 from __future__ import annotations
@@ -36,14 +36,20 @@ log = logging.getLogger("alkfs.store")
 
 
 def prepare(path: str | os.PathLike[str]) -> None:
-    """Before a store directory is opened: create it 0700 when missing, refuse it when
-    another user could change it, and tighten whatever is loose, saying so in one log
-    line."""
+    """Before a store directory is opened: create it 0700 when missing, and refuse it when
+    another user could change it."""
     root = Path(path)
     if not root.exists():
         root.parent.mkdir(parents=True, exist_ok=True)  # (not the store's: as mkdir -p)
         root.mkdir(mode=DIR_MODE, exist_ok=True)
     check_owner(root)
+
+
+def settle(path: str | os.PathLike[str]) -> None:
+    """Once the store is open for writing (its lock held, or a fleet's member): tighten
+    whatever is loose, saying so in one log line. Never before: a process the lock
+    refuses, or one opened beside the lock holder, changes nothing of the store."""
+    root = Path(path)
     tightened = tighten(root)
     if tightened:
         log.warning(

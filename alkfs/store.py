@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, TypeVar, cast
 
+from . import privacy
 from .binding import DB_NAME as DB_NAME
 from .binding import open_database, settle
 from .catalog import Catalog, ChunkDigester, Record
@@ -208,6 +209,8 @@ class Store:
         own = uuid.uuid4().hex[:16] if member else None
         lock_fd = cls._take_lock(root) if lock and not member else None
         try:
+            if lock:  # (the lock held, or a fleet's member; before sqlite makes -wal, -shm)
+                privacy.settle(root)
             db = open_database(root, database, lock="shared" if member else lock)
             try:
                 meta = settle(db, root, mode, threshold, DEFAULT_THRESHOLD)

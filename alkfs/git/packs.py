@@ -599,6 +599,12 @@ class Derived:
     def current(self) -> Generation | None:
         return self._current
 
+    def _make_root(self) -> None:
+        """STORE/derived/<fmt>, both 0700 as every directory of the store (alkfs/privacy.py:
+        the next open's tighten then never walks into the sets git writes 0444/0755)."""
+        self.root.parent.mkdir(mode=0o700, exist_ok=True)
+        self.root.mkdir(mode=0o700, exist_ok=True)
+
     def refresh(self, what: str | None = None) -> None:
         """A fleet member: serve the generation published for the fleet, if it changed
         (the listener's `alkfs_packs` notice, a reconnect, before a build or a guard)."""
@@ -1001,7 +1007,7 @@ class Derived:
         staged = self._staged()
         order, graph_commits, top, fresh, seen = self._plan(prev, exclude | staged)
         number = self._next_number()
-        self.root.mkdir(parents=True, exist_ok=True)
+        self._make_root()
         tmp = self.root / f"tmp-{self._who}-{number}-{uuid.uuid4().hex[:8]}"
         try:
             repo = tmp / "repo"
@@ -1266,7 +1272,7 @@ class Derived:
             if not building:
                 return False
             number = self._next_number()
-            self.root.mkdir(parents=True, exist_ok=True)
+            self._make_root()
             final = self.root / f"gen-{number}"
             final.mkdir()
             fsync_dir(self.root)

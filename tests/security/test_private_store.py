@@ -446,3 +446,46 @@ def test_a_loose_store_is_tightened_at_open_with_one_log_line(base: Path, daemon
     (store / "store.db").chmod(0o644)
     assert alkfs("--store", store, "status").returncode == 0
     assert stat.S_IMODE(os.stat(store / "store.db").st_mode) == 0o600
+
+
+def test_a_daemon_the_store_lock_refuses_changes_no_mode_of_the_store(base: Path, daemons):
+    """A second alkfsd on a held store is refused before it touches anything: a loose
+    entry of the holder's stays as the holder left it (the holder's next open tightens)."""
+    store = base / "store"
+    first = daemons(store)
+    write_through(first.mnt / "pins" / "one", SMALL)
+    (store / "store.db").chmod(0o644)  # loose, as a store made before issue 13 left it
+    (base / "mnt2").mkdir()
+    second = subprocess.run(
+        [*alkfsd_argv(store, base / "mnt2"), "--window", "0"], capture_output=True, timeout=60
+    )
+    assert second.returncode == 1
+    assert b"is held by another process" in second.stderr
+    assert tightened_lines(second.stderr.decode()) == []
+    assert stat.S_IMODE(os.stat(store / "store.db").st_mode) == 0o644
+    assert not is_mounted(base / "mnt2")
+    assert first.stop() == 0
+
+
+def test_derived_packs_leave_nothing_for_the_next_open_to_tighten(base: Path, daemons):
+    """git writes a pack set's files 0444 and its directories by the umask: they live
+    under STORE/derived, made 0700, so the store stays tight and the next open says
+    nothing (before, every restart after a build tightened them again)."""
+    src = base / "src"
+    env = {**os.environ, "GIT_AUTHOR_NAME": "a", "GIT_AUTHOR_EMAIL": "a@b"}
+    env |= {"GIT_COMMITTER_NAME": "a", "GIT_COMMITTER_EMAIL": "a@b"}
+    subprocess.run(["git", "init", "-q", str(src)], check=True)
+    for i in range(3):
+        (src / f"f{i}").write_text(f"file {i}\n")
+        subprocess.run(["git", "-C", str(src), "add", "."], check=True)
+        subprocess.run(["git", "-C", str(src), "commit", "-qm", f"c{i}"], check=True, env=env)
+    store = base / "store"
+    done = alkfs("--store", store, "git", "import", "--repo", "r", src / ".git", umask=0o022)
+    assert done.returncode == 0, done.stderr
+    found = modes(store)
+    assert (found["derived"], found["derived/sha1"]) == (0o700, 0o700)
+    assert any(p.endswith(".pack") for p in found)  # a set was built
+    assert {p: m for p, m in loose(found).items() if not p.startswith("derived/")} == {}
+    d = daemons(store)
+    assert d.stop() == 0
+    assert tightened_lines(d.log()) == []
