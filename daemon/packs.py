@@ -216,14 +216,11 @@ class Served:
         recorded = d.left_out(gen)
         if recorded is not None:
             return self._by_prefix(recorded)
-        lo, hi = bytes([d.algo.value]), bytes([d.algo.value + 1])
-        keys = d._kv().arrived(lo, hi, 0, upto=int(gen.meta.get("max_rowid", 0)))
-        return self._by_prefix(digest for k in keys if (digest := k[1:]) not in gen)
+        built = d.arrived(0, upto=int(gen.meta.get("max_rowid", 0)))
+        return self._by_prefix(digest for digest in built if digest not in gen)
 
     def _stored_since(self, d: Derived, gen: Generation) -> dict[int, list[bytes]]:
-        lo, hi = bytes([d.algo.value]), bytes([d.algo.value + 1])
-        keys = d._kv().arrived(lo, hi, int(gen.meta.get("max_rowid", 0)))
-        return self._by_prefix(k[1:] for k in keys)
+        return self._by_prefix(d.arrived(int(gen.meta.get("max_rowid", 0))))
 
     # -- handles (trio thread and the publishing thread) ----------------------------------
     def acquire(self, fmt: str, number: int) -> bool:
@@ -351,11 +348,8 @@ async def run(ctx: Context) -> None:
             log.warning("derived %s: cannot list the fan-out yet (%s)", fmt, exc)
     if not s.derived or ctx.read_only:
         return
-    for fmt, d in s.derived.items():  # a set that no longer verifies is withdrawn, rebuilt
-        problem = await ctx.run_sync(d.verify)
-        if problem is not None:
-            log.error("derived %s: the published set is corrupt, withdrawn: %s", fmt, problem)
-            await ctx.run_sync(d.withdraw)
+    for d in s.derived.values():  # a set that no longer verifies is withdrawn, rebuilt
+        await ctx.run_sync(d.withdraw_if_corrupt)
     every = _env_float("ALKFS_PACK_EVERY", 60.0)
     batch = _env_float("ALKFS_PACK_OBJECTS", 20_000)
     poll = _env_float("ALKFS_PACK_POLL", min(every, 5.0))

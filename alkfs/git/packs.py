@@ -714,6 +714,11 @@ class Derived:
         after = 0 if gen is None else int(gen.meta.get("max_rowid", 0))
         return self._kv().count_arrived(lo, hi, after)
 
+    def arrived(self, after: int, upto: int | None = None) -> list[bytes]:
+        """The digests of the format's kv objects whose row ids are in (after, upto]."""
+        lo, hi = self._range()
+        return [k[1:] for k in self._kv().arrived(lo, hi, after, upto=upto)]
+
     def _scan(self) -> tuple[dict[bytes, bytes], list[bytes], list[bytes], int]:
         """Every non-blob of the format (verified, digest -> bytes), the blob digests, the
         corrupt ones (logged), and the highest row id seen (read in the same transaction)."""
@@ -1265,11 +1270,29 @@ class Derived:
             return str(exc)
         return None
 
-    def withdraw(self, wait: bool = True) -> bool:
+    def withdraw_if_corrupt(self) -> str | None:
+        """`verify` the published set; one that fails is withdrawn (logged, and left in
+        `last_error` for status until the next build rebuilds it). What was wrong, or
+        None. Two checks at once (the mount's start, a `verify`) withdraw it once: the
+        second finds it replaced."""
+        with self.lock:  # (re-entrant: withdraw takes it again)
+            gen = self._current
+            problem = self.verify()
+            if problem is None or gen is None:
+                return None
+            if self.withdraw(only=gen):
+                log.error(
+                    "derived %s: the published set is corrupt, withdrawn: %s", self.fmt, problem
+                )
+                self.last_error = f"withdrawn at verify: {problem}"
+            return problem
+
+    def withdraw(self, wait: bool = True, only: Generation | None = None) -> bool:
         """Publish an empty set (every object is served loose until the next build).
-        In a fleet, with `wait` False: nothing (False) while another member builds."""
+        In a fleet, with `wait` False: nothing (False) while another member builds.
+        `only`: nothing (False) unless that generation is still the published one."""
         with self.lock, self._builder(wait) as building:
-            if not building:
+            if not building or (only is not None and self._current is not only):
                 return False
             number = self._next_number()
             self._make_root()
@@ -1363,13 +1386,8 @@ def verify_sets(store: Store) -> list[str]:
         d = derived_for(store, fmt)
         if d is None:
             continue
-        problem = d.verify()
-        if problem is None:
-            continue
-        log.error("derived %s: the published set is corrupt, withdrawn: %s", fmt, problem)
-        d.withdraw()
-        d.last_error = f"withdrawn at verify: {problem}"
-        out.append(fmt)
+        if d.withdraw_if_corrupt() is not None:
+            out.append(fmt)
     return out
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import threading
 from pathlib import Path
 
 import pytest
@@ -408,3 +409,35 @@ def test_verify_finds_a_published_file_changed_in_place(app, make_repo):
     data[1100] ^= 1
     idx.write_bytes(bytes(data))
     assert "trailer checksum" in d.verify()
+
+
+def test_two_checks_at_once_withdraw_a_corrupt_set_once(app, make_repo):
+    """The mount's start check and a `verify` can find the same corrupt set at once: one
+    withdraws it, the other finds it replaced and publishes nothing (before, each
+    published an empty set, and a rebuild waited for was another empty one: CI)."""
+    repo = history(make_repo, "sha1", commits=2)
+    import_repo(app, repo.gitdir, "r", progress=False)
+    d = packs.derived_for(app.store, "sha1")
+    gen = d.current()
+    pack = next(gen.root / r for r in gen.files if r.endswith(".pack"))
+    data = bytearray(pack.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    pack.chmod(0o644)
+    pack.write_bytes(bytes(data))
+    start = threading.Barrier(4)
+    found: list[list[str]] = []
+
+    def check() -> None:
+        start.wait()
+        found.append(packs.verify_sets(app.store))
+
+    threads = [threading.Thread(target=check) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(found) == [[], [], [], ["sha1"]]
+    assert d.current().number == gen.number + 1 and d.current().objects == 0
+    assert "withdrawn at verify" in d.last_error
+    assert d.withdraw(only=gen) is False  # replaced: nothing published
+    assert d.current().number == gen.number + 1
