@@ -75,9 +75,8 @@ class HeadFile(RepoFile):
 
     async def open(self, flags: int, req: RequestContext) -> Handle:
         if wants_write(flags):
-            trunc = bool(flags & os.O_TRUNC)
-            shown = b"" if trunc else self.content()
-            return RefWriteHandle(self, self.repo, "HEAD", None, pid_of(req), shown, trunc)
+            shown = b"" if flags & os.O_TRUNC else self.content()
+            return RefWriteHandle(self, self.repo, "HEAD", None, pid_of(req), shown)
         return await super().open(flags, req)
 
     async def setattr(
@@ -106,9 +105,8 @@ class RefFile(RepoFile):
     async def open(self, flags: int, req: RequestContext) -> Handle:
         if wants_write(flags):
             old = self.ctx.refs.get(self.repo.id, self.ref)
-            trunc = bool(flags & os.O_TRUNC)
-            shown = b"" if trunc or old is None else f"{old}\n".encode()
-            return RefWriteHandle(self, self.repo, self.ref, old, pid_of(req), shown, trunc)
+            shown = b"" if flags & os.O_TRUNC or old is None else f"{old}\n".encode()
+            return RefWriteHandle(self, self.repo, self.ref, old, pid_of(req), shown)
         return await super().open(flags, req)
 
     async def setattr(
@@ -135,9 +133,10 @@ class NewRefFile(RefFile):
 
 
 def _truncate_only(node: RepoFile, attr: Any, fields: Any, handle: Handle | None) -> Any:
-    """A truncate to 0 of an open ref or HEAD, and touch: accepted (the next write replaces
-    it whole; a close with nothing written is EINVAL, see RefWriteHandle.flush). A truncate
-    by path (no open handle), or to another size, would leave no ref: EINVAL."""
+    """O_TRUNC at open (as any `>` does), a truncate to 0 of an open ref or HEAD, and touch:
+    accepted (the next write replaces it whole; after an ftruncate, a close with nothing
+    written is EINVAL, see RefWriteHandle.flush). A truncate by path (no open handle), or
+    to another size, would leave no ref: EINVAL."""
     if fields.update_mode or fields.update_uid or fields.update_gid:
         fail(errno.EPERM, f"{node.path}: its mode and owner cannot be changed")
     if fields.update_size and (not isinstance(handle, RefWriteHandle) or attr.st_size != 0):

@@ -196,7 +196,6 @@ class RefWriteHandle(Handle):
         old: str | None,
         pid: int,
         shown: bytes = b"",
-        emptied: bool = False,
     ) -> None:
         super().__init__(node)
         self.repo = repo
@@ -205,7 +204,7 @@ class RefWriteHandle(Handle):
         self.pid = pid
         self.buf = bytearray()
         self.shown: bytes | None = shown  # the value at open, until written or truncated
-        self.emptied = emptied  # opened O_TRUNC or truncated to 0: a close must bring a value
+        self.emptied = False  # ftruncate()d to 0 and nothing written since: no value at close
         self.applied = False
 
     async def read(self, off: int, size: int) -> bytes:
@@ -217,6 +216,7 @@ class RefWriteHandle(Handle):
         if self.applied:
             fail(errno.EINVAL, f"{self.node.path}: one line per open")
         end = off + len(buf)
+        self.emptied = False  # (a value was meant: a refused one already had its errno)
         refuse_long(self.ref, self.node.path, end, line_cap(self.ref, None))
         self.shown = None
         if len(self.buf) < end:
@@ -235,7 +235,7 @@ class RefWriteHandle(Handle):
             return
         if self.buf:
             await self.apply()
-        elif self.emptied:  # (`truncate -s 0 REF`, `: > REF`): an empty ref is no value
+        elif self.emptied:  # (`truncate -s 0 REF`): an empty ref is no value
             fail(errno.EINVAL, f"{self.node.path}: emptied and closed; a ref is not emptied")
 
 
@@ -307,6 +307,7 @@ class LockHandle(Handle):
     async def write(self, off: int, buf: bytes) -> int:
         b = self.lock.buf
         end = off + len(buf)
+        self.emptied = False  # (a value was meant: a refused one already had its errno)
         refuse_long(self.lock.ref, self.lock.path, end, line_cap(self.lock.ref, self.lock.old))
         if len(b) < end:
             b.extend(bytes(end - len(b)))
