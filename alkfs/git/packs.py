@@ -1255,10 +1255,10 @@ class Derived:
         old, self._current = self._current, gen
         self._tell(old, gen)
 
-    def verify(self) -> str | None:
-        """Re-check every file of the published set (trailer checksums, each idx's copy
-        of its pack's, sizes); None if sound, else what is wrong."""
-        gen = self._current
+    def verify(self, gen: Generation | None = None) -> str | None:
+        """Re-check every file of `gen` (default: the published set): trailer checksums,
+        each idx's copy of its pack's, sizes. None if sound, else what is wrong."""
+        gen = self._current if gen is None else gen
         if gen is None:
             return None
         try:
@@ -1272,20 +1272,19 @@ class Derived:
 
     def withdraw_if_corrupt(self) -> str | None:
         """`verify` the published set; one that fails is withdrawn (logged, and left in
-        `last_error` for status until the next build rebuilds it). What was wrong, or
-        None. Two checks at once (the mount's start, a `verify`) withdraw it once: the
-        second finds it replaced."""
-        with self.lock:  # (re-entrant: withdraw takes it again)
-            gen = self._current
-            problem = self.verify()
-            if problem is None or gen is None:
-                return None
-            if self.withdraw(only=gen):
-                log.error(
-                    "derived %s: the published set is corrupt, withdrawn: %s", self.fmt, problem
-                )
-                self.last_error = f"withdrawn at verify: {problem}"
-            return problem
+        `last_error` for status until the next build rebuilds it). What was wrong, or None
+        (also when another check withdrew or a build replaced that set meanwhile: two
+        checks at once, the mount's start and a `verify`, withdraw it once). The reads run
+        outside the set's lock; `withdraw(only=...)` decides under it."""
+        gen = self._current
+        if gen is None:
+            return None
+        problem = self.verify(gen)
+        if problem is None or not self.withdraw(only=gen):
+            return None
+        log.error("derived %s: the published set is corrupt, withdrawn: %s", self.fmt, problem)
+        self.last_error = f"withdrawn at verify: {problem}"
+        return problem
 
     def withdraw(self, wait: bool = True, only: Generation | None = None) -> bool:
         """Publish an empty set (every object is served loose until the next build).
