@@ -114,7 +114,7 @@ class PackIndex:
 
     def __init__(self, path: Path, fmt: str) -> None:
         self.path = path
-        self.hlen = 20 if fmt == "sha1" else 32
+        self.hlen = FORMATS[fmt].digest_len
         data = path.read_bytes()
         if data[:8] != b"\xfftOc\x00\x00\x00\x02":
             raise StoreIO(f"{path}: not an idx v2 file")
@@ -344,7 +344,7 @@ def ordered_objects(
 
     `objects` maps digest -> canonical bytes of every non-blob; `blobs` are the blob
     digests."""
-    n = 20 if fmt == "sha1" else 32
+    n = FORMATS[fmt].digest_len
     hexlen = 2 * n
     entry = _TREE_ENTRY[n]
     blob_set = set(blobs)
@@ -448,7 +448,7 @@ def ordered_incremental(
     write order. Tags, then commits newest first, then the new trees and blobs with their
     paths (walking the new trees from the new commits), then the previous set's other
     objects in its order, then what is left. Also the commits the graph may hold."""
-    n = 20 if fmt == "sha1" else 32
+    n = FORMATS[fmt].digest_len
     entry = _TREE_ENTRY[n]
     commits = _parse_commits(fetched, 2 * n)
     prev = set(previous)
@@ -789,11 +789,11 @@ class Derived:
 
     def _pack_objects(
         self, repo: Path, out: Path, order: Iterable[tuple[bytes, bytes]], *args: str
-    ) -> None:
+    ) -> str:
         """`git pack-objects` in `repo` of `order` ((digest, path) pairs, in git's input
-        order: the paths give its deltas) into a new pack in out/pack."""
+        order: the paths give its deltas) into a new pack in out/pack; its idx's name."""
         listing = b"".join(d.hex().encode() + (b" " + p if p else b"") + b"\n" for d, p in order)
-        self._git(
+        name = self._git(
             repo,
             "pack-objects",
             "-q",
@@ -802,6 +802,7 @@ class Derived:
             str(out / "pack" / "pack"),
             input=listing,
         )
+        return f"pack-{name.decode().strip()}.idx"  # (git prints the pack's checksum)
 
     def _git(
         self,
@@ -1088,12 +1089,10 @@ class Derived:
         self._write_loose(repo / "objects", kept())
         if not held:
             return set(), ""
-        before = {p.name for p in (out / "pack").glob("*.idx")}
-        self._pack_objects(repo, out, [(d, b"") for d in held])
-        made = [p.name for p in (out / "pack").glob("*.idx") if p.name not in before]
-        if len(made) != 1:
+        made = self._pack_objects(repo, out, [(d, b"") for d in held])
+        if not (out / "pack" / made).is_file():
             raise StoreIO(f"derived {self.fmt}: the staged objects' pack was not written")
-        return set(held), made[0]
+        return set(held), made
 
     def _finish(
         self,
@@ -1145,7 +1144,7 @@ class Derived:
         It leaves out what the previous set did and `left` (none recorded if that did not
         record its own). `drop`: without the previous set's pack of staged objects (a
         sweep deletes them: see _pack_staged); what it held is served loose."""
-        n = 20 if self.fmt == "sha1" else 32
+        n = FORMATS[self.fmt].digest_len
         number = self._next_number()
         tmp = self.root / f"tmp-{self._who}-{number}-{uuid.uuid4().hex[:8]}"
         linked: set[Path] = set()
