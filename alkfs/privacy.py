@@ -14,8 +14,8 @@ hold `alkfs.lock` (no daemon starts), read every object out of `store.db` and
 - `tighten` removes the group and other bits of an existing store made before this
   (or by hand), once, at open.
 
-`prepare` checks a store directory about to be opened and `settle` tightens it once it
-is open for writing (`Alkfs.open`, which the daemon and the command line use).
+`prepare` checks a store directory about to be opened (`Alkfs.open`, which the daemon
+and the command line use); `tighten_at_open` tightens it once `Store.open` holds its lock.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ def prepare(path: str | os.PathLike[str]) -> None:
     check_owner(root)
 
 
-def settle(path: str | os.PathLike[str]) -> None:
+def tighten_at_open(path: str | os.PathLike[str]) -> None:
     """Once the store is open for writing (its lock held, or a fleet's member): tighten
     whatever is loose, saying so in one log line. Never before: a process the lock
     refuses, or one opened beside the lock holder, changes nothing of the store."""

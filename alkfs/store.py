@@ -210,7 +210,7 @@ class Store:
         lock_fd = cls._take_lock(root) if lock and not member else None
         try:
             if lock:  # (the lock held, or a fleet's member; before sqlite makes -wal, -shm)
-                privacy.settle(root)
+                privacy.tighten_at_open(root)
             db = open_database(root, database, lock="shared" if member else lock)
             try:
                 meta = settle(db, root, mode, threshold, DEFAULT_THRESHOLD)
