@@ -446,15 +446,20 @@ def minor_faults(pid: int) -> int:
 def test_a_large_write_reuses_the_daemons_memory_instead_of_faulting_it_in(start_mount, tmp_path):
     """main() asks glibc to keep freed megabytes (keep_freed_memory): the 1 MiB buffers of
     each WRITE then reuse memory the previous ones freed. A 64 MiB cp into /pins after
-    another one: ~6,000 page faults in the daemon without it (~100 a MiB, each costly on
-    this VM), 3-4 with it (measured here)."""
+    another one: 5,800-7,100 page faults in the daemon without it (~100 a MiB, each costly
+    on this VM), 3-260 with it (measured here). The best of three copies after the first
+    is held to the bound: something else in the daemon may fault in a few MiB during one
+    copy (CI once counted 2,051 in the last, two fresh 4 MiB buffers' worth), but without
+    keep_freed_memory no copy comes near it."""
     m = start_mount()
     rng = random.Random(9)
-    for i in range(3):
+    counts = []
+    for i in range(4):
         src = tmp_path / f"big-{i}"
         src.write_bytes(rng.randbytes(64 << 20))
         before = minor_faults(m.pid)
         subprocess.run(["cp", str(src), str(m.mnt / "pins" / f"big-{i}")], check=True)
-        faults = minor_faults(m.pid) - before
+        counts.append(minor_faults(m.pid) - before)
         assert (m.mnt / "pins" / f"big-{i}").stat().st_size == 64 << 20
-    assert faults < 2_000, faults
+        src.unlink()
+    assert min(counts[1:]) < 2_000, counts
