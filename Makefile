@@ -21,14 +21,17 @@ apt:
 	fi
 
 # pyfuse3 is built from its sdist with third_party/pyfuse3-noflush.patch (FileInfo.noflush:
-# no FLUSH round trip when a read-only file is closed), then the project on top of it.
-$(STAMP): pyproject.toml third_party/pyfuse3-noflush.patch | apt
+# no FLUSH round trip when a read-only file is closed; FileInfo.cache_readdir) and
+# third_party/pyfuse3-fastread.patch (a queued request is read without waiting for the
+# fd first), then the project on top of it.
+PATCHES := third_party/pyfuse3-noflush.patch third_party/pyfuse3-fastread.patch
+$(STAMP): pyproject.toml $(PATCHES) | apt
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	rm -rf build/pyfuse3 && mkdir -p build/pyfuse3
 	$(PY) -m pip download -q --no-deps --no-binary pyfuse3 -d build/pyfuse3 pyfuse3==$(PYFUSE3)
 	tar xzf build/pyfuse3/pyfuse3-$(PYFUSE3).tar.gz -C build/pyfuse3
-	patch -s -d $(PYFUSE3_SRC) -p1 < third_party/pyfuse3-noflush.patch
+	for p in $(PATCHES); do patch -s -d $(PYFUSE3_SRC) -p1 < $$p || exit 1; done
 	rm -f $(PYFUSE3_SRC)/src/pyfuse3/__init__.c
 	$(PY) -m pip install -q --force-reinstall --no-deps $(PYFUSE3_SRC)
 	$(PY) -m pip install -q -e '.[dev]'
