@@ -103,3 +103,20 @@ def put(m, data: bytes) -> str:
     finally:
         os.close(fd)
     return sha(data)
+
+
+def open_fds(pid: int) -> dict[int, str]:
+    """The process's open descriptors and what each is, skipping one closed while they
+    are listed (a daemon's guard opens a namespace handle and closes it as it starts)."""
+    out = {}
+    for name in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            out[int(name)] = os.readlink(f"/proc/{pid}/fd/{name}")
+        except FileNotFoundError:
+            continue
+    return out
+
+
+def fuse_fds(pid: int) -> list[int]:
+    """The process's descriptors of /dev/fuse."""
+    return [fd for fd, target in open_fds(pid).items() if target == "/dev/fuse"]

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 from crash_helpers import start, wait_until
-from helpers import write_close
+from helpers import fuse_fds, open_fds, write_close
 
 SYS_PIDFD_GETFD = 438  # (x86-64 and arm64 alike)
 STAT_TIMEOUT_S = 20.0  # a hung mount makes `stat -f` wait until this kills it
@@ -53,11 +53,7 @@ def guard_of(pid: int) -> int:
 
 def take_fuse_fd(pid: int) -> int:
     """A copy, in this process, of the daemon's /dev/fuse descriptor."""
-    (target,) = [
-        int(fd)
-        for fd in os.listdir(f"/proc/{pid}/fd")
-        if os.readlink(f"/proc/{pid}/fd/{fd}") == "/dev/fuse"
-    ]
+    (target,) = fuse_fds(pid)
     libc = ctypes.CDLL(None, use_errno=True)
     pidfd = os.pidfd_open(pid)
     try:
@@ -110,15 +106,8 @@ def test_a_clean_stop_aborts_nothing_and_leaves_no_guard(start_mount):
 
 
 def fd_targets(pid: int) -> list[str]:
-    """What the process's open files are, skipping one closed while they are listed (the
-    guard opens its namespace handle and closes it again while it starts)."""
-    out = []
-    for fd in os.listdir(f"/proc/{pid}/fd"):
-        try:
-            out.append(os.readlink(f"/proc/{pid}/fd/{fd}"))
-        except FileNotFoundError:
-            continue
-    return out
+    """What the process's open files are (helpers.open_fds)."""
+    return list(open_fds(pid).values())
 
 
 def guard_ready(guard: int) -> bool:
