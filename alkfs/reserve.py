@@ -3,7 +3,8 @@
 `STORE/reserve` is a preallocated file (0600) of `size` bytes: min(64 MiB, max(8 MiB,
 1 % of the filesystem)), never more than an eighth of it. It is made once the
 filesystem has less than ARM_FACTOR * size free (looked at when the store opens, then
-at puts, at most once every ARM_EVERY_S), so a store on a roomy disk holds none.
+at puts, at most once every ARM_EVERY_S, or just before by the daemon's backfill:
+`look_ahead`), so a store on a roomy disk holds none.
 
 sqlite needs free space even to delete (its WAL grows before anything is freed). When
 a write finds the disk full (`hit`: ENOSPC, EDQUOT, SQLITE_FULL), the store first drops
@@ -41,6 +42,7 @@ RESERVE_MAX = 64 << 20
 RESERVE_MIN = 8 << 20
 ARM_FACTOR = 16  # the reserve is made once less than this many times its size is free
 ARM_EVERY_S = 1.0  # how often a put looks at the free space while there is no reserve
+LOOK_AHEAD_S = 0.5  # `look_ahead` looks this long before a put would have to
 FILE_MODE = 0o600
 NO_SPACE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
 MIB = 1 << 20
@@ -121,6 +123,18 @@ class Reserve:
     def settled(self) -> bool:
         """Whether `admit` would answer now without looking at the disk."""
         return not self.full and (self.have or not self.size or time.monotonic() < self._next_look)
+
+    def look_ahead(self) -> None:
+        """Look at the free space now if a put would have to within LOOK_AHEAD_S (from a
+        thread that may wait: the daemon's backfill), so that the puts that must not
+        wait keep finding the reserve settled instead of each second's one waiting."""
+        if self.full or self.have or not self.size:
+            return
+        now = time.monotonic()
+        if now + LOOK_AHEAD_S < self._next_look:
+            return
+        self._next_look = now + ARM_EVERY_S
+        self._arm("ahead of the puts")
 
     def admit(self) -> None:
         """Before a new object is written: NoSpace while the disk is full."""

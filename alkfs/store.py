@@ -324,6 +324,15 @@ class Store:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def backfill(self) -> None:
+        """What the database asks for between the puts that must not wait (its
+        `on_backfill`; on a thread that may wait): its log written into its file, and the
+        reserve's look at the disk made ahead of them (`Reserve.look_ahead`)."""
+        if self.db is not None:
+            self.db.backfill()
+        if self.reserve is not None:
+            self.reserve.look_ahead()
+
     # -- puts -----------------------------------------------------------------
     @_counted
     def put(

@@ -223,7 +223,8 @@ async def _sweeper(ctx: Context, every: float) -> None:
 async def _backfill(ctx: Context) -> None:
     """The database's log written into its file beside the commits, when it asks
     (`on_backfill`, alkfs/db/sqlite.py): the small files' commits on this loop never
-    checkpoint, so the one that must then copies only what arrived since."""
+    checkpoint, so the one that must then copies only what arrived since; the reserve
+    looks at the disk there too, ahead of them (`Store.backfill`)."""
     db = ctx.store.db
     assert db is not None
     token = trio.lowlevel.current_trio_token()
@@ -237,7 +238,7 @@ async def _backfill(ctx: Context) -> None:
     try:
         async for _ in due:
             try:
-                await ctx.run_sync(db.backfill)
+                await ctx.run_sync(ctx.store.backfill)
             except AlkfsError as exc:  # (the next commit's checkpoint does it then)
                 log.warning("backfill of the database's log failed: %s", exc)
     finally:

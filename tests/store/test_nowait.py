@@ -8,6 +8,7 @@ import os
 import pysqlite3.dbapi2 as sqlite3
 import pytest
 
+from alkfs import reserve as reserve_mod
 from alkfs.db import sqlite as sqlite_engine
 from alkfs.errors import WouldWait
 from alkfs.keys import Algorithm
@@ -143,9 +144,52 @@ def test_puts_that_never_wait_ask_for_a_backfill_every_backfill_commits(tmp_path
             except WouldWait:  # (the checkpoint's turn: not asked then, see _posture)
                 refused += 1
         assert refused == 1
-        assert len(asked) == sqlite_engine.NOWAIT_COMMITS // sqlite_engine.BACKFILL_COMMITS - 1
+        # every BACKFILL_COMMITS, and once BACKFILL_LEAD commits before the refused one
+        assert len(asked) == sqlite_engine.NOWAIT_COMMITS // sqlite_engine.BACKFILL_COMMITS
         store.put(b"a waiting put asks for nothing\n").pin.release()
-        assert len(asked) == 3
+        assert len(asked) == 4
+    finally:
+        col.store.close()
+
+
+def test_the_last_backfill_before_the_refused_commit_comes_backfill_lead_commits_ahead(tmp_path):
+    col = open_column("kv-only", tmp_path, threshold=1 << 17)
+    try:
+        store = looked(col.store)
+        asked_at: list[int] = []
+        puts: list[int] = [0]
+        store.db.on_backfill = lambda: asked_at.append(puts[0])
+        while True:
+            try:
+                store.put(b"put %d\n" % puts[0], wait=False).pin.release()
+            except WouldWait:  # the refused one: its checkpoint copies what came since
+                break
+            puts[0] += 1
+        assert puts[0] == sqlite_engine.NOWAIT_COMMITS - 1
+        assert puts[0] - asked_at[-1] == sqlite_engine.BACKFILL_LEAD
+    finally:
+        col.store.close()
+
+
+def test_the_backfill_looks_at_the_disk_ahead_of_the_puts_that_never_wait(tmp_path, monkeypatch):
+    """No reserve on a roomy disk: a put looks at the free space once every ARM_EVERY_S,
+    and a put that must not wait cannot look (WouldWait: it is put from a worker thread,
+    a waiting commit). The backfill looks ahead instead, so those puts go on."""
+    col = open_column("kv-only", tmp_path, threshold=1 << 17)
+    try:
+        store = looked(col.store)
+        reserve = store.reserve
+        assert reserve is not None and reserve.size and not reserve.have
+        clock = [reserve_mod.time.monotonic()]
+        monkeypatch.setattr(reserve_mod.time, "monotonic", lambda: clock[0])
+        store.put(b"within the second\n", wait=False).pin.release()
+        clock[0] += reserve_mod.ARM_EVERY_S - reserve_mod.LOOK_AHEAD_S / 2  # due soon
+        store.backfill()
+        clock[0] += reserve_mod.LOOK_AHEAD_S  # past the first look's second
+        store.put(b"after the second\n", wait=False).pin.release()
+        clock[0] += reserve_mod.ARM_EVERY_S  # and past the backfill's look: a put looks
+        with pytest.raises(WouldWait, match="reserve needs a look"):
+            store.put(b"nobody looked\n", wait=False)
     finally:
         col.store.close()
 
