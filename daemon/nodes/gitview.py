@@ -108,14 +108,12 @@ class GitDir(StaticDir):
         if known is None:  # the kernel holds no entry of it, in any directory
             return [(fan.ino, rest, 0)]
         out = [(fan.ino, rest, known.ino)]
-        refs = self.ctx.refs
-        if refs is not None:
-            fmt = "sha1" if key.algo is Algorithm.GIT_SHA1 else "sha256"
-            for repo in refs.repos():
-                if repo.object_format == fmt:
-                    d = self.ctx.inodes.known(repo_fanout_ident(repo, key.hex[:2].encode()))
-                    if d is not None:
-                        out.append((d.ino, rest, known.ino))
+        fmt = "sha1" if key.algo is Algorithm.GIT_SHA1 else "sha256"
+        for repo in self.ctx.refs.repos():
+            if repo.object_format == fmt:
+                d = self.ctx.inodes.known(repo_fanout_ident(repo, key.hex[:2].encode()))
+                if d is not None:
+                    out.append((d.ino, rest, known.ino))
         return out
 
 

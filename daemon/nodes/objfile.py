@@ -192,10 +192,7 @@ class ObjectFile(File):
 
     # -- extended attributes -----------------------------------------------------------------
     def _pin_names(self) -> list[str]:
-        pins = self.ctx.pins
-        if pins is None:
-            return []
-        return sorted(str(n) for n in pins.names_for(self.key))
+        return sorted(str(n) for n in self.ctx.pins.names_for(self.key))
 
     def _git_type(self) -> str:
         store = self.ctx.store
@@ -230,7 +227,7 @@ class ObjectFile(File):
             return self._git_type().encode()
         if name == X_PINS:
             return ",".join(self._pin_names()).encode()
-        if name.startswith(X_PIN) and self.ctx.pins is not None:
+        if name.startswith(X_PIN):
             pin_name = name[len(X_PIN) :].decode("utf-8", "surrogateescape")
             rec = self.ctx.pins.get(pin_name)
             if rec is not None and rec.key == self.key:

@@ -24,12 +24,6 @@ if TYPE_CHECKING:
 PIN_LOCK = threading.Lock()
 
 
-def pins_of(ctx: Context) -> Any:
-    if ctx.pins is None:
-        fail(errno.ENOTSUP, "pins are not available on this store")
-    return ctx.pins
-
-
 def pins_dir_ino(ctx: Context) -> int | None:
     node = ctx.inodes.known(("dir", "/pins"))
     return None if node is None else node.ino
@@ -91,18 +85,14 @@ def unpin(pins: Any, name: str, key: Key | None = None) -> None:
 
 async def pin_object(ctx: Context, name: str, key: Key) -> None:
     """setfattr -n user.alkfs.pin.NAME: EINVAL bad name, EEXIST taken, ENOENT gone."""
-    pins = pins_of(ctx)
-    await ctx.run_sync(pin, pins, name, key)
+    await ctx.run_sync(pin, ctx.pins, name, key)
     changed(ctx, name)
 
 
 async def unpin_object(ctx: Context, name: str, key: Key) -> None:
     """setfattr -x user.alkfs.pin.NAME: ENODATA unless NAME pins this object."""
-    pins = ctx.pins
-    if pins is None:
-        fail(errno.ENODATA)
     try:
-        await ctx.run_sync(unpin, pins, name, key)
+        await ctx.run_sync(unpin, ctx.pins, name, key)
     except Missing:
         fail(errno.ENODATA, f"no pin {name!r} on {key}")
     changed(ctx, name)

@@ -92,19 +92,17 @@ class PinsDir(Dir):
         staged = self.staged.get(name)
         if staged is not None:
             return staged
-        pins = self.ctx.pins
         text = _text(name)
-        if pins is None or text is None or not valid_pin_name(text):
+        if text is None or not valid_pin_name(text):
             fail(errno.ENOENT)
-        rec = pins.get(text)
+        rec = self.ctx.pins.get(text)
         if rec is None:
             fail(errno.ENOENT)
         return PinLink(self.ctx, self, rec)
 
     async def readdir(self, dh: DirHandle, start: int, emit: Emit) -> None:
         def entries() -> list[tuple[bytes, Node]]:
-            pins = self.ctx.pins
-            records = pins.list() if pins is not None else []
+            records = self.ctx.pins.list()
             out: list[tuple[bytes, Node]] = [
                 (r.name.encode(), PinLink(self.ctx, self, r)) for r in records
             ]
@@ -125,16 +123,11 @@ class PinsDir(Dir):
         if name in self.staged:
             return True
         text = _text(name)
-        return (
-            text is not None
-            and valid_pin_name(text)
-            and pinning.pins_of(self.ctx).get(text) is not None
-        )
+        return text is not None and valid_pin_name(text) and self.ctx.pins.get(text) is not None
 
     async def create(
         self, name: bytes, mode: int, flags: int, req: RequestContext
     ) -> tuple[Node, Handle]:
-        pinning.pins_of(self.ctx)
         if not _writable_name(name):
             fail(
                 errno.EINVAL,
@@ -148,7 +141,7 @@ class PinsDir(Dir):
         return node, node.new_handle(flags)
 
     async def symlink(self, name: bytes, link: bytes, req: RequestContext) -> Node:
-        pins = pinning.pins_of(self.ctx)
+        pins = self.ctx.pins
         text = _text(name)
         if text is None or not valid_pin_name(text):
             fail(errno.EINVAL, f"invalid pin name {_shown(name)}")
@@ -192,7 +185,7 @@ class PinsDir(Dir):
         text = self._pin_name(node)
         if text is None:
             return None
-        return pinning.put_pinned(pinning.pins_of(self.ctx), text, data, node.key, wait)
+        return pinning.put_pinned(self.ctx.pins, text, data, node.key, wait)
 
     def publish_in_thread(self, node: StagedFile, result: PutResult, wait: bool) -> None:
         """After the put (content that was spooled): a pin name is pinned, then the
@@ -204,7 +197,7 @@ class PinsDir(Dir):
             return
         if not wait:
             raise WouldWait("a pin is written from a worker thread")
-        pinning.pin(pinning.pins_of(self.ctx), text, result.key, node.key)
+        pinning.pin(self.ctx.pins, text, result.key, node.key)
         result.pin.release()
 
     def stored_file(self, st: ObjectStat) -> File:
@@ -247,7 +240,7 @@ class PinsDir(Dir):
     async def unlink(self, name: bytes, req: RequestContext) -> None:
         if self._drop(name):
             return
-        pins = pinning.pins_of(self.ctx)
+        pins = self.ctx.pins
         text = _text(name)
         if text is None or not valid_pin_name(text):
             fail(errno.ENOENT)
@@ -260,7 +253,7 @@ class PinsDir(Dir):
             fail(errno.EINVAL, "pins cannot be exchanged")
         if new_parent is not self:
             fail(errno.EXDEV, "a pin can only be renamed within /pins")
-        pins = pinning.pins_of(self.ctx)
+        pins = self.ctx.pins
         staged = self.staged.get(name)
         text = _text(name)
         is_pin = (

@@ -122,22 +122,15 @@ class ReposDir(Dir):
     def __init__(self, ctx: Context, parent: Node) -> None:
         super().__init__(ctx, ("dir", "/repos"), parent, b"repos")
 
-    def _refs(self) -> Any:
-        refs = self.ctx.refs
-        if refs is None:
-            fail(errno.ENOENT, "repositories are not available")
-        return refs
-
     async def lookup(self, name: bytes, req: RequestContext) -> Node:
         repo_id = text_of(name)
         if repo_id is None or not valid_repo_id(repo_id):
             fail(errno.ENOENT)
-        return RepoDir(self.ctx, self, self._refs().repo(repo_id))  # Missing: ENOENT
+        return RepoDir(self.ctx, self, self.ctx.refs.repo(repo_id))  # Missing: ENOENT
 
     async def readdir(self, dh: DirHandle, start: int, emit: Emit) -> None:
         def entries() -> Entries:
-            refs = self.ctx.refs
-            repos = refs.repos() if refs is not None else []
+            repos = self.ctx.refs.repos()
             return [(r.id.encode(), RepoDir(self.ctx, self, r)) for r in repos]
 
         await readdir_snapshot(dh, start, emit, entries)
@@ -146,7 +139,7 @@ class ReposDir(Dir):
         repo_id = text_of(name)
         if repo_id is None or not valid_repo_id(repo_id):
             fail(errno.EINVAL, f"invalid repository id {name!r}")
-        refs = self._refs()
+        refs = self.ctx.refs
         repo = await self.ctx.run_sync(refs.create_repo, repo_id)  # Exists: EEXIST
         return RepoDir(self.ctx, self, repo)
 
@@ -154,7 +147,7 @@ class ReposDir(Dir):
         repo_id = text_of(name)
         if repo_id is None or not valid_repo_id(repo_id):
             fail(errno.ENOENT)
-        refs = self._refs()
+        refs = self.ctx.refs
         repo = refs.repo(repo_id)  # Missing: ENOENT
         await self.ctx.run_sync(refs.delete_repo_if_empty, repo_id)  # NotEmpty: ENOTEMPTY
         self.ctx.writes.forget_repo(repo_key(repo))
@@ -273,7 +266,6 @@ class RepoDir(Dir):
         if fmt not in FORMATS:
             fail(errno.EINVAL, f"{value!r} is not an object format (sha1, sha256)")
         refs = self.ctx.refs
-        assert refs is not None
         this = repo_key(self.repo)
         # NotEmpty (ENOTEMPTY) once a ref exists; Missing (ENOENT) if removed meanwhile
         new = await self.ctx.run_sync(refs.set_object_format, self.repo.id, fmt)
