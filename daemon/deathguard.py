@@ -107,7 +107,7 @@ def _open(conn: int) -> tuple[int, int]:
     libc = ctypes.CDLL(None, use_errno=True)
     base = f"{CONNECTIONS}/{conn}"
     if os.path.isdir(base):
-        return os.open(f"{base}/abort", os.O_WRONLY), os.open(f"{base}/waiting", os.O_RDONLY)
+        return open_pair(base)
     home = os.open("/proc/self/ns/mnt", os.O_RDONLY)
     try:
         if (
@@ -118,14 +118,37 @@ def _open(conn: int) -> tuple[int, int]:
             err = ctypes.get_errno()
             raise OSError(err, f"cannot mount fusectl: {os.strerror(err)}")
         try:
-            files = os.open(f"{base}/abort", os.O_WRONLY), os.open(f"{base}/waiting", os.O_RDONLY)
-        finally:
-            if libc.setns(home, CLONE_NEWNS) != 0:  # (back: never keep a copy of the mount)
-                err = ctypes.get_errno()
-                raise OSError(err, f"cannot return to the mount namespace: {os.strerror(err)}")
+            files = open_pair(base)
+        except BaseException:
+            _back(libc, home)
+            raise
+        try:
+            _back(libc, home)
+        except OSError:
+            for fd in files:
+                os.close(fd)
+            raise
         return files
     finally:
         os.close(home)
+
+
+def _back(libc: ctypes.CDLL, home: int) -> None:
+    """Back into the mount namespace `home` (never keep a copy of the mounts)."""
+    if libc.setns(home, CLONE_NEWNS) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"cannot return to the mount namespace: {os.strerror(err)}")
+
+
+def open_pair(base: str) -> tuple[int, int]:
+    """`base`/abort (to write) and `base`/waiting (to read), opened; neither is left open
+    when the second cannot be."""
+    abort = os.open(f"{base}/abort", os.O_WRONLY)
+    try:
+        return abort, os.open(f"{base}/waiting", os.O_RDONLY)
+    except BaseException:
+        os.close(abort)
+        raise
 
 
 def answers(mnt: str, within: float) -> bool:

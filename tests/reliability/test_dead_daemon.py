@@ -151,3 +151,26 @@ def test_an_external_unmount_ends_the_daemon_once_its_guard_is_ready(start_mount
     assert m.proc.wait(timeout=20) == 0
     assert not Path(f"/proc/{guard}").exists()
     assert "aborting FUSE connection" not in m.log()
+
+
+def test_the_guards_pair_of_files_is_opened_whole_or_not_at_all(tmp_path: Path) -> None:
+    """`open_pair` (the connection's abort and waiting files): when the second cannot be
+    opened the first is closed again, so a guard that gives up leaks no descriptor."""
+    from alkfsd.deathguard import open_pair
+
+    conn = tmp_path / "42"
+    conn.mkdir()
+    (conn / "abort").write_bytes(b"")
+    before = open_fds(os.getpid())
+    with pytest.raises(FileNotFoundError):
+        open_pair(str(conn))  # (no `waiting`)
+    assert open_fds(os.getpid()) == before
+    (conn / "waiting").write_bytes(b"0\n")
+    abort, waiting = open_pair(str(conn))
+    try:
+        assert os.readlink(f"/proc/self/fd/{abort}") == str(conn / "abort")
+        assert os.read(waiting, 8) == b"0\n"
+    finally:
+        os.close(abort)
+        os.close(waiting)
+    assert open_fds(os.getpid()) == before
