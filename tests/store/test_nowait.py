@@ -132,41 +132,27 @@ def test_puts_that_never_wait_keep_the_wal_bounded(tmp_path):
 
 
 def test_puts_that_never_wait_ask_for_a_backfill_every_backfill_commits(tmp_path):
-    col = open_column("kv-only", tmp_path, threshold=1 << 17)
-    try:
-        store = looked(col.store)
-        asked: list[int] = []
-        store.db.on_backfill = lambda: asked.append(1)
-        refused = 0
-        for i in range(sqlite_engine.NOWAIT_COMMITS):
-            try:
-                store.put(f"small file {i}\n".encode(), wait=False).pin.release()
-            except WouldWait:  # (the checkpoint's turn: not asked then, see _posture)
-                refused += 1
-        assert refused == 1
-        # every BACKFILL_COMMITS, and once BACKFILL_LEAD commits before the refused one
-        assert len(asked) == sqlite_engine.NOWAIT_COMMITS // sqlite_engine.BACKFILL_COMMITS
-        store.put(b"a waiting put asks for nothing\n").pin.release()
-        assert len(asked) == 4
-    finally:
-        col.store.close()
-
-
-def test_the_last_backfill_before_the_refused_commit_comes_backfill_lead_commits_ahead(tmp_path):
+    """... and once more BACKFILL_LEAD commits before the refused one (whose checkpoint
+    then copies only what came since)."""
     col = open_column("kv-only", tmp_path, threshold=1 << 17)
     try:
         store = looked(col.store)
         asked_at: list[int] = []
-        puts: list[int] = [0]
+        puts = [0]
         store.db.on_backfill = lambda: asked_at.append(puts[0])
-        while True:
+        refused_at = []
+        for i in range(sqlite_engine.NOWAIT_COMMITS):
             try:
-                store.put(b"put %d\n" % puts[0], wait=False).pin.release()
-            except WouldWait:  # the refused one: its checkpoint copies what came since
-                break
-            puts[0] += 1
-        assert puts[0] == sqlite_engine.NOWAIT_COMMITS - 1
-        assert puts[0] - asked_at[-1] == sqlite_engine.BACKFILL_LEAD
+                store.put(f"small file {i}\n".encode(), wait=False).pin.release()
+                puts[0] += 1
+            except WouldWait:  # (the checkpoint's turn: not asked then, see _posture)
+                refused_at.append(puts[0])
+        assert refused_at == [sqlite_engine.NOWAIT_COMMITS - 1]
+        every = sqlite_engine.BACKFILL_COMMITS
+        lead = sqlite_engine.BACKFILL_LEAD
+        assert asked_at == [every - 1, 2 * every - 1, 3 * every - 1, refused_at[0] - lead]
+        store.put(b"a waiting put asks for nothing\n").pin.release()
+        assert len(asked_at) == 4
     finally:
         col.store.close()
 
