@@ -83,6 +83,9 @@ class Served:
         self._base: dict[str, tuple[int, dict[int, list[bytes]]]] = {}
         self._new: dict[str, tuple[int, Version, dict[int, list[bytes]]]] = {}
         self._memo: dict[tuple[str, int], tuple[tuple[int, Version], list[bytes]]] = {}
+        # (generation, mark) at which a prefix listed nothing: most do, in a packed store,
+        # and an empty listing can only fill with a put of ours (a deletion empties)
+        self._none: dict[tuple[str, int], tuple[int, int]] = {}
         # (Store.puts, value) of the kv table's highest row id per format and of the large
         # tier's prefix directories: see `_mark`
         self._tops: dict[str, tuple[int, int]] = {}
@@ -124,12 +127,14 @@ class Served:
         gen = self.packed(fmt)
         if gen is None:
             return None
+        mark = self._mark()
+        if mark is not None and self._none.get((fmt, prefix)) == (gen.number, mark):
+            return []  # (listed empty at this set and mark: only a put of ours adds one)
         d = self.derived[fmt]
         base = self._base.get(fmt)
         if base is None or base[0] != gen.number:
             base = (gen.number, await self.ctx.run_sync(self._left_out, d, gen))
             self._base[fmt] = base
-        mark = self._mark()
         version: Version = (await self._top(fmt, d, mark), mark)
         new = self._new.get(fmt)
         if new is None or new[0] != gen.number or new[1] != version:
@@ -162,6 +167,8 @@ class Served:
             st = store.stat(Key(tag + digest))
             if st is not None:
                 out.append(st)
+        if not out and mark is not None and mark == self._mark():  # (no put ended meanwhile)
+            self._none[(fmt, prefix)] = (gen.number, mark)
         return out
 
     def _mark(self) -> int | None:

@@ -434,6 +434,35 @@ async def test_fanout_listings_read_the_table_again_only_after_a_put(tmp_path):
             conn.set_trace_callback(None)
 
 
+async def test_an_empty_fanout_listing_is_answered_again_without_a_look(tmp_path):
+    """Direct calls: a prefix that listed nothing lists nothing again without a look at
+    the set's records, the table's top or the large tier, while the set and the mark stay
+    (most of git's 256 listings a process, in a packed store); a put ends that."""
+    from alkfs.git.objects import canonical
+    from alkfs.keys import Algorithm
+
+    with direct(tmp_path) as (app, _ctx, s):
+        listed = {prefix: await s.unpacked("sha1", prefix) for prefix in range(256)}
+        empty = [prefix for prefix, out in listed.items() if out == []]
+        assert len(empty) == 256
+        looks: list[str] = []
+        top = s._top
+
+        async def counted_top(*args):
+            looks.append("top")
+            return await top(*args)
+
+        s._top = counted_top
+        for prefix in empty:
+            assert await s.unpacked("sha1", prefix) == []
+        assert looks == []
+        key = app.store.add(
+            canonical("blob", b"after the empty listings\n"), algo=Algorithm.GIT_SHA1
+        )
+        assert await s.unpacked("sha1", key.digest[0]) == [app.store.stat(key)]
+        assert looks == ["top"]
+
+
 async def test_a_large_object_stored_after_the_listings_is_listed_at_once(tmp_path):
     """Direct calls: the large tier's prefix directories are known from one listing of
     its format's directory (none exist here until the put), read again after a put."""
