@@ -22,6 +22,7 @@ is one thread running git (`nice -n 10`); reads and writes go on meanwhile.
 
 from __future__ import annotations
 
+import calendar
 import collections
 import functools
 import logging
@@ -62,6 +63,20 @@ def _env_float(name: str, default: float) -> float:
         return float(os.environ.get(name, default))
     except ValueError:
         return default
+
+
+def since_built(last_built: float | None, gen: Generation | None) -> float:
+    """Seconds since a format's last build: this daemon's (`last_built`, monotonic), else
+    the published set's `built_at` (a set imported a minute before the mount started is
+    a minute old, not as old as the machine's uptime); unknown: very old."""
+    if last_built is not None:
+        return time.monotonic() - last_built
+    stamp = gen.meta.get("built_at") if gen is not None else None
+    try:
+        built = calendar.timegm(time.strptime(str(stamp), "%Y-%m-%dT%H:%M:%SZ"))
+    except ValueError:
+        return float("inf")
+    return max(0.0, time.time() - built)
 
 
 Version = tuple[int, int | None]  # (the kv table's highest row id, Served._mark())
@@ -382,7 +397,7 @@ async def run(ctx: Context) -> None:
                 new = await ctx.run_sync(d.new_since, gen)
                 if not new:
                     continue
-                since = time.monotonic() - s.last_built.get(fmt, 0.0)
+                since = since_built(s.last_built.get(fmt), gen)
                 if gen is None or new >= batch or since >= every:
                     await s.build(fmt, wait=False)
             except Exception:

@@ -16,12 +16,16 @@ from pathlib import Path
 
 import pytest
 import trio
+from alkfsd.packs import since_built
 from helpers import GIT_ENV
 
 from alkfs.app import Alkfs
 from alkfs.git.importer import import_repo
+from alkfs.git.packs import Generation
 
 FAST_INTAKE = {"ALKFS_PACK_EVERY": "0", "ALKFS_PACK_POLL": "0.2"}
+# an intake of two objects at once: neither lands alone in a pack of its own
+PAIR_INTAKE = {"ALKFS_PACK_EVERY": "3600", "ALKFS_PACK_OBJECTS": "2", "ALKFS_PACK_POLL": "0.2"}
 WAIT_S = 60.0  # bound of the polls below (never a timing assertion)
 
 
@@ -241,9 +245,24 @@ def pack_holding(mnt: Path, oid: str) -> str:
     raise AssertionError(f"no listed pack holds {oid}")
 
 
+def test_the_intake_counts_its_every_from_the_published_sets_build_not_from_boot(tmp_path):
+    # a daemon that has built nothing yet: the set `git import` published a moment ago is
+    # a moment old (before, its age was the machine's uptime: ALKFS_PACK_EVERY=3600 on a
+    # machine up for an hour packed the first loose object alone at once)
+    store, _src = imported_store(tmp_path)
+    number = int((store / "derived/sha1/CURRENT").read_text())
+    gen = Generation.load("sha1", number, store / "derived" / "sha1" / f"gen-{number}")
+    assert "built_at" in gen.meta
+    assert 0.0 <= since_built(None, gen) < 3600.0
+    assert since_built(None, None) == float("inf")  # no set: the first object is packed
+    gen.meta["built_at"] = "1970-01-02T00:00:00Z"
+    assert since_built(None, gen) > 3600.0
+    assert since_built(time.monotonic() - 7200.0, gen) >= 7200.0  # its own build first
+
+
 def test_an_open_handle_on_a_retired_pack_keeps_reading_the_same_bytes(start_mount, tmp_path):
     store, _src = imported_store(tmp_path)
-    m = start_mount(store, "--window", "1h", env=FAST_INTAKE)
+    m = start_mount(store, "--window", "1h", env=PAIR_INTAKE)
     mnt = m.mnt
     oid = put_loose(mnt, "sha1", b"in an intake pack, then staged\n")
     # (and a pinned one beside it: the staged pack, of oid alone, is not the intake pack
