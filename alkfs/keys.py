@@ -79,6 +79,8 @@ HASH_OF: dict[int, Callable[[bytes], Hasher]] = {  # the byte's hash, taking the
     Algorithm.GIT_SHA256.value: hashlib.sha256,
 }
 ALGORITHMS = tuple(Algorithm)
+_KEY_SIZE = {a.value: 1 + a.digest_len for a in Algorithm}  # a key's length by its first byte
+_PREFIX = {a: bytes([a.value]) for a in Algorithm}
 _HEX = re.compile(r"[0-9a-f]+\Z")
 
 
@@ -94,15 +96,19 @@ class Key:
     raw: bytes
 
     def __post_init__(self) -> None:
-        if not self.raw:
+        # (a table lookup, not Algorithm(byte): keys are made per object listed or read)
+        raw = self.raw
+        if not raw:
             raise Invalid("empty key")
-        algo = Algorithm.from_byte(self.raw[0])
-        if len(self.raw) != 1 + algo.digest_len:
+        size = _KEY_SIZE.get(raw[0])
+        if size is None:
+            Algorithm.from_byte(raw[0])  # (raises Invalid)
+        if len(raw) != size:
             raise Invalid("key has the wrong digest length")
 
     @classmethod
     def of(cls, algo: Algorithm, digest: bytes) -> Key:
-        return cls(bytes([algo.value]) + digest)
+        return cls(_PREFIX[algo] + digest)
 
     @classmethod
     def from_hex(cls, algo: Algorithm, hexdigest: str) -> Key:
