@@ -51,6 +51,21 @@ SQLITE_BUSY, SQLITE_LOCKED, SQLITE_IOERR, SQLITE_FULL = 5, 6, 10, 13
 SQLITE_IOERR_SHMSIZE = SQLITE_IOERR | (19 << 8)  # the -shm could not grow: no space
 
 
+class _Joined:
+    """A tx() inside another of the same thread: its connection, nothing to commit."""
+
+    __slots__ = ("conn",)
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self.conn = conn
+
+    def __enter__(self) -> sqlite3.Connection:
+        return self.conn
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
 class SqliteDatabase:
     """A sqlite file in WAL mode, `synchronous=NORMAL`, `busy_timeout=5000`, checked at open."""
 
@@ -172,10 +187,10 @@ class SqliteDatabase:
             raise exc
         raise err from exc
 
-    @contextlib.contextmanager
-    def tx(self, wait: bool = True) -> Iterator[sqlite3.Connection]:
+    def tx(self, wait: bool = True) -> contextlib.AbstractContextManager[sqlite3.Connection]:
         """One write transaction (BEGIN IMMEDIATE): all of it commits or none of it. A
-        tx() inside another of the same thread is part of it.
+        tx() inside another of the same thread is part of it (a `_Joined`: no generator,
+        as a small put's nested writes make two).
 
         A failing COMMIT is rolled back too (a full disk must not leave the thread's
         connection inside a transaction), and sqlite's failures leave as the store's
@@ -188,8 +203,11 @@ class SqliteDatabase:
         waiting retry meets it again."""
         conn = self.conn()
         if getattr(self._local, "in_tx", False):  # nested: part of this thread's transaction
-            yield conn
-            return
+            return _Joined(conn)
+        return self._tx(conn, wait)
+
+    @contextlib.contextmanager
+    def _tx(self, conn: sqlite3.Connection, wait: bool) -> Iterator[sqlite3.Connection]:
         self._posture(conn, wait)
         try:
             conn.execute("BEGIN IMMEDIATE")

@@ -32,12 +32,13 @@ class Tables:
                 for sql in ddl(table, "sqlite"):
                     self._mem.execute(sql)
 
-    @contextlib.contextmanager
-    def tx(self) -> Iterator[Any]:
+    def tx(self) -> contextlib.AbstractContextManager[Any]:
         if self._db is not None:
-            with self._db.tx() as conn:
-                yield conn
-            return
+            return self._db.tx()
+        return self._mem_tx()
+
+    @contextlib.contextmanager
+    def _mem_tx(self) -> Iterator[Any]:
         assert self._mem is not None
         with self._lock:
             self._mem.execute("BEGIN IMMEDIATE")
