@@ -146,6 +146,11 @@ class StagedFile(File):
         self.lock = trio.Lock()
         self.extra: Any = None  # the parent's own state (e.g. a pin it holds)
 
+    def ino_seed(self) -> int:
+        # (a serial of this process, mixed, not blake2b of the identity: a new file's
+        # number need not be the same in the next run; InodeTable skips one taken)
+        return self.ident[1] * 0x9E3779B97F4A7C15
+
     # -- attributes -----------------------------------------------------------------
     def mode(self) -> int:
         return stat.S_IFREG | self.perm
