@@ -23,8 +23,11 @@ apt:
 # pyfuse3 is built from its sdist with third_party/pyfuse3-noflush.patch (FileInfo.noflush:
 # no FLUSH round trip when a read-only file is closed; FileInfo.cache_readdir) and
 # third_party/pyfuse3-fastread.patch (a queued request is read without waiting for the
-# fd first), then the project on top of it.
-PATCHES := third_party/pyfuse3-noflush.patch third_party/pyfuse3-fastread.patch
+# fd first) and third_party/pyfuse3-cacheddirs.patch (OPENDIR/RELEASEDIR, and READDIR of
+# an empty listing, of directories whose kernel-cached listing is current answered in C),
+# then the project on top of it.
+PATCHES := third_party/pyfuse3-noflush.patch third_party/pyfuse3-fastread.patch \
+           third_party/pyfuse3-cacheddirs.patch
 $(STAMP): pyproject.toml $(PATCHES) | apt
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip

@@ -116,6 +116,8 @@ def _counted(fn: F) -> F:
             return fn(self, *args, **kwargs)
         finally:
             self.puts += 1
+            for hook in self.changed_hooks:
+                hook()
 
     return cast(F, counted)
 
@@ -165,6 +167,9 @@ class Store:
         # absent and saw no put end meanwhile may answer the same until one does.
         self.puts = 0
         self.deleted_hooks: list[Callable[[bytes], None]] = []
+        # called (in the calling thread) after every put ends and every deletion: what a
+        # listing of the store shows may have changed (the daemon's cached listings)
+        self.changed_hooks: list[Callable[[], None]] = []
         # Held around each batch of a sweep's deletions (the layers above register them:
         # alkfs/app.py adds the derived packs' guard).
         self.delete_guards: list[
@@ -964,6 +969,8 @@ class Store:
         with self._vlock:
             self._verified.pop(key, None)
             self.corrupt.discard(key)
+        for changed in self.changed_hooks:
+            changed()
         for hook in self.deleted_hooks:
             try:
                 hook(key)

@@ -210,6 +210,9 @@ class Context:
         writes = self.__dict__.pop("writes", None)
         if writes is not None:
             writes.close()
+        listings_: Listings | None = self.__dict__.get("listings")
+        if listings_ is not None:
+            listings_.close()
         try:
             self.store.deleted_hooks.remove(self._on_deleted)
         except ValueError:

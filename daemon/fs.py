@@ -24,7 +24,7 @@ from pyfuse3 import RequestContext
 from . import listings
 from .access import OTHER, ROOT, Access
 from .errors import RateLimit, fail, fuse_op
-from .listings import Listings
+from .listings import CACHED_FH, Listings
 from .nodes.base import Node
 from .nodes.handles import DirHandle, Handle, wants_write
 from .nodes.root import Root
@@ -112,13 +112,18 @@ class Operations(pyfuse3.Operations):
         elif name == b"..":
             child = parent.parent or parent
         else:
+            epoch = self.listings.epoch()
             child = await parent.lookup(name, req)
+            if child.caches_listing and not self.inodes.lookups(self.inodes.ino_for(child)):
+                self.listings.learnt(child.ino, child, epoch)  # (the kernel caches nothing)
         return self._entry(child)
 
     async def forget(self, inode_list: Sequence[tuple[int, int]]) -> None:
         try:
             for ino, n in inode_list:
                 self.inodes.forget(ino, n)
+                if not self.inodes.lookups(ino):
+                    self.listings.forgotten(ino)
         except Exception:
             log.exception("forget failed")
 
@@ -319,7 +324,7 @@ class Operations(pyfuse3.Operations):
     @fuse_op(of_dh)
     async def readdir(self, fh: int, start_id: int, token: Any) -> None:
         dh = self.dirs.get(fh)
-        if dh is None:
+        if dh is None and not fh & CACHED_FH:
             fail(errno.EBADF, f"no open directory {fh}")
         reply = self.readdir_reply
         inodes = self.inodes
@@ -333,7 +338,11 @@ class Operations(pyfuse3.Operations):
             count(node)
             return True
 
-        if not self.listings.replay(fh, start_id, emit):
+        if dh is None:  # opened in C (listings.py)
+            await self.listings.cached_readdir(
+                fh & ~CACHED_FH, self.node(fh & ~CACHED_FH), start_id, emit
+            )
+        elif not self.listings.replay(fh, start_id, emit):
             await dh.node.readdir(dh, start_id, emit)
 
     # (every listing ends in one: a handle with nothing to release skips the wrapper)

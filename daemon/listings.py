@@ -24,6 +24,22 @@ time, the open is not cached either.
 Needs the `FileInfo.cache_readdir` of third_party/pyfuse3-noflush.patch; with a pyfuse3
 that lacks it (CACHE_READDIR false) directories are opened as before (a plain handle).
 
+Answered in C (third_party/pyfuse3-cacheddirs.patch, CACHED_DIRS): once an open found the
+kernel's cached listing current (FOPEN_KEEP_CACHE), the next OPENDIRs of that inode are
+answered inside pyfuse3 with the same reply and no call into Python, and so are their
+RELEASEDIRs (git's 256 fan-out directories of each object directory then cost it no
+round trip into the daemon's Python). That holds only while nothing a listing shows can
+have changed: every put that ends, every deletion (`Store.changed_hooks`) and every
+published set (packs.Served) forgets them all (`changed`), an open's check that raced such
+a change adds nothing (the epoch), and a store that other processes change too (a fleet's
+member) never has them. An inode the kernel learns at a lookup (so it holds no cached
+listing of it) is answered in C from its first open. A READDIR of such a handle (the
+kernel's cache was never filled, or evicted) lists the directory now (`cached_readdir`);
+if that listing is not the one this module knew may be cached, the inode goes back to
+Python. Only the callers that may read every such directory are answered in C (root, the
+daemon's user, the owner; anyone on a mount shared with --allow-other, where they are
+0555 to all); the others' opens come here, where access is decided.
+
 Why not FUSE_NO_OPENDIR_SUPPORT (OPENDIR answered ENOSYS, no OPENDIR/RELEASEDIR at all):
 the kernel then opens every directory of the mount with FOPEN_KEEP_CACHE|FOPEN_CACHE_DIR
 and fh 0 (fs/fuse/file.c, fuse_file_open), so pyfuse3's readdir (given only fh) cannot
@@ -39,17 +55,22 @@ from typing import TYPE_CHECKING
 
 import pyfuse3
 
+from .nodes.handles import DirHandle
+
 if TYPE_CHECKING:
     from collections.abc import Callable
 
     from .context import Context
-    from .nodes.base import DirHandle, Node
+    from .nodes.base import Node
 
 CACHE_READDIR = hasattr(pyfuse3.FileInfo(), "cache_readdir")
+CACHED_DIRS = CACHE_READDIR and hasattr(pyfuse3, "cached_dirs_add")
+CACHED_FH: int = getattr(pyfuse3, "CACHED_DIR_FH", 0)  # the fh bit of a C-answered open
 DROP_WAIT_S = 5.0  # bound on the kernel taking an attribute invalidation (then: uncached)
 
 Entry = tuple[bytes, "Node", int]  # (name, node, next offset), as a node's readdir emits
 Print = tuple[tuple[bytes, int, bool], ...]  # what the kernel caches of a listing
+UNKNOWN: Print = ((b"/", -1, False),)  # a listing pieced together: no listing is it
 
 
 def fingerprint(entries: list[Entry]) -> Print:
@@ -82,6 +103,32 @@ class Listings:
         self._inodes: dict[int, _Inode] = {}
         self._mtimes: dict[int, int] = {}  # ino -> when its listing was last seen to change
         self.snapshots: dict[int, Snapshot] = {}  # fh -> snapshot
+        # opens answered in C (see the module docstring): only a sole writer's listings
+        # change solely through what `changed` hears of
+        store = getattr(ctx, "store", None)  # (none: a test's stand-in context)
+        self.in_c = self.kernel and CACHED_DIRS and store is not None and store.sole_writer
+        self._read: dict[int, Snapshot] = {}  # ino -> last listing a C-answered open read
+        self.opens = 0  # OPENDIRs of caching nodes decided here (not in C)
+        self.reads = 0  # READDIRs of opens answered in C, served here
+        if self.in_c:
+            assert ctx is not None and store is not None
+            pyfuse3.cached_dirs_reset()
+            o = ctx.options
+            everyone = o.allow_other or not o.shared
+            callers = {0, ctx.daemon_uid} | ({o.owner_uid} if o.owner_uid is not None else set())
+            pyfuse3.cached_dirs_callers(None if everyone else callers)
+            store.changed_hooks.append(changed)
+
+    def close(self) -> None:
+        """At the mount's end: nothing is answered in C any more."""
+        if self.in_c:
+            assert self.ctx is not None
+            self.in_c = False
+            pyfuse3.cached_dirs_reset()
+            try:
+                self.ctx.store.changed_hooks.remove(changed)
+            except ValueError:
+                pass
 
     def mtime_ns(self, ino: int, default: int) -> int:
         return self._mtimes.get(ino, default)
@@ -98,6 +145,8 @@ class Listings:
         """The reply to an OPENDIR of `node` (inode `ino`, handle `fh`, the node's `dh`)."""
         if not (self.kernel and node.caches_listing):
             return fh
+        epoch = pyfuse3.cached_dirs_epoch() if self.in_c else 0
+        self.opens += 1
         entries: list[Entry] = []
 
         def collect(name: bytes, child: Node, off: int) -> bool:
@@ -123,9 +172,73 @@ class Listings:
         setattr(fi, "cache_readdir", cache)  # (not in a stock pyfuse3's stubs)  # noqa: B010
         if cache:
             st.open[fh] = mark
-            index = {off: i + 1 for i, (_, _, off) in enumerate(entries)}
-            self.snapshots[fh] = Snapshot(ino, entries, mark, index)
+            self.snapshots[fh] = _snapshot(ino, entries, mark)
+        if keep and self.in_c:  # the same answer, until something changes: given in C
+            pyfuse3.cached_dirs_add(ino, epoch, not entries)
         return fi
+
+    def learnt(self, ino: int, node: Node, epoch: int) -> None:
+        """A lookup handed the kernel `ino`, which it did not hold (so it caches no
+        listing of it): its opens can be answered in C at once. `epoch` is
+        `pyfuse3.cached_dirs_epoch()` from before the lookup's first await."""
+        if self.in_c and node.caches_listing:
+            empty = node.listing_known_empty()
+            st = self._inodes[ino] = _Inode()  # (what an earlier life of it cached is gone)
+            if pyfuse3.cached_dirs_add(ino, epoch, empty) and empty:
+                st.cached.add(())  # (the READDIRs pyfuse3 answers fill the kernel's cache)
+
+    def status(self) -> dict[str, int | bool]:
+        """`status.listings`: whether opens are answered in C, how many directories are
+        now, how many opens of cached listings were decided here, and how many READDIRs
+        of opens answered in C were served here (not answered empty in C)."""
+        answered = pyfuse3.cached_dirs_count() if self.in_c else 0
+        return {
+            "in_c": self.in_c,
+            "answered_in_c": answered,
+            "opened_here": self.opens,
+            "read_here": self.reads,
+        }
+
+    def epoch(self) -> int:
+        return pyfuse3.cached_dirs_epoch() if self.in_c else 0
+
+    def forgotten(self, ino: int) -> None:
+        """The kernel dropped `ino` (and any listing it cached)."""
+        if self.in_c:
+            pyfuse3.cached_dirs_discard(ino)
+            self._read.pop(ino, None)
+
+    async def cached_readdir(
+        self, ino: int, node: Node, start: int, emit: Callable[[bytes, Node, int], bool]
+    ) -> None:
+        """A READDIR of an open answered in C: from offset 0 the listing now (recorded as
+        one the kernel may cache; a listing other than the one known to be cached sends
+        the inode's opens back here), further on the one that read began with."""
+        self.reads += 1
+        snap = self._read.get(ino)
+        st = self._inodes.setdefault(ino, _Inode())
+        if start != 0:
+            entries = self.entries_after(snap, start) if snap is not None else None
+            if entries is None:  # an offset no listing here gave: the node lists itself
+                pyfuse3.cached_dirs_discard(ino)
+                st.cached.add(UNKNOWN)
+                await node.readdir(DirHandle(node), start, emit)
+                return
+        else:
+            entries = []
+
+            def collect(name: bytes, child: Node, off: int) -> bool:
+                entries.append((name, child, off))
+                return True
+
+            await node.readdir(DirHandle(node), 0, collect)
+            snap = self._read[ino] = _snapshot(ino, entries, fingerprint(entries))
+            if not st.cached <= {snap.mark}:
+                pyfuse3.cached_dirs_discard(ino)
+            st.cached.add(snap.mark)
+        for name, child, next_id in entries:
+            if not emit(name, child, next_id):
+                break
 
     def filling(self, snap: Snapshot) -> None:
         """A READDIR from the start: the kernel may cache this snapshot's listing."""
@@ -161,6 +274,17 @@ class Listings:
             if not emit(name, node, next_id):
                 break
         return True
+
+
+def changed() -> None:
+    """Something a cached listing shows may have changed (any thread): no open is answered
+    in C until an open has checked its listing again."""
+    if CACHED_DIRS:
+        pyfuse3.cached_dirs_reset()
+
+
+def _snapshot(ino: int, entries: list[Entry], mark: Print) -> Snapshot:
+    return Snapshot(ino, entries, mark, {off: i + 1 for i, (_, _, off) in enumerate(entries)})
 
 
 def of(ctx: Context) -> Listings:

@@ -39,6 +39,7 @@ from alkfs.git.packs import FORMATS, Derived, Generation, derived_for
 from alkfs.keys import Key
 from alkfs.store import ObjectStat
 
+from . import listings
 from .nodes.base import DYNAMIC_TIMEOUT
 
 if TYPE_CHECKING:
@@ -186,6 +187,17 @@ class Served:
             self._none[(fmt, prefix)] = (gen.number, mark)
         return out
 
+    def known_empty(self, fmt: str, prefix: int) -> bool:
+        """`unpacked(fmt, prefix)` listed nothing at the published set and the mark now
+        (so it would list nothing again: see `_none`)."""
+        gen = self.packed(fmt)
+        mark = self._mark()
+        return (
+            gen is not None
+            and mark is not None
+            and self._none.get((fmt, prefix)) == (gen.number, mark)
+        )
+
     def _mark(self) -> int | None:
         """`Store.puts` where this process makes every change to the store
         (`Store.sole_writer`), else None. What a listing depends on then grows only with
@@ -304,6 +316,7 @@ class Served:
 
     # -- publishing (any thread) ------------------------------------------------------------
     def _published(self, fmt: str, old: Generation | None, new: Generation | None) -> None:
+        listings.changed()  # (the fan-out listings and pack/ show another set now)
         if old is not None and (new is None or new.number != old.number):
             with self._lock:
                 self._retired[(fmt, old.number)] = time.monotonic()
@@ -365,7 +378,8 @@ async def run(ctx: Context) -> None:
         await ctx.run_sync(d.refresh)
     for fmt in s.derived:  # what the first git process lists: found before it asks
         try:
-            await s.unpacked(fmt, 0)
+            for prefix in range(256):  # (which are empty: their READDIRs answered in C)
+                await s.unpacked(fmt, prefix)
         except AlkfsError as exc:
             log.warning("derived %s: cannot list the fan-out yet (%s)", fmt, exc)
     if not s.derived or ctx.read_only:

@@ -26,6 +26,9 @@ def figures(ctx: Context) -> dict[str, Any]:
     # the git views' derived packs (daemon/packs.py keeps them on the context once started):
     # per format, the published generation, its object and pack counts, bytes, build time
     fig["packs"] = ctx.packs_status()
+    # the directory listings the kernel caches (daemon/listings.py): opens decided in
+    # Python, and the directories whose opens are answered in C (pyfuse3-cacheddirs.patch)
+    fig["listings"] = ctx.listings.status()
     # the full-disk state of the store's reserve (alkfs/reserve.py): entered and left with
     # one log line each; `reserve` is None for a store that keeps none (a memory store)
     reserve = ctx.app.store.reserve

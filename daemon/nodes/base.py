@@ -210,6 +210,11 @@ class Node:
         fail(errno.EINVAL, "not a symbolic link")
 
     # -- directories --------------------------------------------------------------------
+    def listing_known_empty(self) -> bool:
+        """A caching node (`caches_listing`) whose listing is known to be empty now,
+        without a look (listings.py then lets pyfuse3 answer its READDIRs)."""
+        return False
+
     async def opendir(self, req: RequestContext) -> DirHandle:
         fail(errno.ENOTDIR)
 

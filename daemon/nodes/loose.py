@@ -137,6 +137,10 @@ class FanoutDir(Dir):
             fail(errno.ENOENT)
         return LooseFile.fresh(self.ctx, self, st)
 
+    def listing_known_empty(self) -> bool:
+        fmt = "sha1" if self.algo is Algorithm.GIT_SHA1 else "sha256"
+        return derived_packs.served(self.ctx).known_empty(fmt, self.prefix)
+
     async def readdir(self, dh: DirHandle, start: int, emit: Emit) -> None:
         """The kernel takes a few dozen entries per call: what one query fetched beyond
         them waits in `dh.state` for the next call, which resumes after the last entry

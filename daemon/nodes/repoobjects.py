@@ -117,6 +117,9 @@ class RepoFanoutDir(FanoutDir):
     async def readdir(self, dh: DirHandle, start: int, emit: Emit) -> None:
         return None
 
+    def listing_known_empty(self) -> bool:
+        return True
+
     def repo_key(self) -> RepoKey | None:
         parent = self.parent
         assert isinstance(parent, RepoObjectsDir)

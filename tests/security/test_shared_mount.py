@@ -404,6 +404,21 @@ def test_without_allow_other_another_user_gets_nothing(base: Path, daemon, users
     assert probe(owner, ("read", str(obj))) == [6]
 
 
+def test_opens_answered_in_c_let_in_no_user_the_mount_keeps_out(base: Path, daemon, users):
+    """--owner alone: once root's opens of a fan-out directory are answered inside pyfuse3
+    (pyfuse3-cacheddirs.patch), the owner's are too, and another user's still come to the
+    daemon and are refused."""
+    owner, other = users(), users()
+    d = daemon("--owner", owner.pw_name)
+    fan = d.mnt / "git" / "sha1" / "00"
+    assert os.listdir(fan) == [] and os.listdir(fan) == []
+    assert as_user(owner, "ls", str(fan)).returncode == 0
+    r = as_user(other, "ls", str(fan))
+    assert r.returncode != 0 and "Permission denied" in r.stderr
+    r = as_user(other, "ls", str(fan))  # (again: nothing was remembered for it)
+    assert r.returncode != 0 and "Permission denied" in r.stderr
+
+
 # -- the --owner user ------------------------------------------------------------------------------
 def test_the_owner_pushes_updates_refs_and_pins_but_not_the_control_file(base: Path, daemon, users):
     owner = users()
