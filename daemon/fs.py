@@ -114,8 +114,8 @@ class Operations(pyfuse3.Operations):
         else:
             epoch = self.listings.epoch()
             child = await parent.lookup(name, req)
-            if child.caches_listing and not self.inodes.lookups(self.inodes.ino_for(child)):
-                self.listings.learnt(child.ino, child, epoch)  # (the kernel caches nothing)
+            if child.caches_listing:
+                self.listings.learnt(self.inodes.ino_for(child), child, epoch)
         return self._entry(child)
 
     async def forget(self, inode_list: Sequence[tuple[int, int]]) -> None:

@@ -178,14 +178,20 @@ class Listings:
         return fi
 
     def learnt(self, ino: int, node: Node, epoch: int) -> None:
-        """A lookup handed the kernel `ino`, which it did not hold (so it caches no
-        listing of it): its opens can be answered in C at once. `epoch` is
-        `pyfuse3.cached_dirs_epoch()` from before the lookup's first await."""
-        if self.in_c and node.caches_listing:
-            empty = node.listing_known_empty()
-            st = self._inodes[ino] = _Inode()  # (what an earlier life of it cached is gone)
-            if pyfuse3.cached_dirs_add(ino, epoch, empty) and empty:
-                st.cached.add(())  # (the READDIRs pyfuse3 answers fill the kernel's cache)
+        """A lookup handed the kernel `ino`: if no listing of it can be in the kernel's
+        cache (none was ever served, or the kernel forgot the inode since), its opens can
+        be answered in C at once. `epoch` is `pyfuse3.cached_dirs_epoch()` from before
+        the lookup's first await."""
+        if not (self.in_c and node.caches_listing):
+            return
+        st = self._inodes.get(ino)
+        if st is None:
+            st = self._inodes[ino] = _Inode()
+        elif st.cached or st.open:
+            return
+        empty = node.listing_known_empty()
+        if pyfuse3.cached_dirs_add(ino, epoch, empty) and empty:
+            st.cached.add(())  # (the READDIRs pyfuse3 answers fill the kernel's cache)
 
     def status(self) -> dict[str, int | bool]:
         """`status.listings`: whether opens are answered in C, how many directories are
@@ -207,6 +213,7 @@ class Listings:
         if self.in_c:
             pyfuse3.cached_dirs_discard(ino)
             self._read.pop(ino, None)
+            self._inodes.pop(ino, None)  # (its cached listing went with it)
 
     async def cached_readdir(
         self, ino: int, node: Node, start: int, emit: Callable[[bytes, Node, int], bool]

@@ -49,6 +49,24 @@ def test_the_venvs_pyfuse3_reads_the_device_without_blocking(start_mount) -> Non
     assert flags & os.O_NONBLOCK
 
 
+def test_the_venvs_pyfuse3_waits_briefly_for_the_next_request_and_answers_cached_dirs():
+    """The fast-read patch's short wait after each answer (NEXT_WAIT_NS, 200 us unless
+    PYFUSE3_NEXT_WAIT_NS says otherwise) and the cacheddirs patch (listings.CACHED_DIRS:
+    an added inode is refused after a reset, the count follows) are in the build."""
+    expected = int(os.environ.get("PYFUSE3_NEXT_WAIT_NS", "200000"))
+    assert getattr(pyfuse3, "NEXT_WAIT_NS", None) == expected, "run `make setup`"
+    assert listings.CACHED_DIRS is True, "pyfuse3 predates the patch: run `make setup`"
+    old = pyfuse3.cached_dirs_epoch()
+    pyfuse3.cached_dirs_reset()
+    assert pyfuse3.cached_dirs_count() == 0
+    assert pyfuse3.cached_dirs_add(77, old) is False  # a check older than the reset
+    assert pyfuse3.cached_dirs_add(77, pyfuse3.cached_dirs_epoch(), True) is True
+    assert pyfuse3.cached_dirs_count() == 1
+    pyfuse3.cached_dirs_discard(77)
+    assert pyfuse3.cached_dirs_count() == 0
+    assert pyfuse3.CACHED_DIR_FH == 1 << 63
+
+
 def test_requests_from_many_threads_at_once_are_all_answered(start_mount) -> None:
     """Eight threads open, list and stat the fan-out directories at once (requests queue
     up, so workers read them back to back): every call succeeds, and the mount still
