@@ -33,7 +33,10 @@ N the page cache is dropped. Medians of the per-round ratios.
 `--versus DIR` also mounts a copy of the store with the daemon found on DIR (put first
 on PYTHONPATH: e.g. `mkdir -p /tmp/old && git archive HEAD~3 alkfs daemon | tar -x -C
 /tmp/old && ln -s daemon /tmp/old/alkfsd`) and times its A and R in the same rounds
-(columns A0/N, R0/N): a before/after comparison under the same load.
+(columns A0/N, R0/N): a before/after comparison under the same load. `--versus-env
+NAME=VALUE` (repeatable) sets that daemon's environment: `PYFUSE3_NEXT_WAIT_NS=0` turns
+off the fast-read patch's short wait for the next request, so an older tree (which does
+not use pyfuse3-cacheddirs.patch either) runs as it did before both.
 """
 
 from __future__ import annotations
@@ -293,6 +296,13 @@ def main() -> int:
     p.add_argument("--quick", action="store_true")
     p.add_argument("--first", type=int, default=3, help="first-run rounds (0: none)")
     p.add_argument("--versus", type=Path, help="a source tree to compare with (A0, R0)")
+    p.add_argument(
+        "--versus-env",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="the versus daemon's environment (e.g. PYFUSE3_NEXT_WAIT_NS=0)",
+    )
     args = p.parse_args()
     if args.quick:
         args.commits, args.runs, args.first = 400, 3, 1
@@ -339,6 +349,7 @@ def main() -> int:
                 [
                     "env",
                     f"PYTHONPATH={args.versus.resolve()}",
+                    *args.versus_env,
                     str(BIN / "python"),
                     "-m",
                     "alkfsd.main",
@@ -428,6 +439,9 @@ def main() -> int:
         if args.first:
             cold = {"N": native, "A": alt, "R": repo}  # (not the --versus sides)
             results["first_run"] = first_runs(mount, cold, args.first)
+            if versus is not None:  # the same rounds of the versus daemon (A0, R0)
+                cold0 = {"N": native, "A0": sides["A0"], "R0": sides["R0"]}
+                results["first_run_versus"] = first_runs(versus, cold0, args.first)
         results.update(steady)
         out = ROOT / "bench" / "out" / ("git-speed-quick.json" if args.quick else "git-speed.json")
         out.parent.mkdir(exist_ok=True)

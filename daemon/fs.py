@@ -116,14 +116,20 @@ class Operations(pyfuse3.Operations):
             child = await parent.lookup(name, req)
             if child.caches_listing:
                 self.listings.learnt(self.inodes.ino_for(child), child, epoch)
-        return self._entry(child)
+        attr = self._entry(child)
+        self.listings.enter(child.ino, child, self.inodes)  # (LOOKUPs of its fan-out in C)
+        return attr
 
     async def forget(self, inode_list: Sequence[tuple[int, int]]) -> None:
         try:
+            listings_ = self.listings
             for ino, n in inode_list:
-                self.inodes.forget(ino, n)
+                n -= listings_.taken(ino, n)  # (lookups answered in C: not counted here)
+                if n:
+                    self.inodes.forget(ino, n)
                 if not self.inodes.lookups(ino):
-                    self.listings.forgotten(ino)
+                    listings_.leave(ino, self.inodes)
+                    listings_.forgotten(ino)
         except Exception:
             log.exception("forget failed")
 

@@ -97,6 +97,13 @@ class InodeTable:
             if not entry.permanent:
                 entry.node = node
 
+    def add(self, ino: int, n: int) -> None:
+        """Count `n` more kernel references to a known `ino` (lookups answered elsewhere:
+        listings.py's, in C)."""
+        entry = self._by_ino.get(ino)
+        if entry is not None:
+            entry.lookups += n
+
     def forget(self, ino: int, n: int) -> None:
         entry = self._by_ino.get(ino)
         if entry is None:

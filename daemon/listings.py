@@ -61,6 +61,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from .context import Context
+    from .inodes import InodeTable
     from .nodes.base import Node
 
 CACHE_READDIR = hasattr(pyfuse3.FileInfo(), "cache_readdir")
@@ -109,6 +110,10 @@ class Listings:
         self.in_c = self.kernel and CACHED_DIRS and store is not None and store.sole_writer
         self._read: dict[int, Snapshot] = {}  # ino -> last listing a C-answered open read
         self.opens = 0  # OPENDIRs of caching nodes decided here (not in C)
+        # LOOKUPs answered in C: parent inode -> the children it holds entries of, and
+        # each child's (parent inode, name)
+        self._held: dict[int, list[int]] = {}
+        self._entry_of: dict[int, tuple[int, bytes]] = {}
         self.reads = 0  # READDIRs of opens answered in C, served here
         if self.in_c:
             assert ctx is not None and store is not None
@@ -125,6 +130,10 @@ class Listings:
             assert self.ctx is not None
             self.in_c = False
             pyfuse3.cached_dirs_reset()
+            for parent, name in self._entry_of.values():
+                pyfuse3.cached_entries_discard(parent, name)
+            self._entry_of.clear()
+            self._held.clear()
             try:
                 self.ctx.store.changed_hooks.remove(changed)
             except ValueError:
@@ -133,11 +142,16 @@ class Listings:
     def mtime_ns(self, ino: int, default: int) -> int:
         return self._mtimes.get(ino, default)
 
-    async def _drop(self, ino: int) -> bool:
+    async def _drop(self, ino: int, node: Node) -> bool:
         """Make the kernel reset its cached listing of `ino` at the next getdents."""
         ctx = self.ctx
         assert ctx is not None
+        held = self._entry_of.get(ino)
+        if held is not None:  # (a LOOKUP answered in C must never bring the old mtime back)
+            pyfuse3.cached_entries_discard(*held)
         self._mtimes[ino] = max(time.time_ns(), self._mtimes.get(ino, 0) + 1)
+        if held is not None:
+            pyfuse3.cached_entries_add(*held, node.attr())
         seq = ctx.invalidator.submit_inode(ino)
         return await ctx.invalidator.wait(seq, DROP_WAIT_S)  # (a trio wait: no thread)
 
@@ -161,7 +175,7 @@ class Listings:
             keep = cache = True
         else:
             keep = False
-            cache = others <= {mark} and await self._drop(ino)
+            cache = others <= {mark} and await self._drop(ino, node)
             others = set(st.open.values())  # (the await: others may have opened)
             cache = cache and others <= {mark}
             if cache:
@@ -201,9 +215,45 @@ class Listings:
         return {
             "in_c": self.in_c,
             "answered_in_c": answered,
+            "entries_in_c": len(self._entry_of),
             "opened_here": self.opens,
             "read_here": self.reads,
         }
+
+    def enter(self, parent_ino: int, parent: Node, inodes: InodeTable) -> None:
+        """`parent` was handed to the kernel: the LOOKUPs of its `entries_in_c` children
+        are answered in C from now on, each child held in the inode table meanwhile (and
+        its opens answered in C too when no listing of it can be cached)."""
+        if not self.in_c or parent_ino in self._held:
+            return
+        kids = parent.entries_in_c()
+        if not kids:
+            return
+        epoch = pyfuse3.cached_dirs_epoch()
+        held = self._held[parent_ino] = []
+        for name, node in kids:
+            node = inodes.remember(node)  # (the entry's hold)
+            pyfuse3.cached_entries_add(parent_ino, name, node.attr())
+            self._entry_of[node.ino] = (parent_ino, name)
+            held.append(node.ino)
+            self.learnt(node.ino, node, epoch)
+
+    def taken(self, ino: int, n: int) -> int:
+        """Of `n` lookups of `ino` the kernel forgets, how many C gave (not counted in the
+        inode table)."""
+        return pyfuse3.cached_entries_take(ino, n) if self._entry_of else 0
+
+    def leave(self, parent_ino: int, inodes: InodeTable) -> None:
+        """The kernel forgot `parent_ino`: its children's entries go; what C gave of them is
+        counted in the inode table, then the holds are released."""
+        for ino in self._held.pop(parent_ino, ()):
+            held = self._entry_of.pop(ino, None)
+            if held is not None:
+                pyfuse3.cached_entries_discard(*held)
+            inodes.add(ino, pyfuse3.cached_entries_take(ino, 1 << 62))
+            inodes.forget(ino, 1)
+            if not inodes.lookups(ino):
+                self.forgotten(ino)
 
     def epoch(self) -> int:
         return pyfuse3.cached_dirs_epoch() if self.in_c else 0

@@ -210,6 +210,11 @@ class Node:
         fail(errno.EINVAL, "not a symbolic link")
 
     # -- directories --------------------------------------------------------------------
+    def entries_in_c(self) -> list[tuple[bytes, Node]]:
+        """Children whose LOOKUPs pyfuse3 may answer once this node is handed to the kernel
+        (listings.py): fixed names, attributes that change only with their listing."""
+        return []
+
     def listing_known_empty(self) -> bool:
         """A caching node (`caches_listing`) whose listing is known to be empty now,
         without a look (listings.py then lets pyfuse3 answer its READDIRs)."""

@@ -143,6 +143,9 @@ class ObjectDir(StaticDir):
         derived_packs.served(self.ctx).views.append(self._published)
         return out
 
+    def entries_in_c(self) -> list[tuple[bytes, Node]]:
+        return [(name, node) for name, node in self._entries() if isinstance(node, FanoutDir)]
+
     def _published(self, fmt: str, old: Any, new: Any) -> None:
         """A new derived set of `fmt` (any thread): drop the kernel's entries of every
         name of the old set the new one lacks, and of the reused names (they get their

@@ -51,6 +51,9 @@ class RepoObjectsDir(Dir):
             return RepoFanoutDir(self.ctx, self, name)
         return None
 
+    def entries_in_c(self) -> list[tuple[bytes, Node]]:
+        return [(xx, RepoFanoutDir(self.ctx, self, xx)) for xx in FANOUT]
+
     async def lookup(self, name: bytes, req: RequestContext) -> Node:
         node = self._child(name) or self.overlay.lookup(name)
         if node is None:

@@ -30,6 +30,7 @@ is a trio wait on the spooler's progress: no thread is held while waiting.
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 import os
 import tempfile
@@ -44,6 +45,8 @@ from alkfs.errors import AlkfsError, NoSpace, StoreIO
 from alkfs.keys import Algorithm, Key
 from alkfs.reserve import is_no_space
 from alkfs.store import PutResult
+
+log = logging.getLogger("alkfsd")
 
 SPOOL_DIR = "spool"
 QUEUE_MAX = 8 << 20  # bytes queued for a writer's spool task before writes wait
@@ -243,6 +246,9 @@ class Spooler:
                             reserve = self.store.reserve
                             if reserve is not None:
                                 await trio.to_thread.run_sync(reserve.hit, limiter=self._limiter)
+                            # its bytes are of no use now: their space comes back before
+                            # the writer hears of the refusal, not when this task ends
+                            await trio.to_thread.run_sync(self._empty, limiter=self._limiter)
                         self._break(exc)
                 self.applied += len(batch)
                 self._moved()
@@ -255,6 +261,14 @@ class Spooler:
             if self.fd >= 0:
                 os.close(self.fd)
                 self.fd = -1
+
+    def _empty(self) -> None:
+        """(the spooler's thread) Give the spool file's space back (it stays open)."""
+        if self.fd >= 0:
+            try:
+                os.ftruncate(self.fd, 0)
+            except OSError as exc:
+                log.warning("spool: could not empty the spool file: %s", exc)
 
     async def _run_stream(self) -> None:
         result, end, unreported, exc = await trio.to_thread.run_sync(

@@ -9,14 +9,14 @@ refused: tests/security/test_shared_mount.py.)"""
 from __future__ import annotations
 
 import hashlib
-import json
 import os
-import subprocess
+import time
 from pathlib import Path
 
+import helpers
 import pytest
 from alkfsd import listings
-from helpers import GIT_ENV, sweep
+from helpers import sweep
 
 from alkfs.app import Alkfs
 from alkfs.git.importer import import_repo
@@ -28,29 +28,11 @@ NO_INTAKE = {"ALKFS_PACK_EVERY": "86400", "ALKFS_PACK_OBJECTS": "1000000"}
 
 
 def git(*args, input: bytes | None = None) -> str:
-    done = subprocess.run(
-        ["git", *map(str, args)],
-        env={**os.environ, **GIT_ENV},
-        capture_output=True,
-        input=input,
-        timeout=120,
-    )
-    assert done.returncode == 0, (args, done.stderr.decode(errors="replace"))
-    return done.stdout.decode()
+    return helpers.git(*args, input=input).stdout.decode()
 
 
-def status(mnt: Path) -> dict:
-    return json.loads((mnt / ".alkfs" / "status").read_bytes())
-
-
-def opened_here(mnt: Path) -> int:
-    return status(mnt)["listings"]["opened_here"]
-
-
-def git_object(content: bytes) -> tuple[bytes, str]:
-    """A blob as git stores it (header and content) and its id."""
-    raw = b"blob %d\0" % len(content) + content
-    return raw, git("hash-object", "--stdin", input=content).strip()
+def opened_here(m) -> int:
+    return helpers.status(m)["listings"]["opened_here"]
 
 
 def blob_with_prefix(prefix: str, tag: str) -> tuple[bytes, bytes, str]:
@@ -86,13 +68,13 @@ def test_repeated_opens_of_a_fanout_directory_never_reach_python(start_mount, tm
     repo_fans = [m.mnt / "repos" / "r" / "objects" / f"{i:02x}" for i in range(16)]
     for d in fans + repo_fans:  # everything is packed: nothing listed loose
         assert os.listdir(d) == []
-    before = opened_here(m.mnt)
+    before = opened_here(m)
     for _ in range(5):
         for d in fans + repo_fans:
             assert os.listdir(d) == []
             fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
             os.close(fd)
-    st = status(m.mnt)["listings"]
+    st = helpers.status(m)["listings"]
     assert st["in_c"] is True
     assert st["answered_in_c"] >= 32
     assert st["opened_here"] == before  # 320 opens, none decided in Python
@@ -104,10 +86,10 @@ def test_a_repositorys_fanout_directories_are_opened_and_listed_without_python(
     """/repos/<id>/objects/<xx> lists nothing, always: from the first open after the mount
     started, each of the 256 is opened, read and closed inside pyfuse3."""
     m = start_mount(imported_store(tmp_path), "--window", "0", env=NO_INTAKE)
-    before = status(m.mnt)["listings"]
+    before = helpers.status(m)["listings"]
     for i in range(256):
         assert os.listdir(m.mnt / "repos" / "r" / "objects" / f"{i:02x}") == []
-    after = status(m.mnt)["listings"]
+    after = helpers.status(m)["listings"]
     assert after["opened_here"] == before["opened_here"]
     assert after["read_here"] == before["read_here"]
     assert after["answered_in_c"] >= 256
@@ -129,7 +111,7 @@ def test_an_object_stored_through_objects_is_listed_at_the_next_open(start_mount
     assert os.listdir(fan) == [oid[2:]]
     assert os.listdir(held) == [oid[2:]]  # (a READDIR of the handle opened in C)
     os.close(held)
-    st = status(m.mnt)["listings"]
+    st = helpers.status(m)["listings"]
     assert st["answered_in_c"] >= 1
 
 
@@ -140,9 +122,9 @@ def test_a_published_set_and_a_sweep_are_listed_at_the_next_open(start_mount, tm
     (m.mnt / "pins" / "keep").write_bytes(b"unrelated\n")
     (m.mnt / "objects" / "git-sha1" / "x").write_bytes(raw)
     assert os.listdir(fan) == [oid[2:]] and os.listdir(fan) == [oid[2:]]
-    before = opened_here(m.mnt)
+    before = opened_here(m)
     assert os.listdir(fan) == [oid[2:]]
-    assert opened_here(m.mnt) == before  # answered in C
+    assert opened_here(m) == before  # answered in C
 
     (m.mnt / ".alkfs" / "control").write_text("repack\n")  # published in the daemon
     assert os.listdir(fan) == []  # packed now: not the cached listing
@@ -156,3 +138,35 @@ def test_a_published_set_and_a_sweep_are_listed_at_the_next_open(start_mount, tm
     assert os.listdir(fan) == []
     (m.mnt / "objects" / "git-sha1" / "y").write_bytes(raw)  # stored again: loose
     assert os.listdir(fan) == [oid[2:]]
+
+
+def drop_dentries() -> None:
+    """Have the kernel forget every unused dentry and inode (it sends FORGETs)."""
+    os.sync()
+    Path("/proc/sys/vm/drop_caches").write_text("2\n")
+
+
+def test_fanout_lookups_answered_in_c_are_counted_and_given_back_when_forgotten(
+    start_mount, tmp_path
+):
+    """A repository's 256 `objects/<xx>` are looked up in C once `objects/` is known; when
+    the kernel forgets `objects/` they go (their lookups counted back into the daemon's
+    inode table, which drops them only once the kernel forgot them too), and after any
+    number of such rounds every object still resolves through them."""
+    m = start_mount(imported_store(tmp_path), "--window", "0", env=NO_INTAKE)
+    repo = m.mnt / "repos" / "r"
+    blob = git(f"--git-dir={repo}", "rev-parse", "main:f.txt").strip()
+    want = "".join(f"line {k}\n" for k in range(20)).encode()
+    git_fans = 256  # /git/sha1's, held for the mount's life
+    for _ in range(3):
+        for i in range(256):
+            assert os.listdir(repo / "objects" / f"{i:02x}") == []
+        assert helpers.status(m)["listings"]["entries_in_c"] == git_fans + 256
+        assert git(f"--git-dir={repo}", "cat-file", "blob", blob).encode() == want
+        assert (repo / "objects" / blob[:2] / blob[2:]).stat().st_size > 0
+        deadline = time.monotonic() + 30
+        while helpers.status(m)["listings"]["entries_in_c"] != git_fans:
+            assert time.monotonic() < deadline, "the kernel never forgot objects/"
+            drop_dentries()
+            time.sleep(0.1)
+    assert "Traceback" not in m.log() and "unexpected error" not in m.log()
