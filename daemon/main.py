@@ -23,6 +23,7 @@ import contextlib
 import ctypes
 import ctypes.util
 import errno
+import gc
 import logging
 import os
 import signal
@@ -326,6 +327,15 @@ def main(argv: list[str] | None = None) -> int:
         ctx.mountpoint = mnt
         ctx.prepare()  # its scratch dir emptied now: nothing of a previous daemon is used
         ops = Operations(ctx)
+        try:  # (before the mount: the first git process then waits for none of it)
+            trio.run(packs.prepare, ctx)
+        except Exception:
+            log.exception("derived packs: not prepared before the mount")
+        # What start-up made (the published sets' indexes, the pin filter, the listings
+        # found) lives as long as the mount: out of the collector's reach, so that no
+        # full collection over it lands in the middle of the first requests.
+        gc.collect()
+        gc.freeze()
         fuse_options = set(pyfuse3.default_options)
         fuse_options |= {"fsname=alkfs:" + store_path.replace(",", "_"), "subtype=alkfs"}
         # The daemon decides who may do what (access.py), never the kernel: with

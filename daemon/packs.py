@@ -371,17 +371,26 @@ async def repack_now(ctx: Context) -> dict:
     return out
 
 
-async def run(ctx: Context) -> None:
-    """The background task (see the module docstring)."""
+async def prepare(ctx: Context) -> None:
+    """What the first git process after a mount would otherwise wait for, done before
+    the mount is made (main) and again, cheaply, when `run` starts: the published sets
+    opened (a fleet's member: the set published for the fleet) and every fan-out
+    listing found (which are empty: their READDIRs are then answered in C)."""
     s = served(ctx)
-    for d in s.derived.values():  # a fleet's member: the set published for the fleet
+    for d in s.derived.values():
         await ctx.run_sync(d.refresh)
-    for fmt in s.derived:  # what the first git process lists: found before it asks
+    for fmt in s.derived:
         try:
-            for prefix in range(256):  # (which are empty: their READDIRs answered in C)
+            for prefix in range(256):
                 await s.unpacked(fmt, prefix)
         except AlkfsError as exc:
             log.warning("derived %s: cannot list the fan-out yet (%s)", fmt, exc)
+
+
+async def run(ctx: Context) -> None:
+    """The background task (see the module docstring)."""
+    s = served(ctx)
+    await prepare(ctx)
     if not s.derived or ctx.read_only:
         return
     for d in s.derived.values():  # a set that no longer verifies is withdrawn, rebuilt
