@@ -170,3 +170,17 @@ def test_fanout_lookups_answered_in_c_are_counted_and_given_back_when_forgotten(
             drop_dentries()
             time.sleep(0.1)
     assert "Traceback" not in m.log() and "unexpected error" not in m.log()
+
+
+def test_right_after_the_mount_every_empty_fanout_is_answered_in_c(start_mount, tmp_path):
+    """The published set is opened and the 256 fan-out listings of /git/sha1 found before
+    the mount is made (daemon/packs.py, prepare): git's first process after a mount has
+    every LOOKUP, OPENDIR, READDIR and RELEASEDIR of an empty fan-out directory answered
+    in C, none in the daemon's Python."""
+    m = start_mount(imported_store(tmp_path), "--window", "0", env=NO_INTAKE)
+    for i in range(256):
+        assert os.listdir(m.mnt / "git" / "sha1" / f"{i:02x}") == []
+    st = helpers.status(m)["listings"]
+    assert st["opened_here"] == 0
+    assert st["read_here"] == 0
+    assert st["entries_in_c"] >= 256
