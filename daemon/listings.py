@@ -28,7 +28,12 @@ Answered in C (third_party/pyfuse3-cacheddirs.patch, CACHED_DIRS): once an open 
 kernel's cached listing current (FOPEN_KEEP_CACHE), the next OPENDIRs of that inode are
 answered inside pyfuse3 with the same reply and no call into Python, and so are their
 RELEASEDIRs (git's 256 fan-out directories of each object directory then cost it no
-round trip into the daemon's Python). That holds only while nothing a listing shows can
+round trip into the daemon's Python). Their LOOKUPs too: once a directory whose
+`entries_in_c` names its children (/git/<format>, /repos/<id>/objects) is handed to the
+kernel, pyfuse3 answers the lookup of each of those names with the attributes they had
+(`enter`; replaced before an mtime moves, `_drop`), counts it, and gives the count back
+at FORGET (`taken`); the children are held in the inode table until the kernel forgets
+the parent (`leave`). That holds only while nothing a listing shows can
 have changed: every put that ends, every deletion (`Store.changed_hooks`) and every
 published set (packs.Served) forgets them all (`changed`), an open's check that raced such
 a change adds nothing (the epoch), and a store that other processes change too (a fleet's
