@@ -115,7 +115,7 @@ class Operations(pyfuse3.Operations):
             epoch = self.listings.epoch()
             child = await parent.lookup(name, req)
             if child.caches_listing:
-                self.listings.learnt(self.inodes.ino_for(child), child, epoch)
+                self.listings.looked_up(self.inodes.ino_for(child), child, epoch)
         attr = self._entry(child)
         self.listings.enter(child.ino, child, self.inodes)  # (LOOKUPs of its fan-out in C)
         return attr

@@ -120,6 +120,7 @@ class Listings:
         self._held: dict[int, list[int]] = {}
         self._entry_of: dict[int, tuple[int, bytes]] = {}
         self.reads = 0  # READDIRs of opens answered in C, served here
+        self.lookups = 0  # LOOKUPs of caching nodes answered here (not in C)
         if self.in_c:
             assert ctx is not None and store is not None
             pyfuse3.cached_dirs_reset()
@@ -166,13 +167,7 @@ class Listings:
             return fh
         epoch = pyfuse3.cached_dirs_epoch() if self.in_c else 0
         self.opens += 1
-        entries: list[Entry] = []
-
-        def collect(name: bytes, child: Node, off: int) -> bool:
-            entries.append((name, child, off))
-            return True
-
-        await node.readdir(dh, 0, collect)
+        entries = await _listing(node, dh)
         mark = fingerprint(entries)
         st = self._inodes.setdefault(ino, _Inode())
         others = set(st.open.values())
@@ -196,6 +191,11 @@ class Listings:
             pyfuse3.cached_dirs_add(ino, epoch, not entries)
         return fi
 
+    def looked_up(self, ino: int, node: Node, epoch: int) -> None:
+        """A LOOKUP of a caching node answered here (counted) handed the kernel `ino`."""
+        self.lookups += 1
+        self.learnt(ino, node, epoch)
+
     def learnt(self, ino: int, node: Node, epoch: int) -> None:
         """A lookup handed the kernel `ino`: if no listing of it can be in the kernel's
         cache (none was ever served, or the kernel forgot the inode since), its opens can
@@ -214,8 +214,9 @@ class Listings:
 
     def status(self) -> dict[str, int | bool]:
         """`status.listings`: whether opens are answered in C, how many directories are
-        now, how many opens of cached listings were decided here, and how many READDIRs
-        of opens answered in C were served here (not answered empty in C)."""
+        now, how many opens of cached listings were decided here, how many READDIRs of
+        opens answered in C were served here (not answered empty in C), and how many
+        LOOKUPs of such directories were answered here (not in C)."""
         answered = pyfuse3.cached_dirs_count() if self.in_c else 0
         return {
             "in_c": self.in_c,
@@ -223,6 +224,7 @@ class Listings:
             "entries_in_c": len(self._entry_of),
             "opened_here": self.opens,
             "read_here": self.reads,
+            "looked_up_here": self.lookups,
         }
 
     def enter(self, parent_ino: int, parent: Node, inodes: InodeTable) -> None:
@@ -287,13 +289,7 @@ class Listings:
                 await node.readdir(DirHandle(node), start, emit)
                 return
         else:
-            entries = []
-
-            def collect(name: bytes, child: Node, off: int) -> bool:
-                entries.append((name, child, off))
-                return True
-
-            await node.readdir(DirHandle(node), 0, collect)
+            entries = await _listing(node, DirHandle(node))
             snap = self._read[ino] = _snapshot(ino, entries, fingerprint(entries))
             if not st.cached <= {snap.mark}:
                 pyfuse3.cached_dirs_discard(ino)
@@ -343,6 +339,18 @@ def changed() -> None:
     in C until an open has checked its listing again."""
     if CACHED_DIRS:
         pyfuse3.cached_dirs_reset()
+
+
+async def _listing(node: Node, dh: DirHandle) -> list[Entry]:
+    """The node's whole listing now, as its readdir emits it from offset 0."""
+    entries: list[Entry] = []
+
+    def collect(name: bytes, child: Node, off: int) -> bool:
+        entries.append((name, child, off))
+        return True
+
+    await node.readdir(dh, 0, collect)
+    return entries
 
 
 def _snapshot(ino: int, entries: list[Entry], mark: Print) -> Snapshot:

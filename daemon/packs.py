@@ -144,7 +144,7 @@ class Served:
         if gen is None:
             return None
         mark = self._mark()
-        if mark is not None and self._none.get((fmt, prefix)) == (gen.number, mark):
+        if self._listed_empty(fmt, prefix, gen, mark):
             return []  # (listed empty at this set and mark: only a put of ours adds one)
         d = self.derived[fmt]
         base = self._base.get(fmt)
@@ -191,12 +191,10 @@ class Served:
         """`unpacked(fmt, prefix)` listed nothing at the published set and the mark now
         (so it would list nothing again: see `_none`)."""
         gen = self.packed(fmt)
-        mark = self._mark()
-        return (
-            gen is not None
-            and mark is not None
-            and self._none.get((fmt, prefix)) == (gen.number, mark)
-        )
+        return gen is not None and self._listed_empty(fmt, prefix, gen, self._mark())
+
+    def _listed_empty(self, fmt: str, prefix: int, gen: Generation, mark: int | None) -> bool:
+        return mark is not None and self._none.get((fmt, prefix)) == (gen.number, mark)
 
     def _mark(self) -> int | None:
         """`Store.puts` where this process makes every change to the store
