@@ -6,7 +6,7 @@ import functools
 import os
 from typing import Any
 
-from . import __version__, privacy
+from . import __version__, intents, privacy
 from .git import packs
 from .git.closure import RefClosure
 from .git.refs import Refs
@@ -48,7 +48,10 @@ class Alkfs:
             path, mode=mode, threshold=threshold, window_s=window_s, lock=lock, database=database
         )
         try:
-            return cls(store)
+            app = cls(store)
+            if store.holds_lock:  # what a stopped daemon acknowledged and did not commit
+                intents.replay(app.pins)
+            return app
         except BaseException:
             store.close()
             raise

@@ -79,6 +79,7 @@ HASH_OF: dict[int, Callable[[bytes], Hasher]] = {  # the byte's hash, taking the
     Algorithm.GIT_SHA256.value: hashlib.sha256,
 }
 ALGORITHMS = tuple(Algorithm)
+_TAGS = {a: bytes([a.value]) for a in Algorithm}
 _KEY_SIZE = {a.value: 1 + a.digest_len for a in Algorithm}  # a key's length by its first byte
 _PREFIX = {a: bytes([a.value]) for a in Algorithm}
 _HEX = re.compile(r"[0-9a-f]+\Z")
@@ -125,6 +126,21 @@ class Key:
         if len(text) == 40:
             return cls.from_hex(Algorithm.GIT_SHA1, text)
         return cls.from_hex(Algorithm.SHA256, text)
+
+    @classmethod
+    def digest_of(cls, algo: Algorithm, data: bytes) -> Key:
+        """The key of `data` (`derive` without the checks a key from outside needs)."""
+        key = object.__new__(cls)
+        object.__setattr__(key, "raw", _TAGS[algo] + HASH_OF[algo.value](data).digest())
+        return key
+
+    @staticmethod
+    def size_of(first: int) -> int:
+        """The length of a raw key whose algorithm byte is `first` (Invalid: no such)."""
+        size = _KEY_SIZE.get(first)
+        if size is None:
+            raise Invalid(f"no algorithm has the byte {first}")
+        return size
 
     @classmethod
     def derive(cls, algo: Algorithm, data: bytes) -> Key:

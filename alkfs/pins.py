@@ -17,9 +17,10 @@ import collections
 import contextlib
 import functools
 import hashlib
+import logging
 import re
 import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -29,6 +30,8 @@ from .git.closure import Walker
 from .git.tables import Tables
 from .keys import Algorithm, Key
 from .schema import PINS
+
+log = logging.getLogger("alkfs")
 
 if TYPE_CHECKING:
     from .gc.arbiter import Pin
@@ -262,6 +265,81 @@ class Pins:
         record, wrote = box[0]
         self._settle(result.pin, wrote)
         return result, record
+
+    def put_pinned_many(self, items: Sequence[tuple[str | None, Key, bytes]]) -> None:
+        """Store many small (name or None, key, content) in one transaction, each named
+        object pinned as its name (alkfs/intents.py: a worker thread, it may wait). A
+        name pinned to another object keeps it: that content is stored unpinned and
+        the refusal logged (the daemon refuses such a name before it acknowledges)."""
+        if not items:
+            return
+        store = self.store
+        wrote: dict[int, bool] = {}  # the results whose name was pinned: row written?
+        with self.misses.changing():
+            with store.tx():
+                results = store.put_many([(data, key.algo, key) for _, key, data in items])
+                try:
+                    inserted = self._insert_new(
+                        [(name, r.key) for (name, _, _), r in zip(items, results, strict=True)]
+                    )
+                    for n, ((name, _, _), result) in enumerate(zip(items, results, strict=True)):
+                        if name is None:
+                            continue
+                        if name in inserted:
+                            wrote[n] = True
+                            continue
+                        try:  # (a name taken already: the same object, or refused)
+                            wrote[n] = self._write(name, result.key, False)[1]
+                        except Exists:
+                            log.warning(
+                                "the pin %r names another object: %s stored unpinned",
+                                name,
+                                result.key,
+                            )
+                except BaseException:
+                    for r in results:
+                        r.pin.release()
+                    raise
+        # the pins held over the rows go, and the counter moves for the rows written, in
+        # one locked step (as `_settle` does for one)
+        written = [results[n].pin.key for n, w in wrote.items() if w]
+
+        def bump() -> None:
+            for key in written:
+                self._bump(key)
+
+        store.arbiter.convert_many([r.pin for r in results], bump)
+        for hook in store.changed_hooks:  # (committed now: listings may be made anew)
+            hook()
+
+    _ROWS = 300  # pin rows an INSERT of `_insert_new` takes (3 parameters each)
+
+    def _insert_new(self, pairs: Sequence[tuple[str | None, Key]]) -> set[str]:
+        """Pin rows for the names not taken yet, a few statements for all (the caller
+        is inside a transaction and `misses.changing()`, holding every key's pin): the
+        names whose row was written. A fleet's member writes each with `_write`."""
+        named = [(name, key) for name, key in pairs if name is not None]
+        if not named or self.store.fleet is not None:
+            return set()
+        stamp = now_ns()
+        done: set[str] = set()
+        with self.tables.tx() as conn:
+            for j in range(0, len(named), self._ROWS):
+                part = named[j : j + self._ROWS]
+                params: list[object] = []
+                for name, key in part:
+                    self.misses.adding(name)
+                    params += (name, key.raw, stamp)
+                done.update(
+                    row[0]
+                    for row in conn.execute(
+                        "INSERT INTO pins (name, key, created_ns) VALUES "
+                        + ",".join(["(?,?,?)"] * len(part))
+                        + " ON CONFLICT (name) DO NOTHING RETURNING name",
+                        params,
+                    ).fetchall()
+                )
+        return done
 
     def _settle(self, held: Pin, wrote: bool) -> None:
         """Drop the in-process pin held over a pin write; the counter moves after the

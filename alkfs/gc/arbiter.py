@@ -203,6 +203,18 @@ class Arbiter:
         pin._held = False
         self._release([pin.key], register)
 
+    def convert_many(self, pins: list[Pin], register: Callable[[], None]) -> None:
+        """`convert` for many pins in one locked step."""
+        for pin in pins:
+            pin._held = False
+        self._release([pin.key for pin in pins], register)
+
+    def released(self, key: bytes) -> Pin:
+        """A Pin on `key` that is not held (a result whose object is kept by its name)."""
+        pin = Pin(self, key)
+        pin._held = False
+        return pin
+
     def batch(self) -> Batch:
         return Batch(self)
 

@@ -1,0 +1,137 @@
+"""Small puts acknowledged ahead of their database commit: the intents log.
+
+A small file written through the mount is in the store once its intent is in this log
+(`STORE/intents.log`): one `write()` into the page cache, the same durability as the
+database's own commits, which are not fsynced either (`synchronous=NORMAL`). The daemon
+applies the intents shortly after, many in one transaction (`apply`), and empties the
+log once every intent in it is applied. Whoever opens the store with its lock first
+applies what a process that died left there (`replay`, from `Alkfs.open`).
+
+A record: the header (magic, length of the body, crc32 of the body), then the body: the
+pin name's length (u16, 0: no pin) and the name (utf-8), the key (its algorithm byte and
+digest), the content. A torn or damaged tail is dropped: its writer never heard success.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import struct
+import zlib
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from .errors import Invalid
+from .keys import Key
+
+if TYPE_CHECKING:
+    from .pins import Pins
+
+log = logging.getLogger("alkfs")
+
+LOG_NAME = "intents.log"
+MAGIC = b"ALKI"
+_HEAD = struct.Struct("<4sII")  # magic, body length, crc32 of the body
+_NAME = struct.Struct("<H")
+
+
+@dataclass(frozen=True, slots=True)
+class Intent:
+    """One small object to store (its key computed from `data` by whoever made it),
+    pinned as `name` unless that is None."""
+
+    name: str | None
+    key: Key
+    data: bytes
+
+    def encode(self) -> bytes:
+        name = b"" if self.name is None else self.name.encode()
+        body = b"".join((_NAME.pack(len(name)), name, self.key.raw, self.data))
+        return _HEAD.pack(MAGIC, len(body), zlib.crc32(body)) + body
+
+
+def decode(blob: bytes) -> Iterator[Intent]:
+    """The whole records of a log's bytes, in order, up to the first torn or damaged one."""
+    pos, end = 0, len(blob)
+    while pos + _HEAD.size <= end:
+        magic, length, crc = _HEAD.unpack_from(blob, pos)
+        body = blob[pos + _HEAD.size : pos + _HEAD.size + length]
+        if magic != MAGIC or len(body) != length or zlib.crc32(body) != crc:
+            return
+        try:
+            (n,) = _NAME.unpack_from(body, 0)
+            name = body[2 : 2 + n].decode() if n else None
+            size = Key.size_of(body[2 + n])
+            key = Key(bytes(body[2 + n : 2 + n + size]))
+            data = bytes(body[2 + n + size :])
+        except (Invalid, IndexError, UnicodeDecodeError, struct.error):
+            return
+        if not key.matches(data):
+            return
+        yield Intent(name, key, data)
+        pos += _HEAD.size + length
+
+
+class IntentLog:
+    """The store's intents log, opened for appending (one process: the lock holder)."""
+
+    def __init__(self, root: Path) -> None:
+        self.path = root / LOG_NAME
+        self.fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+        self.size = os.fstat(self.fd).st_size
+
+    def append(self, intent: Intent) -> None:
+        """One write of the record (OSError: nothing of it is kept; a full disk is ENOSPC)."""
+        record = intent.encode()
+        try:
+            written = os.write(self.fd, record)
+        except OSError:
+            self._cut()
+            raise
+        if written != len(record):  # (a disk that filled up within the write)
+            self._cut()
+            raise OSError(28, "No space left on device (a short write of the intents log)")
+        self.size += written
+
+    def _cut(self) -> None:
+        with contextlib.suppress(OSError):
+            os.ftruncate(self.fd, self.size)
+
+    def reset(self) -> None:
+        """Every intent in the log is applied: empty it."""
+        os.ftruncate(self.fd, 0)
+        self.size = 0
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+def apply(pins: Pins, intents: Sequence[Intent]) -> None:
+    """Store and pin `intents` in one transaction (a worker thread: it may wait)."""
+    pins.put_pinned_many([(i.name, i.key, i.data) for i in intents])
+
+
+def replay(pins: Pins) -> int:
+    """Apply what the log holds (a process that died left it) and empty it; how many."""
+    store = pins.store
+    if store.path is None:
+        return 0
+    path = store.path / LOG_NAME
+    try:
+        blob = path.read_bytes()
+    except FileNotFoundError:
+        return 0
+    if not blob:
+        return 0
+    intents = list(decode(blob))
+    apply(pins, intents)
+    with open(path, "r+b") as f:
+        f.truncate(0)
+        os.fsync(f.fileno())
+    log.info("intents: applied %d small put(s) a stopped daemon had acknowledged", len(intents))
+    return len(intents)
