@@ -13,7 +13,8 @@ function (the way a cycle is hidden); a name needed only for types is imported u
                  when the root is listed), listings (the listings the kernel caches),
                  workers (the mount's background tasks), access (who may do what),
                  requests (the bounds every request keeps), fs (the dispatch)
-    write state  staging.spool, staging.writes, staging.writer, staging.staged,
+    write state  staging.spool, staging.pending (small files acknowledged ahead of their
+                 commit), staging.writes, staging.writer, staging.staged,
                  staging.scratch, staging.overlay, staging.ingest, packs (the derived
                  packs served), and at its top context (it owns the write state; the
                  framework names it for types only)

@@ -28,6 +28,7 @@ from .inodes import InodeTable
 from .invalidate import Invalidator
 from .listings import Listings
 from .packs import Served
+from .staging.pending import Pending
 from .staging.writes import Writes
 from .workers import Workers
 
@@ -144,6 +145,12 @@ class Context:
         return Writes(self)
 
     @functools.cached_property
+    def pending(self) -> Pending:
+        """Small files acknowledged ahead of their commit (staging/pending.py; only for a
+        live mount: direct calls commit each file as before)."""
+        return Pending(self, enabled=self.invalidator.live)
+
+    @functools.cached_property
     def listings(self) -> Listings:
         """The directory listings the kernel caches (listings.py; without a kernel
         session, never caching)."""
@@ -188,6 +195,7 @@ class Context:
         """Run one sweep in a worker thread; return once the kernel has been told what went.
         A scheduled sweep that finds another daemon of the fleet sweeping is skipped
         quietly (no log line; `status.last_sweep` keeps the last one that ran)."""
+        await self.pending.drain()  # (what was acknowledged is live before the mark)
         before = self.store.last_sweep
         report = await self.run_sync(self.store.sweep, window_s)
         if scheduled and report.aborted == "sweeper-lock":
@@ -201,12 +209,16 @@ class Context:
         return report
 
     async def verify(self) -> list[Key]:
+        await self.pending.drain()
         bad = await self.run_sync(self.store.verify)
         log.info("verify: %d corrupt object(s)%s", len(bad), "".join(f" {k}" for k in bad))
         return bad
 
     def close(self) -> None:
         """At the mount's end: pins of push sessions released, scratch bytes removed."""
+        pending: Pending | None = self.__dict__.get("pending")
+        if pending is not None:
+            pending.close()
         writes = self.__dict__.pop("writes", None)
         if writes is not None:
             writes.close()

@@ -173,6 +173,8 @@ def fuse_op(describe: Callable[..., str] | None = None) -> Callable[[F], F]:
         @functools.wraps(fn)
         async def wrapper(self: Any, *args: Any) -> Any:
             try:
+                if self.pending.count and not self.passes(op, args):
+                    await self.pending.drain()  # (see staging/pending.py)
                 return await fn(self, *args)
             except Exception as exc:
                 code = errno_of(exc)

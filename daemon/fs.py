@@ -46,6 +46,10 @@ if TYPE_CHECKING:
 log = logging.getLogger("alkfsd")
 
 
+_BY_HANDLE = frozenset({"read", "write", "flush", "fsync", "release"})
+_BY_INODE = frozenset({"getattr", "setattr", "open", "getxattr", "listxattr", "access"})
+
+
 class Operations(pyfuse3.Operations):
     supports_dot_lookup = True
     enable_writeback_cache = False
@@ -64,6 +68,7 @@ class Operations(pyfuse3.Operations):
         self.readdir_reply = pyfuse3.readdir_reply  # replaced by the direct-call tests
         self.shared = ctx.options.shared
         self.guard = Access(ctx)  # who may do what, per-user bounds (access.py)
+        self.pending = ctx.pending  # small files acknowledged ahead of their commit
 
     # -- helpers ------------------------------------------------------------------
     def count_error(self, op: str, code: int) -> None:
@@ -98,6 +103,22 @@ class Operations(pyfuse3.Operations):
         """Count `node` as handed to the kernel and return its attributes."""
         self.inodes.remember(node)
         return node.attr()
+
+    def passes(self, op: str, args: tuple[Any, ...]) -> bool:
+        """Whether a request may be answered while acknowledged small files wait for
+        their commit (staging/pending.py): those of the files being written, and
+        lookups and creates of names not pending (`Node.passes_intents`). Any other
+        first waits for the commit (errors.fuse_op)."""
+        if op in _BY_HANDLE:
+            handle = self.handles.get(args[0])
+            return handle is not None and handle.passes_intents
+        if op in _BY_INODE:
+            node = self.inodes.get(args[0])
+            return node is not None and node.passes_intents(None)
+        if op == "lookup" or op == "create":
+            node = self.inodes.get(args[0])
+            return node is not None and node.passes_intents(args[1])
+        return False
 
     # -- names ----------------------------------------------------------------------
     @fuse_op(of_child)

@@ -171,6 +171,7 @@ async def serve(ctx: Context, mnt: str, sweep_every: float | None, ops: Operatio
     workers.add("alkfsd ready", _ready, ctx, mnt)
     workers.add("alkfsd invalidator", ctx.invalidator.run)
     workers.add("alkfsd pin expiry", ctx.writes.run_expiry)
+    workers.add("alkfsd intents", ctx.pending.run)
     workers.add("alkfsd derived packs", packs.run, ctx)  # first set, then intake
     workers.add("alkfsd refusal counts", _log_counts, ops)
     if ctx.store.db is not None and not ctx.read_only:

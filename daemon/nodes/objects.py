@@ -116,6 +116,10 @@ class AlgoDir(_Dir):
         except (UnicodeDecodeError, Invalid):
             return None
 
+    def passes_intents(self, name: bytes | None) -> bool:
+        # (cp's lookups and creates of new names; a pending object waits for its commit)
+        return name is not None and not self.ctx.pending.pending_hex(name)
+
     async def lookup(self, name: bytes, req: RequestContext) -> Node:
         key = self.key_of(name)
         if key is None:
@@ -151,6 +155,8 @@ class AlgoDir(_Dir):
         return node, node.new_handle(flags)
 
     def store_small(self, node: StagedFile, data: bytes, wait: bool) -> PutResult | None:
+        if not wait and node.key is None:  # (a first commit: acknowledged once logged)
+            return self.ctx.pending.put(None, self.algo, data, node.writer.expect)
         return None  # the plain put: nothing is named
 
     def publish_in_thread(self, node: StagedFile, result: PutResult, wait: bool) -> None:

@@ -88,6 +88,10 @@ class PinsDir(Dir):
         super().__init__(ctx, ("dir", "/pins"), parent, b"pins")
         self.staged: dict[bytes, StagedFile] = {}
 
+    def passes_intents(self, name: bytes | None) -> bool:
+        # (cp's lookups and creates of new names; a pending name waits for its commit)
+        return name is not None and not self.ctx.pending.pending_name(name)
+
     async def lookup(self, name: bytes, req: RequestContext) -> Node:
         staged = self.staged.get(name)
         if staged is not None:
@@ -120,7 +124,7 @@ class PinsDir(Dir):
 
     # -- new pins --------------------------------------------------------------------------
     def _taken(self, name: bytes) -> bool:
-        if name in self.staged:
+        if name in self.staged or self.ctx.pending.pending_name(name):
             return True
         text = _text(name)
         return text is not None and valid_pin_name(text) and self.ctx.pins.get(text) is not None
@@ -185,6 +189,12 @@ class PinsDir(Dir):
         text = self._pin_name(node)
         if text is None:
             return None
+        # A first commit of a name no pin took meanwhile (an object's pin xattr): its
+        # intent logged, it is acknowledged (staging/pending.py).
+        if not wait and node.key is None and self.ctx.pins.get(text) is None:
+            ahead = self.ctx.pending.put(text, node.writer.algo, data, None)
+            if ahead is not None:
+                return ahead
         return pinning.put_pinned(self.ctx.pins, text, data, node.key, wait)
 
     def publish_in_thread(self, node: StagedFile, result: PutResult, wait: bool) -> None:

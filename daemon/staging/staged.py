@@ -116,7 +116,8 @@ class StagedFile(File):
         "error",
         "unlinked",
         "attempted",
-        "lock",
+        "committing",
+        "idle",
         "extra",
         "host",
     )
@@ -143,8 +144,12 @@ class StagedFile(File):
         self.error: int | None = None  # the errno of the last failed commit
         self.unlinked = False  # removed while open: nothing is stored at close
         self.attempted = False  # a commit was tried (an empty file is stored at release)
-        self.lock = trio.Lock()
+        self.committing = False  # a commit is under way (`commit`)
+        self.idle: trio.Event | None = None  # set when it ends, for the closes waiting
         self.extra: Any = None  # the parent's own state (e.g. a pin it holds)
+
+    def passes_intents(self, name: bytes | None) -> bool:
+        return True  # (its own content: in memory, a spool or the store)
 
     def ino_seed(self) -> int:
         # (a serial of this process, mixed, not blake2b of the identity: a new file's
@@ -209,15 +214,18 @@ class StagedFile(File):
         """Store and publish what was written since the last commit (`empty`: also a
         file never written, at its release); a refusal is raised again at every later
         flush until something is written."""
-        lock = self.lock
-        try:
-            lock.acquire_nowait()  # (uncontended, as nearly always: no trip through the loop)
-        except trio.WouldBlock:
-            await lock.acquire()
+        while self.committing:  # (another close of this file is storing it)
+            if self.idle is None:
+                self.idle = trio.Event()
+            await self.idle.wait()
+        self.committing = True  # (a flag, not a trio.Lock: uncontended as nearly always)
         try:
             await self._commit(empty)
         finally:
-            lock.release()
+            self.committing = False
+            idle, self.idle = self.idle, None
+            if idle is not None:
+                idle.set()
 
     async def _commit(self, empty: bool) -> None:
         if not self.writer.dirty and not (empty and not self.attempted):
@@ -259,6 +267,8 @@ class StagedFile(File):
 
 class StagedHandle(Handle):
     """An open file on a StagedFile (see the module docstring)."""
+
+    passes_intents = True
 
     def __init__(self, node: StagedFile, *, direct_io: bool = False) -> None:
         super().__init__(node)
