@@ -267,7 +267,8 @@ class Pins:
         return result, record
 
     def put_pinned_many(self, items: Sequence[tuple[str | None, Key, bytes]]) -> None:
-        """Store many small (name or None, key, content) in one transaction, each named
+        """Store many small (name or None, key of the content computed by this process
+        from it, content) in one transaction (not hashed again), each named
         object pinned as its name (alkfs/intents.py: a worker thread, it may wait). A
         name pinned to another object keeps it: that content is stored unpinned and
         the refusal logged (the daemon refuses such a name before it acknowledges)."""
@@ -277,7 +278,9 @@ class Pins:
         wrote: dict[int, bool] = {}  # the results whose name was pinned: row written?
         with self.misses.changing():
             with store.tx():
-                results = store.put_many([(data, key.algo, key) for _, key, data in items])
+                results = store.put_many(
+                    [(data, key.algo, key) for _, key, data in items], hashed=True
+                )
                 try:
                     inserted = self._insert_new(
                         [(name, r.key) for (name, _, _), r in zip(items, results, strict=True)]

@@ -1002,13 +1002,20 @@ class Store:
     # -- batched puts (many small objects in one transaction) -----------------------
     @_counted
     def put_many(
-        self, items: Sequence[tuple[bytes, Algorithm, Key | bytes | None]]
+        self,
+        items: Sequence[tuple[bytes, Algorithm, Key | bytes | None]],
+        hashed: bool = False,
     ) -> builtins.list[PutResult]:
         """Store many (content, algo, expected key) at once, each like `put`: the small
         ones share one kv transaction. Every item is checked before anything is stored
         (a bad one raises and stores nothing of the small ones); each result carries
         its own pin, to release once the object's name is published. An expected key
-        may be given as a Key or as its raw bytes (algorithm byte + digest)."""
+        may be given as a Key or as its raw bytes (algorithm byte + digest).
+
+        `hashed`: every item has its expected key, computed from these very bytes by
+        this process (alkfs/intents.py: an Intent is made from its content's digest,
+        and a logged one is checked against it when read back), so none is hashed
+        again."""
         from .git.objects import TYPES as GIT_TYPES
 
         def made(raw: bytes) -> Key:  # a key built from a digest just computed: valid
@@ -1046,7 +1053,7 @@ class Store:
                     or data[sp + 1 : nul] != b"%d" % (len(data) - nul - 1)
                 ):
                     check_canonical(data[:MAX_HEADER], len(data))
-            raw = tag + hasher(data).digest()
+            raw = want if hashed and want is not None else tag + hasher(data).digest()
             if want is not None and want != raw:
                 raise Verification(f"the content hashes to {made(raw)}, not {Key(bytes(want))}")
             key = expect if isinstance(expect, Key) else made(raw)

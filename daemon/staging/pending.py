@@ -28,6 +28,7 @@ import trio
 
 from alkfs import intents
 from alkfs.db.sqlite import BACKFILL_COMMITS
+from alkfs.errors import AlkfsError, NoSpace
 from alkfs.intents import Intent, IntentLog
 from alkfs.keys import Algorithm, Key
 from alkfs.store import NOWAIT_PUT_MAX, PutResult
@@ -40,7 +41,9 @@ log = logging.getLogger("alkfsd")
 GATHER_S = 0.01  # after the first intent, how long the worker lets more arrive (default)
 PENDING_MAX = 16 << 20  # bytes of content waiting: beyond, closes take the direct path
 LOG_MAX = 256 << 20  # the log's size beyond which closes take the direct path until drained
-RETRY_S = 0.2  # after a failed apply
+RETRY_S = 0.2  # after a failed apply (doubling up to RETRY_MAX_S)
+RETRY_MAX_S = 5.0
+DRAIN_TRIES = 3  # failed applies after which a waiting request goes on without them
 AHEAD_ALGOS = frozenset({Algorithm.SHA256, Algorithm.BLAKE3})
 
 
@@ -68,6 +71,7 @@ class Pending:
         self.draining = 0
         self.applied = 0  # intents applied (status)
         self._since_backfill = 0
+        self.failures = 0  # failed applies in a row
         self._wake = trio.Event()
         self._lock = trio.Lock()  # one apply at a time
 
@@ -83,6 +87,7 @@ class Pending:
         if (
             log_ is None
             or self.draining
+            or self.failures
             or len(data) > self.limit
             or algo not in AHEAD_ALGOS
             or self.bytes + len(data) > PENDING_MAX
@@ -126,8 +131,10 @@ class Pending:
             await self._wake.wait()
             self._wake = trio.Event()
             await trio.sleep(self.gather_s)
+            wait = RETRY_S
             while not await self._apply():
-                await trio.sleep(RETRY_S)
+                await trio.sleep(wait)
+                wait = min(2 * wait, RETRY_MAX_S)
 
     async def _apply(self) -> bool:
         """Apply what is pending now (in one worker-thread transaction); whether it went.
@@ -141,9 +148,20 @@ class Pending:
             try:
                 with trio.CancelScope(shield=True):  # (the thread runs on regardless)
                     await self.ctx.run_sync(self._apply_batch, batch, backfill)
-            except Exception:
-                log.exception("intents: %d small put(s) not applied yet; trying again", len(batch))
+            except Exception as exc:
+                self.failures += 1
+                if self.failures == 1:  # (one line an episode: it is retried until it goes)
+                    log.error(
+                        "intents: %d small put(s) not applied yet (%s); trying again; "
+                        "closes commit their own files meanwhile",
+                        len(batch),
+                        exc,
+                        exc_info=not isinstance(exc, AlkfsError),
+                    )
                 return False
+            if self.failures:
+                log.info("intents: applied after %d failed attempt(s)", self.failures)
+                self.failures = 0
             del self.items[: len(batch)]
             self.count = len(self.items)
             self.applied += len(batch)
@@ -159,21 +177,36 @@ class Pending:
         """(a worker thread) The batch's transaction; then, every BACKFILL_COMMITS
         intents, the database's log copied into its file (as the commits of small files
         made on the loop asked for it, main._backfill)."""
-        intents.apply(self.ctx.pins, batch)
+        store = self.ctx.store
+        try:
+            intents.apply(self.ctx.pins, batch)
+        except NoSpace:
+            if store.reserve is None:
+                raise
+            store.reserve.hit()  # (what the store keeps for itself makes room: once more)
+            intents.apply(self.ctx.pins, batch)
         if backfill:
             self._since_backfill = 0
             self.ctx.store.backfill()
 
     async def drain(self) -> None:
         """Until everything acknowledged so far is applied and the log emptied (new
-        closes meanwhile take the direct path)."""
-        if not self.count:
-            return
+        closes meanwhile take the direct path). If applying fails DRAIN_TRIES times in a
+        row, requests go on without waiting until it works again (the daemon stays up;
+        nothing acknowledged is lost: it stays in the log)."""
+        if not self.count or self.failures >= DRAIN_TRIES:
+            return  # (nothing pending; or applying fails: the worker goes on trying alone)
         self.draining += 1
         try:
-            while self.count:
-                if not await self._apply():
-                    await trio.sleep(RETRY_S)
+            for _ in range(DRAIN_TRIES):
+                if await self._apply() and not self.count:
+                    return
+                await trio.sleep(RETRY_S)
+            # they stay logged: applied when it works again, or when the store next opens
+            log.warning(
+                "intents: requests go on without %d acknowledged small put(s) applied",
+                self.count,
+            )
         finally:
             self.draining -= 1
 
