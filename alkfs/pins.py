@@ -164,6 +164,12 @@ class Misses:
     def before_query(self) -> int:
         return self._epoch
 
+    def steady(self, epoch: int) -> bool:
+        """No change to the pins ran or began since `before_query()` said `epoch` (a
+        caller's own memo of what it found since then holds); never where another
+        process changes pins too (`on` false)."""
+        return self.on and epoch == self._epoch and not self._writing
+
     def missed(self, name: str, epoch: int) -> None:
         """The query begun at `epoch` found no pin `name`."""
         if not self.on:

@@ -82,11 +82,13 @@ class PinsDir(Dir):
 
     entry_timeout = DYNAMIC_TIMEOUT
     attr_timeout = DYNAMIC_TIMEOUT
-    __slots__ = ("staged",)
+    __slots__ = ("staged", "unpinned", "unpinned_epoch")
 
     def __init__(self, ctx: Context, parent: Node) -> None:
         super().__init__(ctx, ("dir", "/pins"), parent, b"pins")
         self.staged: dict[bytes, StagedFile] = {}
+        self.unpinned = b""  # the last name found unpinned (`_pin`), at this pins epoch
+        self.unpinned_epoch = -1
 
     def passes_intents(self, name: bytes | None) -> bool:
         # (cp's lookups and creates of new names; a pending name waits for its commit)
@@ -96,13 +98,26 @@ class PinsDir(Dir):
         staged = self.staged.get(name)
         if staged is not None:
             return staged
-        text = _text(name)
-        if text is None or not valid_pin_name(text):
-            fail(errno.ENOENT)
-        rec = self.ctx.pins.get(text)
+        rec = self._pin(name)
         if rec is None:
             fail(errno.ENOENT)
         return PinLink(self.ctx, self, rec)
+
+    def _pin(self, name: bytes) -> PinRecord | None:
+        """The pin `name` names (None: none, or not a pin name). The last name found
+        unpinned is remembered until any pin changes: cp's stat, the kernel's O_EXCL
+        lookup, the create and the close each ask for the same new name."""
+        misses = self.ctx.pins.misses
+        epoch = misses.before_query()
+        if name == self.unpinned and epoch == self.unpinned_epoch:
+            return None
+        text = _text(name)
+        if text is None or not valid_pin_name(text):
+            return None
+        rec = self.ctx.pins.get(text)
+        if rec is None and misses.steady(epoch):
+            self.unpinned, self.unpinned_epoch = name, epoch
+        return rec
 
     async def readdir(self, dh: DirHandle, start: int, emit: Emit) -> None:
         def entries() -> list[tuple[bytes, Node]]:
@@ -126,8 +141,7 @@ class PinsDir(Dir):
     def _taken(self, name: bytes) -> bool:
         if name in self.staged or self.ctx.pending.pending_name(name):
             return True
-        text = _text(name)
-        return text is not None and valid_pin_name(text) and self.ctx.pins.get(text) is not None
+        return self._pin(name) is not None
 
     async def create(
         self, name: bytes, mode: int, flags: int, req: RequestContext
@@ -191,7 +205,7 @@ class PinsDir(Dir):
             return None
         # A first commit of a name no pin took meanwhile (an object's pin xattr): its
         # intent logged, it is acknowledged (staging/pending.py).
-        if not wait and node.key is None and self.ctx.pins.get(text) is None:
+        if not wait and node.key is None and self._pin(node.name) is None:
             ahead = self.ctx.pending.put(text, node.writer.algo, data, None)
             if ahead is not None:
                 return ahead
