@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("alkfsd")
 
-GATHER_S = 0.01  # after the first intent, how long the worker lets more arrive (default)
+GATHER_S = 0.05  # after the first intent, how long the worker lets more arrive (default)
 PENDING_MAX = 16 << 20  # bytes of content waiting: beyond, closes take the direct path
 LOG_MAX = 256 << 20  # the log's size beyond which closes take the direct path until drained
 RETRY_S = 0.2  # after a failed apply (doubling up to RETRY_MAX_S)
