@@ -29,6 +29,9 @@ def figures(ctx: Context) -> dict[str, Any]:
     # the directory listings the kernel caches (daemon/listings.py): opens decided in
     # Python, and the directories whose opens are answered in C (pyfuse3-cacheddirs.patch)
     fig["listings"] = ctx.listings.status()
+    # small files acknowledged ahead of their commit (daemon/staging/pending.py): this
+    # file's open waited for them, so `pending` is what arrived since; `applied` counts
+    fig["intents"] = ctx.pending.status()
     # the full-disk state of the store's reserve (alkfs/reserve.py): entered and left with
     # one log line each; `reserve` is None for a store that keeps none (a memory store)
     reserve = ctx.app.store.reserve

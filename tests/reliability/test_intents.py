@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import json
 import os
 import signal
 import sqlite3
@@ -79,6 +80,8 @@ def test_a_close_is_answered_once_logged_and_a_listing_waits_for_the_commit(star
     assert sorted(n for n in os.listdir(m.path("pins")) if n.startswith("a")) == sorted(contents)
     assert db_pins(m.store_path, "a") == 20
     assert log_size(m.store_path) == 0
+    intents = json.loads(m.path(".alkfs", "status").read_text())["intents"]
+    assert intents == {"pending": 0, "applied": 20, "log_bytes": 0}
     for name, data in contents.items():
         assert m.path("pins", name).read_bytes() == data
     assert m.tracebacks() == []
