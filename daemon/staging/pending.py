@@ -191,17 +191,19 @@ class Pending:
 
     async def drain(self) -> None:
         """Until everything acknowledged so far is applied and the log emptied (new
-        closes meanwhile take the direct path). If applying fails DRAIN_TRIES times in a
-        row, requests go on without waiting until it works again (the daemon stays up;
-        nothing acknowledged is lost: it stays in the log)."""
+        closes meanwhile take the direct path). Once applying failed DRAIN_TRIES times
+        in a row (the worker's tries count), requests go on without waiting until it
+        works again (the daemon stays up; nothing acknowledged is lost: it stays in the
+        log)."""
         if not self.count or self.failures >= DRAIN_TRIES:
             return  # (nothing pending; or applying fails: the worker goes on trying alone)
         self.draining += 1
         try:
-            for _ in range(DRAIN_TRIES):
-                if await self._apply() and not self.count:
-                    return
-                await trio.sleep(RETRY_S)
+            while self.count and self.failures < DRAIN_TRIES:  # (the worker's tries count)
+                if not await self._apply():
+                    await trio.sleep(RETRY_S)
+            if not self.count:
+                return
             # they stay logged: applied when it works again, or when the store next opens
             log.warning(
                 "intents: requests go on without %d acknowledged small put(s) applied",

@@ -16,6 +16,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -207,3 +208,30 @@ def test_with_the_log_off_each_close_commits(start_mount):
     m.path("pins", "direct.txt").write_bytes(b"direct\n")
     assert db_pins(m.store_path, "direct") == 1
     assert not (m.store_path / "intents.log").exists()
+
+
+def test_an_apply_that_fails_loses_nothing_and_the_mount_serves_on(start_mount):
+    """sqlite's write lock held elsewhere past its busy timeout (5 s) makes every apply
+    fail: a listing waits for three tries, then goes on without the pending file; the
+    worker applies it once the lock goes, and the log is emptied."""
+    m = held(start_mount, {"ALKFS_INTENTS_GATHER_S": "2"})
+    data = b"waits for the lock\n" * 20
+    m.path("pins", "w.txt").write_bytes(data)
+    other = sqlite3.connect(m.store_path / "store.db", isolation_level=None, timeout=30)
+    other.execute("BEGIN IMMEDIATE")
+    try:
+        listed = os.listdir(m.path("pins"))  # three failed applies (~16 s), then it answers
+        assert "w.txt" not in listed and "warm-up" in listed
+        assert log_size(m.store_path) > len(data)  # (still logged: nothing lost)
+        assert "intents: 1 small put(s) not applied yet" in m.log()
+    finally:
+        other.execute("ROLLBACK")
+        other.close()
+    deadline = time.monotonic() + 60
+    while not os.path.lexists(m.path("pins", "w.txt")):  # the worker's retries
+        assert time.monotonic() < deadline, m.log()
+        time.sleep(0.5)
+    assert m.path("pins", "w.txt").read_bytes() == data
+    assert log_size(m.store_path) == 0
+    assert "intents: applied after" in m.log()
+    assert m.tracebacks() == []
