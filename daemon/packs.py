@@ -59,7 +59,8 @@ def _names(path: str) -> list[str]:
         return []
 
 
-def _env_float(name: str, default: float) -> float:
+def env_float(name: str, default: float) -> float:
+    """A number from the daemon's environment (a tuning knob), `default` if unset or bad."""
     try:
         return float(os.environ.get(name, default))
     except ValueError:
@@ -393,9 +394,9 @@ async def run(ctx: Context) -> None:
         return
     for d in s.derived.values():  # a set that no longer verifies is withdrawn, rebuilt
         await ctx.run_sync(d.withdraw_if_corrupt)
-    every = _env_float("ALKFS_PACK_EVERY", 60.0)
-    batch = _env_float("ALKFS_PACK_OBJECTS", 20_000)
-    poll = _env_float("ALKFS_PACK_POLL", min(every, 5.0))
+    every = env_float("ALKFS_PACK_EVERY", 60.0)
+    batch = env_float("ALKFS_PACK_OBJECTS", 20_000)
+    poll = env_float("ALKFS_PACK_POLL", min(every, 5.0))
     window_rows = 0
     while True:
         try:

@@ -33,6 +33,8 @@ from alkfs.intents import Intent, IntentLog
 from alkfs.keys import Algorithm, Key
 from alkfs.store import NOWAIT_PUT_MAX, PutResult
 
+from ..packs import env_float
+
 if TYPE_CHECKING:
     from ..context import Context
 
@@ -58,7 +60,7 @@ class Pending:
         # ALKFS_INTENTS_GATHER_S: the worker's wait (tests hold intents pending with it)
         if os.environ.get("ALKFS_INTENTS", "").lower() in ("0", "off", "no"):
             enabled = False
-        self.gather_s = _env_float("ALKFS_INTENTS_GATHER_S", GATHER_S)
+        self.gather_s = env_float("ALKFS_INTENTS_GATHER_S", GATHER_S)
         if enabled and store.path is not None and store.sole_writer and not ctx.read_only:
             if store.db is not None and store.db.engine == "sqlite" and store.mode != "mem":
                 self.log = IntentLog(store.path)
@@ -234,10 +236,3 @@ class Pending:
             "applied": self.applied,
             "log_bytes": 0 if self.log is None else self.log.size,
         }
-
-
-def _env_float(name: str, default: float) -> float:
-    try:
-        return float(os.environ.get(name, default))
-    except ValueError:
-        return default
