@@ -1,7 +1,7 @@
 """Small puts acknowledged ahead of their database commit: the intents log.
 
 A small file written through the mount is in the store once its intent is in this log
-(`STORE/intents.log`): one `write()` into the page cache, the same durability as the
+(`STORE/intents.log`): one `writev()` into the page cache, the same durability as the
 database's own commits, which are not fsynced either (`synchronous=NORMAL`). The daemon
 applies the intents shortly after, many in one transaction (`apply`), and empties the
 log once every intent in it is applied. Whoever opens the store with its lock first
@@ -20,9 +20,8 @@ import os
 import struct
 import zlib
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from .errors import Invalid
 from .keys import Key
@@ -38,19 +37,23 @@ _HEAD = struct.Struct("<4sII")  # magic, body length, crc32 of the body
 _NAME = struct.Struct("<H")
 
 
-@dataclass(frozen=True, slots=True)
-class Intent:
+class Intent(NamedTuple):
     """One small object to store (its key computed from `data` by whoever made it),
-    pinned as `name` unless that is None."""
+    pinned as `name` unless that is None. (A tuple: one is made at every small close.)"""
 
     name: str | None
     key: Key
     data: bytes
 
-    def encode(self) -> bytes:
+    def parts(self) -> list[bytes]:
+        """The record as the pieces one `writev` writes (the content is not copied)."""
         name = b"" if self.name is None else self.name.encode()
-        body = b"".join((_NAME.pack(len(name)), name, self.key.raw, self.data))
-        return _HEAD.pack(MAGIC, len(body), zlib.crc32(body)) + body
+        lead = _NAME.pack(len(name)) + name + self.key.raw
+        crc = zlib.crc32(self.data, zlib.crc32(lead))
+        return [_HEAD.pack(MAGIC, len(lead) + len(self.data), crc) + lead, self.data]
+
+    def encode(self) -> bytes:
+        return b"".join(self.parts())
 
 
 def decode(blob: bytes) -> Iterator[Intent]:
@@ -84,14 +87,14 @@ class IntentLog:
         self.size = os.fstat(self.fd).st_size
 
     def append(self, intent: Intent) -> None:
-        """One write of the record (OSError: nothing of it is kept; a full disk is ENOSPC)."""
-        record = intent.encode()
+        """One writev of the record (OSError: nothing of it is kept; a full disk is ENOSPC)."""
+        parts = intent.parts()
         try:
-            written = os.write(self.fd, record)
+            written = os.writev(self.fd, parts)
         except OSError:
             self._cut()
             raise
-        if written != len(record):  # (a disk that filled up within the write)
+        if written != len(parts[0]) + len(parts[1]):  # (a disk that filled up within it)
             self._cut()
             raise OSError(28, "No space left on device (a short write of the intents log)")
         self.size += written

@@ -90,6 +90,25 @@ class NameFilter:
             bits[spot >> 3] |= 1 << (spot & 7)
         return True
 
+    def add_many(self, names: Iterable[str]) -> bool:
+        """`add` each of `names` (False once the filter is full: the rest are not added)."""
+        bits, size, spots_ = self.bits, self.size, range(self.SPOTS)
+        for name in names:
+            h = hash(name)
+            a, b = h & 0xFFFFFFFF, ((h >> 32) & 0xFFFFFFFF) | 1
+            new = False
+            for i in spots_:
+                spot = (a + i * b) % size
+                byte, bit = spot >> 3, 1 << (spot & 7)
+                if not bits[byte] & bit:
+                    if not new:
+                        if self.count >= self.capacity:
+                            return False
+                        self.count += 1
+                        new = True
+                    bits[byte] |= bit
+        return True
+
     def maybe(self, name: str) -> bool:
         # (_spots' arithmetic inline, stopping at the first clear bit: a new name's lookup
         # asks this three times, and in a filter mostly clear the first spot answers)
@@ -161,6 +180,13 @@ class Misses:
             if f is not None and not f.add(name):
                 self.filter = None  # (full: lookups query again, as before `prime`)
 
+    def adding_many(self, names: Iterable[str]) -> None:
+        """`adding` for each of `names`, in one locked step."""
+        with self._lock:
+            f = self.filter
+            if f is not None and not f.add_many(names):
+                self.filter = None
+
     def before_query(self) -> int:
         return self._epoch
 
@@ -219,11 +245,18 @@ class Pins:
         self.misses = Misses(on=store.sole_writer)
 
     def _bump(self, key: bytes) -> None:
+        self._bump_many((key,))
+
+    def _bump_many(self, keys: Sequence[bytes]) -> None:
+        if not keys:
+            return
         with self._lock:
-            self.write_counter += 1
-            self._added.append((self.write_counter, key))
-            if len(self._added) > ADDED_MAX:  # (a deque: a list's del [0] moves 100,000)
-                self._lost = self._added.popleft()[0]
+            first = self.write_counter + 1
+            self.write_counter += len(keys)
+            added = self._added
+            added.extend(zip(range(first, first + len(keys)), keys, strict=True))
+            while len(added) > ADDED_MAX:  # (a deque: a list's del [0] moves 100,000)
+                self._lost = added.popleft()[0]
 
     def _check_name(self, name: str) -> None:
         if not valid_pin_name(name):
@@ -314,8 +347,7 @@ class Pins:
         written = [results[n].pin.key for n, w in wrote.items() if w]
 
         def bump() -> None:
-            for key in written:
-                self._bump(key)
+            self._bump_many(written)
 
         store.arbiter.convert_many([r.pin for r in results], bump)
         for hook in store.changed_hooks:  # (committed now: listings may be made anew)
@@ -335,10 +367,10 @@ class Pins:
         with self.tables.tx() as conn:
             for j in range(0, len(named), self._ROWS):
                 part = named[j : j + self._ROWS]
-                params: list[object] = []
-                for name, key in part:
-                    self.misses.adding(name)
-                    params += (name, key.raw, stamp)
+                self.misses.adding_many([name for name, _ in part])
+                params: list[object] = [stamp] * (3 * len(part))
+                params[0::3] = [name for name, _ in part]
+                params[1::3] = [key.raw for _, key in part]
                 done.update(
                     row[0]
                     for row in conn.execute(

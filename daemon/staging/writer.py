@@ -32,7 +32,9 @@ class StagedWriter:
         self.expect = expect
         self.size = 0
         self.dirty = False  # written since the last commit
-        self.mem: bytearray | None = bytearray()
+        # (a first write at 0 is kept as the bytes it came in: cp's one write of a small
+        # file is never copied; a second write makes it a bytearray)
+        self.mem: bytes | bytearray | None = b""
         self.spool: Spooler | None = None
         self.streaming = False
         self.closed = False
@@ -47,6 +49,12 @@ class StagedWriter:
         mem = self.mem
         if mem is not None:
             if end <= MEM_MAX:
+                if not mem and off == 0 and self.size == 0 and type(buf) is bytes:
+                    self.mem = buf
+                    self.size = end
+                    return n
+                if not isinstance(mem, bytearray):
+                    self.mem = mem = bytearray(mem)
                 if off > len(mem):
                     mem.extend(bytes(off - len(mem)))
                 mem[off:end] = buf
@@ -72,7 +80,7 @@ class StagedWriter:
         if self.mem is not None:
             if size <= MEM_MAX:
                 if size < len(self.mem):
-                    del self.mem[size:]
+                    self.mem = self.mem[:size]
                 self.size = size
                 return
             await self._spill()

@@ -131,6 +131,42 @@ async def test_a_streamed_file_committed_twice_keeps_what_was_written(app) -> No
         ctx.close()
 
 
+async def test_a_small_file_in_memory_keeps_every_write_pattern(app) -> None:
+    """The first write at 0 is kept as the bytes it came in (not copied); any later write,
+    a hole, a shrinking truncate or a read works on it as on a copy, and the caller's
+    bytes are never changed."""
+    ctx = Context(app.store, app=app, options=Options(threads=1), live=False)
+    try:
+        first = b"0123456789"
+        cases: list[tuple[list[tuple[str, int, bytes]], bytes]] = [
+            ([("w", 0, first)], first),
+            ([("w", 0, first), ("w", 3, b"abc")], b"012abc6789"),
+            ([("w", 0, first), ("w", 12, b"Z")], first + b"\0\0Z"),
+            ([("w", 0, first), ("t", 4, b"")], b"0123"),
+            ([("w", 0, first), ("t", 4, b""), ("w", 6, b"x")], b"0123\0\0x"),
+            ([("t", 3, b""), ("w", 0, b"ab")], b"ab\0"),
+            ([("w", 2, b"cd")], b"\0\0cd"),
+        ]
+        for ops, want in cases:
+            w = StagedWriter(ctx, Algorithm.SHA256)
+            for op, off, data in ops:
+                if op == "w":
+                    assert await w.write(off, data) == len(data)
+                else:
+                    await w.truncate(off)
+            assert w.size == len(want), ops
+            assert await w.read(0, 100) == want, ops
+            result = await w.commit()
+            try:
+                assert app.store.get(result.key) == want, ops
+            finally:
+                result.pin.release()
+            w.close()
+        assert first == b"0123456789"
+    finally:
+        ctx.close()
+
+
 async def test_a_sweep_waiting_for_the_kernel_holds_no_request_thread(app, monkeypatch) -> None:
     """A sweep returns once the kernel took its invalidations, waiting at most
     INVALIDATE_WAIT_S. Here nothing takes them (no kernel session runs the invalidator),
