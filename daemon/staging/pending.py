@@ -5,7 +5,8 @@ transaction on the trio thread: the object's row, its pin's row, the commit, abo
 thirds of what the daemon spent on the file. Now the close writes the intent into the
 store's intents log (alkfs/intents.py: one write into the page cache, as durable as
 sqlite's commits, which are not fsynced either) and is answered; the `run` worker
-applies the intents many at a time in one transaction on a worker thread.
+applies the intents many at a time on a worker thread, once closes pause (see
+APPLY_BYTES).
 
 What is acknowledged and not applied yet is not in the database. Every request that
 could see the difference waits for the apply first (`drain`): Operations lets through
@@ -40,8 +41,16 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("alkfsd")
 
-GATHER_S = 0.05  # after the first intent, how long the worker lets more arrive (default)
-PENDING_MAX = 16 << 20  # bytes of content waiting: beyond, closes take the direct path
+# The worker applies once closes pause for GATHER_S (no intent logged meanwhile), or once
+# APPLY_BYTES of content or APPLY_COUNT intents wait, or the oldest has waited HOLD_MAX_S:
+# a burst of small files (cp -r of a tree) is applied after it, not against it on the
+# daemon's other CPU and the GIL; a longer stream in steps of APPLY_BYTES.
+GATHER_S = 0.05  # the pause of closes that starts an apply (default)
+APPLY_BYTES = 32 << 20
+APPLY_COUNT = 20_000
+HOLD_MAX_S = 5.0
+APPLY_BATCH = 4096  # intents a transaction applies (each holds sqlite's write lock)
+PENDING_MAX = 64 << 20  # bytes of content waiting: beyond, closes take the direct path
 LOG_MAX = 256 << 20  # the log's size beyond which closes take the direct path until drained
 RETRY_S = 0.2  # after a failed apply (doubling up to RETRY_MAX_S)
 RETRY_MAX_S = 5.0
@@ -67,6 +76,7 @@ class Pending:
         self.limit = min(store.threshold, NOWAIT_PUT_MAX)
         self.items: list[Intent] = []
         self.count = 0  # len(items): read by every request's gate (errors.fuse_op)
+        self.logged = 0  # intents logged since the start (the worker's pause detection)
         self.names: set[bytes] = set()  # pin names pending (as the kernel names them)
         self.hexes: set[bytes] = set()  # the pending objects' hex digests (/objects names)
         self.bytes = 0
@@ -111,6 +121,7 @@ class Pending:
             return None
         self.items.append(intent)
         self.count += 1
+        self.logged += 1
         self.bytes += len(data)
         if name is not None:
             self.names.add(name.encode())
@@ -126,23 +137,43 @@ class Pending:
 
     # -- applying ------------------------------------------------------------------------
     async def run(self) -> None:
-        """The worker (workers.py): apply what arrives, a little while after it arrives."""
+        """The worker (workers.py): apply what arrives once closes pause (`_settle`)."""
         if self.log is None:
             return
         while True:
             await self._wake.wait()
             self._wake = trio.Event()
-            await trio.sleep(self.gather_s)
+            await self._settle()
             wait = RETRY_S
             while not await self._apply():
                 await trio.sleep(wait)
                 wait = min(2 * wait, RETRY_MAX_S)
 
+    async def _settle(self) -> None:
+        """Until closes pause for `gather_s`, or enough waits (see APPLY_BYTES)."""
+        start = trio.current_time()
+        while True:
+            seen = self.logged
+            await trio.sleep(self.gather_s)
+            if (
+                self.logged == seen
+                or self.bytes >= APPLY_BYTES
+                or self.count >= APPLY_COUNT
+                or trio.current_time() - start >= HOLD_MAX_S
+            ):
+                return
+
     async def _apply(self) -> bool:
-        """Apply what is pending now (in one worker-thread transaction); whether it went.
-        The log is emptied once nothing is pending."""
+        """Apply what is pending now (APPLY_BATCH at a time, each in a worker-thread
+        transaction); whether all of it went. The log is emptied once nothing is pending."""
+        for _ in range(-(-self.count // APPLY_BATCH)):
+            if not await self._apply_some():
+                return False
+        return True
+
+    async def _apply_some(self) -> bool:
         async with self._lock:
-            batch = self.items[: self.count]
+            batch = self.items[: min(self.count, APPLY_BATCH)]
             if not batch:
                 return True
             self._since_backfill += len(batch)
