@@ -235,3 +235,31 @@ def test_an_apply_that_fails_loses_nothing_and_the_mount_serves_on(start_mount):
     assert log_size(m.store_path) == 0
     assert "intents: applied after" in m.log()
     assert m.tracebacks() == []
+
+
+def test_a_stream_of_closes_is_applied_once_it_pauses(start_mount):
+    """The worker applies once closes pause for the gather time (1 s here), not a gather
+    time after the first close: of a close every 0.1 s for 2.5 s, the worker applies
+    nothing meanwhile (without the pause rule it applied every second: 20 of the 25
+    were in the database when the stream ended); after the pause, all of it."""
+    m = held(start_mount, {"ALKFS_INTENTS_GATHER_S": "1"})
+    contents = files(25, "s")
+    started = time.monotonic()
+    committed = []  # in the database after each close
+    for name, data in contents.items():
+        (m.path("pins") / name).write_bytes(data)
+        committed.append(db_pins(m.store_path, "s"))
+        time.sleep(0.1)
+    assert time.monotonic() - started < 4.5, "the stream must end before the 5 s hold"
+    # (a close commits its own file when the disk's free space is due for a look: about
+    # one a second; the worker applied none of the others during the stream)
+    assert committed[-1] <= 5, str(committed)
+    assert log_size(m.store_path) > sum(map(len, contents.values())) // 2
+    deadline = time.monotonic() + 30
+    while db_pins(m.store_path, "s") < len(contents):
+        assert time.monotonic() < deadline, m.log()
+        time.sleep(0.1)
+    assert db_pins(m.store_path, "s") == len(contents)
+    for name, data in contents.items():
+        assert (m.path("pins") / name).read_bytes() == data
+    assert m.tracebacks() == []
