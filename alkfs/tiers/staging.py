@@ -1,15 +1,17 @@
 """Writing a large object's staging file beside the hashing of the same bytes.
 
-`StagingWriter(path, fd)` takes the chunks a put hashes and writes them in a helper
-thread: hashlib, BLAKE3 and os.write all release the GIL, so they overlap instead of
-running one after the other. The same thread digests the bytes a chunk at a time
+`StagingWriter(path, fd)` takes the chunks a put hashes and writes them in helper
+threads: hashlib, BLAKE3 and os.write all release the GIL, so they overlap instead of
+running one after the other. The staging thread digests the bytes a chunk at a time
 (catalog.ChunkDigester: the catalog row the put records), in the same pass that writes
 them.
 
-The file is written with O_DIRECT where the file system takes it: the caller's thread
+The file is written with O_DIRECT where the file system takes it: the staging thread
 copies the chunks into page-aligned buffers of DIRECT_BUFFER bytes (a few per writer,
-reused across writers from a small pool), and the helper thread writes each full buffer
-straight to the disk, so no page of the page cache is filled on the way. Measured on
+reused across writers from a small pool), and an I/O thread writes each full buffer
+straight to the disk, so no page of the page cache is filled on the way. (The copy was
+the caller's: its thread also hashes the whole object, the longest of the three; an
+O_DIRECT write waits for the disk, so the copy and digest do not wait behind it.) Measured on
 this machine's VM (README, "Large writes"): a fresh page-cache page cost more than the
 disk write itself once memory freed by a deleted object had gone back to the host, and
 a 1 GiB put spent most of its time in the kernel's copy into those pages. The tail of a
@@ -21,7 +23,7 @@ with waits only for the tail.
 
 `write(chunk)` takes a chunk (the caller must not change it afterwards); `finish()`
 waits for every write and fsyncs, raising the first write error; `digester` then holds
-the size and chunk digests of everything written; `close()` stops the thread, gives the
+the size and chunk digests of everything written; `close()` stops the threads, gives the
 buffers back and closes the descriptor (idempotent, on every path).
 """
 
@@ -116,43 +118,42 @@ class StagingWriter:
         self._error: BaseException | None = None
         self._abandoned = False
         self.direct = set_direct(fd, True)  # (False once a write has been refused)
-        # O_DIRECT: filled buffers go to the thread through _queue and come back through
-        # _free; `_fill` bytes of `_current` are filled. Otherwise _queue carries chunks.
-        self._queue: queue.Queue[Any] = queue.Queue(0 if self.direct else QUEUE_CHUNKS)
+        # The caller's chunks go to the staging thread through _queue (at most
+        # QUEUE_CHUNKS wait). O_DIRECT: that thread copies them into buffers (`_fill`
+        # bytes of `_current` filled) and hands each full one to the I/O thread through
+        # _io; it comes back through _free. Otherwise the staging thread writes them.
+        self._queue: queue.Queue[Any] = queue.Queue(QUEUE_CHUNKS)
+        self._io: queue.Queue[tuple[mmap.mmap, int] | None] = queue.Queue()
         self._free: queue.Queue[mmap.mmap] = queue.Queue()
         self._buffers: list[mmap.mmap] = []
         self._current: mmap.mmap | None = None
         self._fill = 0
-        if self.direct:
-            for _ in range(DIRECT_BUFFERS):
-                buf = _take_buffer()
-                self._buffers.append(buf)
-                self._free.put(buf)
+        self._io_thread: threading.Thread | None = None
         self._thread = threading.Thread(target=self._run, name="alkfs-staging", daemon=True)
-        self._thread.start()
+        try:
+            if self.direct:
+                for _ in range(DIRECT_BUFFERS):
+                    buf = _take_buffer()
+                    self._buffers.append(buf)
+                    self._free.put(buf)
+                self._io_thread = threading.Thread(
+                    target=self._run_io, name="alkfs-io", daemon=True
+                )
+                self._io_thread.start()
+            self._thread.start()
+        except BaseException:  # (a thread that cannot start: nothing is kept)
+            self._stop_io()
+            for buf in self._buffers:
+                _give_buffer(buf)
+            self._buffers = []
+            raise
 
     def write(self, chunk: bytes | bytearray) -> None:
         if self._error is not None:
             raise self._error
-        if not self._buffers:
-            self._queue.put(chunk)
-            return
-        view = memoryview(chunk)
-        while view:
-            if self._current is None:
-                self._current = self._free.get()  # (waits while every buffer is in flight)
-                if self._error is not None:
-                    raise self._error
-            n = min(len(view), DIRECT_BUFFER - self._fill)
-            self._current[self._fill : self._fill + n] = view[:n]
-            self._fill += n
-            view = view[n:]
-            if self._fill == DIRECT_BUFFER:
-                self._send()
+        self._queue.put(chunk)  # (waits while QUEUE_CHUNKS wait)
 
     def finish(self) -> None:
-        if self._current is not None and self._fill:
-            self._send()  # (the last buffer: its tail is written through the page cache)
         self._stop()
         if self._error is not None:
             raise self._error
@@ -168,34 +169,31 @@ class StagingWriter:
             fd, self.fd = self.fd, -1  # never closed twice, even if close() raises
             os.close(fd)
 
-    def _send(self) -> None:
-        assert self._current is not None
-        self._queue.put((self._current, self._fill))
-        self._current, self._fill = None, 0
-
     def _stop(self) -> None:
+        """Every chunk queued so far written (or dropped after an error or `close`), the
+        threads gone."""
         if self._thread.is_alive():
             self._queue.put(None)
             self._thread.join()
+        self._stop_io()
+
+    def _stop_io(self) -> None:
+        if self._io_thread is not None and self._io_thread.is_alive():
+            self._io.put(None)
+            self._io_thread.join()
 
     def _run(self) -> None:
+        """The staging thread: digest each chunk, then copy it into the O_DIRECT buffers
+        (the I/O thread writes them) or write it through the page cache."""
         written = started = 0
         while (item := self._queue.get()) is not None:
-            if isinstance(item, tuple):
-                buf, n = item
-                try:
-                    if self._error is None and not self._abandoned:
-                        with memoryview(buf) as view:
-                            self._write_direct(view[:n])
-                except BaseException as exc:
-                    self._error = exc
-                finally:
-                    self._free.put(buf)  # (even after an error: write() may wait for it)
-                continue
-            if self._error is not None:
+            if self._error is not None or self._abandoned:
                 continue  # drain: the caller learns of the error at its next call
             try:
                 self.digester.update(item)  # (BLAKE3 releases the GIL, as os.write does)
+                if self._buffers:
+                    self._copy(item)
+                    continue
                 write_all(self.fd, item)
                 written += len(item)
                 if written - started >= WRITEBACK_STEP:
@@ -203,12 +201,47 @@ class StagingWriter:
                     started = written
             except BaseException as exc:
                 self._error = exc
+        if self._current is not None and self._fill and self._error is None:
+            if not self._abandoned:
+                self._send()  # (the last buffer: its tail goes through the page cache)
+        self._stop_io()
+
+    def _copy(self, chunk: bytes | bytearray) -> None:
+        view = memoryview(chunk)
+        while view:
+            if self._current is None:
+                self._current = self._free.get()  # (waits while every buffer is in flight)
+                if self._error is not None:
+                    return
+            n = min(len(view), DIRECT_BUFFER - self._fill)
+            self._current[self._fill : self._fill + n] = view[:n]
+            self._fill += n
+            view = view[n:]
+            if self._fill == DIRECT_BUFFER:
+                self._send()
+
+    def _send(self) -> None:
+        assert self._current is not None
+        self._io.put((self._current, self._fill))
+        self._current, self._fill = None, 0
+
+    def _run_io(self) -> None:
+        """The I/O thread: write each full buffer (in order), give it back."""
+        while (item := self._io.get()) is not None:
+            buf, n = item
+            try:
+                if self._error is None and not self._abandoned:
+                    with memoryview(buf) as view:
+                        self._write_direct(view[:n])
+            except BaseException as exc:
+                self._error = exc
+            finally:
+                self._free.put(buf)  # (even after an error: the copy may wait for it)
 
     def _write_direct(self, view: memoryview) -> None:
-        """Digest and write one buffer's bytes: whole blocks with O_DIRECT, a tail (only
-        the last buffer has one) through the page cache. A write the file system refuses
-        with EINVAL is made through the page cache instead, as is everything after it."""
-        self.digester.update(view)
+        """Write one buffer's bytes: whole blocks with O_DIRECT, a tail (only the last
+        buffer has one) through the page cache. A write the file system refuses with
+        EINVAL is made through the page cache instead, as is everything after it."""
         while view:
             n = len(view)
             if self.direct:
