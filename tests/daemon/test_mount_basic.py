@@ -348,7 +348,9 @@ def test_after_sigkill_a_restart_on_the_same_mountpoint_serves_everything(served
     m.stop(signal.SIGKILL)
     with pytest.raises(OSError) as e:
         os.statvfs(m.mnt)
-    assert e.value.errno == errno.ENOTCONN
+    # a dead mount (README): ENOTCONN, or ECONNABORTED once its guard aborted it (a
+    # guard whose own statvfs met the connection before the kernel ended it)
+    assert e.value.errno in (errno.ENOTCONN, errno.ECONNABORTED)
     m.start()
     assert "clearing a stale mount" in m.log()
     for (data, _), key in zip(SAMPLES, keys, strict=True):

@@ -117,7 +117,7 @@ def test_a_dead_mount_is_still_cleared_at_start(start_mount, tmp_path):
     write_close(m.path("pins", "keep"), b"kept\n")
     m.stop(signal.SIGKILL)
     assert m.mounted()  # the dead mount is left behind
-    assert os_errno(os.statvfs, m.mnt) == errno.ENOTCONN
+    assert os_errno(os.statvfs, m.mnt) in (errno.ENOTCONN, errno.ECONNABORTED)  # (dead)
     m.start()
     assert m.path("pins", "keep").read_bytes() == b"kept\n"
 
