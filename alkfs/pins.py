@@ -70,25 +70,10 @@ class NameFilter:
         self.bits = bytearray(self.size // 8)
         self.count = 0
 
-    def _spots(self, name: str) -> list[int]:
-        h = hash(name)  # (str hashes are per process: so is the filter)
-        a, b = h & 0xFFFFFFFF, ((h >> 32) & 0xFFFFFFFF) | 1
-        size = self.size
-        return [(a + i * b) % size for i in range(self.SPOTS)]
-
     def add(self, name: str) -> bool:
         """Add `name`: False when the filter is full. A name already in (every spot set:
         a re-pin, a replace) changes nothing and is not counted again."""
-        bits = self.bits
-        spots = [s for s in self._spots(name) if not bits[s >> 3] >> (s & 7) & 1]
-        if not spots:
-            return True
-        if self.count >= self.capacity:
-            return False
-        self.count += 1
-        for spot in spots:
-            bits[spot >> 3] |= 1 << (spot & 7)
-        return True
+        return self.add_many((name,))
 
     def add_many(self, names: Iterable[str]) -> bool:
         """`add` each of `names` (False once the filter is full: the rest are not added)."""
@@ -110,7 +95,7 @@ class NameFilter:
         return True
 
     def maybe(self, name: str) -> bool:
-        # (_spots' arithmetic inline, stopping at the first clear bit: a new name's lookup
+        # (add_many's arithmetic, stopping at the first clear bit: a new name's lookup
         # asks this three times, and in a filter mostly clear the first spot answers)
         h = hash(name)
         a, b = h & 0xFFFFFFFF, ((h >> 32) & 0xFFFFFFFF) | 1
@@ -165,8 +150,7 @@ class Misses:
             return False
         names = list(scanned)
         f = NameFilter(len(names))
-        for name in names:
-            f.add(name)
+        f.add_many(names)
         with self._lock:
             if epoch != self._epoch:
                 return False
@@ -175,17 +159,14 @@ class Misses:
 
     def adding(self, name: str) -> None:
         """(inside `changing()`, before its commit) `name` is about to be pinned."""
-        with self._lock:
-            f = self.filter
-            if f is not None and not f.add(name):
-                self.filter = None  # (full: lookups query again, as before `prime`)
+        self.adding_many((name,))
 
     def adding_many(self, names: Iterable[str]) -> None:
         """`adding` for each of `names`, in one locked step."""
         with self._lock:
             f = self.filter
             if f is not None and not f.add_many(names):
-                self.filter = None
+                self.filter = None  # (full: lookups query again, as before `prime`)
 
     def before_query(self) -> int:
         return self._epoch
