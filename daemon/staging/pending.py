@@ -76,7 +76,6 @@ class Pending:
         self.limit = min(store.threshold, NOWAIT_PUT_MAX)
         self.items: list[Intent] = []
         self.count = 0  # len(items): read by every request's gate (errors.fuse_op)
-        self.logged = 0  # intents logged since the start (the worker's pause detection)
         self.names: set[bytes] = set()  # pin names pending (as the kernel names them)
         self.hexes: set[bytes] = set()  # the pending objects' hex digests (/objects names)
         self.bytes = 0
@@ -121,13 +120,16 @@ class Pending:
             return None
         self.items.append(intent)
         self.count += 1
-        self.logged += 1
         self.bytes += len(data)
         if name is not None:
             self.names.add(name.encode())
         self.hexes.add(key.raw[1:].hex().encode())
         self._wake.set()
         return PutResult(key, store.arbiter.released(key.raw), True)
+
+    def logged(self) -> int:
+        """Intents logged since the start (applied ones and pending ones)."""
+        return self.applied + self.count
 
     def pending_name(self, name: bytes) -> bool:
         return name in self.names
@@ -153,10 +155,10 @@ class Pending:
         """Until closes pause for `gather_s`, or enough waits (see APPLY_BYTES)."""
         start = trio.current_time()
         while True:
-            seen = self.logged
+            seen = self.logged()
             await trio.sleep(self.gather_s)
             if (
-                self.logged == seen
+                self.logged() == seen
                 or self.bytes >= APPLY_BYTES
                 or self.count >= APPLY_COUNT
                 or trio.current_time() - start >= HOLD_MAX_S

@@ -133,8 +133,7 @@ async def test_a_streamed_file_committed_twice_keeps_what_was_written(app) -> No
 
 async def test_a_small_file_in_memory_keeps_every_write_pattern(app) -> None:
     """The first write at 0 is kept as the bytes it came in (not copied); any later write,
-    a hole, a shrinking truncate or a read works on it as on a copy, and the caller's
-    bytes are never changed."""
+    a hole, a shrinking truncate or a read works on it as on a copy."""
     ctx = Context(app.store, app=app, options=Options(threads=1), live=False)
     try:
         first = b"0123456789"
@@ -162,7 +161,6 @@ async def test_a_small_file_in_memory_keeps_every_write_pattern(app) -> None:
             finally:
                 result.pin.release()
             w.close()
-        assert first == b"0123456789"
     finally:
         ctx.close()
 
