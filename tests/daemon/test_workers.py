@@ -6,6 +6,7 @@ request thread still streams, takes back and commits large files."""
 from __future__ import annotations
 
 import hashlib
+import time
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,7 @@ import trio
 import trio.testing
 from alkfsd import context as context_mod
 from alkfsd.context import Context, Options
-from alkfsd.staging.spool import QUEUE_MAX
+from alkfsd.staging.spool import QUEUE_MAX, Spooler, Sync, TakeBack, Write
 from alkfsd.staging.writer import MEM_MAX, StagedWriter
 from alkfsd.workers import Workers
 
@@ -105,6 +106,92 @@ async def test_with_one_request_thread_a_large_file_streams_takes_back_and_commi
         finally:
             result.pin.release()
         w.close()
+    finally:
+        ctx.close()
+
+
+async def test_the_streams_thread_takes_a_write_while_the_trio_thread_does_not_yield(app) -> None:
+    """While a large file streams, its thread takes each write from a thread-safe queue as
+    soon as `submit` queued it: it does not wait for the trio thread to come back to its
+    scheduler (pyfuse3's fast path answers write after write without yielding; fetching
+    the writes through trio.from_thread left the hashing thread idle meanwhile)."""
+    ctx = Context(app.store, app=app, options=Options(threads=1), live=False)
+    try:
+        w = StagedWriter(ctx, Algorithm.SHA256)
+        chunk = bytes(range(256)) * 4096  # 1 MiB
+        want = bytearray()
+        for _ in range(3):  # past MEM_MAX: the spooler's stream starts
+            await w.write(len(want), chunk)
+            want += chunk
+        spool = w.spool
+        assert spool is not None and w.streaming
+        with trio.fail_after(30):
+            while spool.queued:  # everything so far taken, and told to the trio side
+                await trio.sleep(0.01)
+        assert spool._report is None
+        await w.write(len(want), chunk)  # (queued only: no checkpoint on this path)
+        want += chunk
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:  # the trio thread busy: no checkpoint here
+            with spool._report_lock:
+                report = spool._report
+            if report is not None and report[1] == len(chunk):
+                break
+            time.sleep(0.005)
+        else:
+            raise AssertionError("the stream's thread did not take the write")
+        result = await w.commit()
+        try:
+            assert result.key.raw[1:] == hashlib.sha256(want).digest()
+            assert app.store.get(result.key) == bytes(want)
+        finally:
+            result.pin.release()
+        w.close()
+    finally:
+        ctx.close()
+
+
+async def test_writes_queued_behind_a_take_back_go_to_the_spool_file_counted_once(app) -> None:
+    """Operations queued behind the one that ends the stream (in the batch its thread took,
+    and still in its queue) are applied to the spool file in order, and their bytes leave
+    the writer's queued count once: it ends at 0, so `wait_room` waits as it should."""
+    ctx = Context(app.store, app=app, options=Options(threads=1), live=False)
+    try:
+        spool = Spooler(app.store, Algorithm.SHA256, None, True)
+        first, second = b"a" * (3 * MEM_MAX), b"b" * MEM_MAX
+        # all queued before the task starts: the thread takes them in one batch
+        spool.submit(Write(0, first))
+        spool.submit(TakeBack())
+        spool.submit(Write(len(first), second))
+        spool.submit(Sync())
+        await ctx.workers.start_soon(spool.run, name="alkfsd spool")
+        with trio.fail_after(30):
+            await spool.wait_applied()
+        spool.check()
+        assert spool.applied == spool.submitted == 4
+        assert spool.queued == 0
+        assert spool.pread(len(first) + len(second) + 1, 0) == first + second
+        spool.close()
+    finally:
+        ctx.close()
+
+
+async def test_a_stream_waiting_for_writes_stops_when_the_mount_stops(app) -> None:
+    """The stream's thread waits on its queue, not in trio: cancelling the mount's tasks
+    wakes it (nothing is stored) and they end."""
+    ctx = Context(app.store, app=app, options=Options(threads=1), live=False)
+    try:
+        with trio.fail_after(30):
+            async with trio.open_nursery() as nursery:
+                await nursery.start(ctx.workers.run)
+                w = StagedWriter(ctx, Algorithm.SHA256)
+                await w.write(0, b"s" * (3 * MEM_MAX))
+                assert w.spool is not None and w.streaming
+                await trio.testing.wait_all_tasks_blocked()
+                nursery.cancel_scope.cancel()
+        assert w.spool.stream_result is None
+        w.close()
+        assert list(app.store.iter_keys()) == []
     finally:
         ctx.close()
 
