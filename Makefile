@@ -23,11 +23,12 @@ apt:
 # pyfuse3 is built from its sdist with third_party/pyfuse3-noflush.patch (FileInfo.noflush:
 # no FLUSH round trip when a read-only file is closed; FileInfo.cache_readdir) and
 # third_party/pyfuse3-fastread.patch (a queued request is read without waiting for the
-# fd first) and third_party/pyfuse3-cacheddirs.patch (OPENDIR/RELEASEDIR, and READDIR of
-# an empty listing, of directories whose kernel-cached listing is current answered in C),
-# then the project on top of it.
+# fd first), third_party/pyfuse3-cacheddirs.patch (OPENDIR/RELEASEDIR, and READDIR of
+# an empty listing, of directories whose kernel-cached listing is current answered in C)
+# and third_party/pyfuse3-nogilcopy.patch (a large WRITE's data copied into its bytes
+# object with the GIL released), then the project on top of it.
 PATCHES := third_party/pyfuse3-noflush.patch third_party/pyfuse3-fastread.patch \
-           third_party/pyfuse3-cacheddirs.patch
+           third_party/pyfuse3-cacheddirs.patch third_party/pyfuse3-nogilcopy.patch
 $(STAMP): pyproject.toml $(PATCHES) | apt
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip

@@ -4,7 +4,9 @@ without waiting for the device first (third_party/pyfuse3-fastread.patch)."""
 
 from __future__ import annotations
 
+import hashlib
 import os
+import random
 import threading
 
 import pyfuse3
@@ -65,6 +67,29 @@ def test_the_venvs_pyfuse3_waits_briefly_for_the_next_request_and_answers_cached
     pyfuse3.cached_dirs_discard(77)
     assert pyfuse3.cached_dirs_count() == 0
     assert pyfuse3.CACHED_DIR_FH == 1 << 63
+
+
+def test_the_venvs_pyfuse3_copies_large_writes_without_the_gil(start_mount) -> None:
+    """The nogilcopy patch is in the build (NOGIL_COPY_MIN: a WRITE's data of 64 KiB or
+    more is copied into its bytes object with the GIL released), and writes on both sides
+    of that size, and across it within one file, arrive byte for byte."""
+    assert getattr(pyfuse3, "NOGIL_COPY_MIN", None) == 65536, "run `make setup`"
+    m = start_mount()
+    rng = random.Random(9)
+    sizes = [1, 4096, 65535, 65536, 65537, 1 << 20, (1 << 20) + 7]
+    body = rng.randbytes(sum(sizes))
+    path = m.mnt / "pins" / "nogil-copy"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        off = 0
+        for n in sizes:  # one write() each: the kernel passes each as one WRITE (<= 1 MiB)
+            assert os.write(fd, body[off : off + n]) == n
+            off += n
+    finally:
+        os.close(fd)
+    assert path.read_bytes() == body
+    digest = hashlib.sha256(body).hexdigest()
+    assert (m.mnt / "objects" / "sha256" / digest).read_bytes() == body
 
 
 def test_requests_from_many_threads_at_once_are_all_answered(start_mount) -> None:
