@@ -29,6 +29,16 @@ def app(tmp_path: Path):
     a.close()
 
 
+async def commits_as(app: Alkfs, w: StagedWriter, want: bytes | bytearray) -> None:
+    """The writer's commit stores exactly `want`, under its sha256."""
+    result = await w.commit()
+    try:
+        assert result.key.raw[1:] == hashlib.sha256(want).digest()
+        assert app.store.get(result.key) == bytes(want)
+    finally:
+        result.pin.release()
+
+
 async def test_every_worker_starts_under_run_and_stops_with_it() -> None:
     workers = Workers()
     started: list[str] = []
@@ -99,12 +109,7 @@ async def test_with_one_request_thread_a_large_file_streams_takes_back_and_commi
         want[3:7] = b"back"
         await w.truncate(len(want) + MEM_MAX)  # an extension: zeros
         want += bytes(MEM_MAX)
-        result = await w.commit()
-        try:
-            assert result.key.raw[1:] == hashlib.sha256(want).digest()
-            assert app.store.get(result.key) == bytes(want)
-        finally:
-            result.pin.release()
+        await commits_as(app, w, want)
         w.close()
     finally:
         ctx.close()
@@ -140,12 +145,7 @@ async def test_the_streams_thread_takes_a_write_while_the_trio_thread_does_not_y
             time.sleep(0.005)
         else:
             raise AssertionError("the stream's thread did not take the write")
-        result = await w.commit()
-        try:
-            assert result.key.raw[1:] == hashlib.sha256(want).digest()
-            assert app.store.get(result.key) == bytes(want)
-        finally:
-            result.pin.release()
+        await commits_as(app, w, want)
         w.close()
     finally:
         ctx.close()
