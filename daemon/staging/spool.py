@@ -89,6 +89,10 @@ class Sync:
 
 Op = Write | Truncate | EndStream | TakeBack | Sync
 
+# The streaming put's outcome: its result, the operation that ended it, how many
+# operations of the last batch it consumed before that, the error that stopped it.
+Streamed = tuple[PutResult | None, Op | None, int, BaseException | None]
+
 # What the stream's queue carries besides operations: the writer closed; the task cancelled.
 _CLOSED = object()
 _CANCELLED = object()
@@ -278,6 +282,7 @@ class Spooler:
     async def run(self) -> None:
         """The task: the stream first (when streaming), then the spool file, until the
         writer closes the channel."""
+        ended = False
         try:
             if self.stream:
                 await self._run_stream()
@@ -297,9 +302,12 @@ class Spooler:
                         self._break(exc)
                 self.applied += len(batch)
                 self._moved()
+            ended = True
         except _Abandoned:
-            pass
+            ended = True
         finally:
+            if not ended:  # (cancelled: a writer still waiting hears it, never waits on)
+                self._break(StoreIO("the spool's task was stopped"))
             self.stream_done.set()
             self._moved()
             self._recv.close()
@@ -318,18 +326,42 @@ class Spooler:
     async def _run_stream(self) -> None:
         direct = self._direct
         assert direct is not None
+        out: Streamed | None = None
         abandoned = False
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(self._stop_stream_on_cancel, direct)
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._stop_stream_on_cancel, direct)
+                try:
+                    out = await trio.to_thread.run_sync(self._stream_put, limiter=self._limiter)
+                except _Abandoned:  # (raised out of the nursery it would come in a group)
+                    abandoned = True
+                nursery.cancel_scope.cancel()
+        except BaseException:
+            # Cancelled as the thread returned: what the put stored is still the
+            # commit's, and nothing is left queued where nobody reads.
+            partial = self._stream_ended(direct, out)
+            if partial is not None:
+                partial.pin.release()  # (no spool file now: nobody will read it)
+            raise
+        partial = self._stream_ended(direct, out)
+        if partial is not None:  # (the writes went back: the spool file starts from it)
             try:
-                result, end, unreported, exc = await trio.to_thread.run_sync(
-                    self._stream_put, limiter=self._limiter
-                )
-            except _Abandoned:  # (raised out of the nursery it would come in a group)
-                abandoned = True
-            nursery.cancel_scope.cancel()
-        # What was queued behind the stream's end is the spool's, before the channel's;
-        # `_take` counts its bytes as taken (those the thread took are counted again).
+                await trio.to_thread.run_sync(self._take_back, partial, limiter=self._limiter)
+            except Exception as exc:
+                self._break(exc)
+        if abandoned:
+            raise _Abandoned("the writer was closed")
+        if out is not None:
+            self.applied += out[2] + (out[1] is not None)
+            self._moved()
+
+    def _stream_ended(
+        self, direct: queue.SimpleQueue[Any], out: Streamed | None
+    ) -> PutResult | None:
+        """(trio thread, the stream's thread gone) What was queued behind the stream's end
+        becomes the spool's, before the channel's (`_take` counts its bytes as taken: those
+        the thread took are counted again here); the put's result becomes the commit's.
+        Returns the partial object a TakeBack ended (the caller's, with its pin)."""
         self._direct = None
         self._told()
         self.queued += sum(len(op.data) for op in self._leftover if isinstance(op, Write))
@@ -340,20 +372,16 @@ class Spooler:
                 break
             if item is not _CLOSED and item is not _CANCELLED:
                 self._leftover.append(item)
-        if abandoned:
-            raise _Abandoned("the writer was closed")
+        if out is None:
+            return None
+        result, end, _, exc = out
         if exc is not None:
             self._break(exc)  # (the put refused: every later step says so)
         if isinstance(end, TakeBack) and result is not None:
-            try:
-                await trio.to_thread.run_sync(self._take_back, result, limiter=self._limiter)
-            except Exception as exc2:
-                self._break(exc2)
-        else:
-            self.stream_result = result
-            self.source = None if result is None else result.key
-        self.applied += unreported + (end is not None)
-        self._moved()
+            return result
+        self.stream_result = result
+        self.source = None if result is None else result.key
+        return None
 
     @staticmethod
     async def _stop_stream_on_cancel(direct: queue.SimpleQueue[Any]) -> None:
@@ -364,7 +392,7 @@ class Spooler:
             direct.put(_CANCELLED)
 
     # -- the thread -------------------------------------------------------------------
-    def _stream_put(self) -> tuple[PutResult | None, Op | None, int, BaseException | None]:
+    def _stream_put(self) -> Streamed:
         """(the spooler's thread) The streaming put: its result, the operation that ended
         it, how many operations of the last batch it consumed before that (the earlier
         ones are counted by `_take`), the error that stopped it."""

@@ -177,9 +177,11 @@ class StagedWriter:
                 spool.submit(EndStream())
                 with trio.CancelScope(shield=True):
                     await spool.wait_stream()
-                spool.check()
+                # (the result first: a put that stored is the commit's even if the
+                # spooler was stopped after it; without one, the error says why)
                 result, spool.stream_result = spool.stream_result, None
                 if result is None:
+                    spool.check()
                     raise StoreIO("the streaming put gave no result")
                 put = functools.partial(_given, result)
             else:

@@ -19,6 +19,7 @@ from alkfsd.staging.writer import MEM_MAX, StagedWriter
 from alkfsd.workers import Workers
 
 from alkfs.app import Alkfs
+from alkfs.errors import StoreIO
 from alkfs.keys import Algorithm
 
 
@@ -172,6 +173,65 @@ async def test_writes_queued_behind_a_take_back_go_to_the_spool_file_counted_onc
         assert spool.queued == 0
         assert spool.pread(len(first) + len(second) + 1, 0) == first + second
         spool.close()
+    finally:
+        ctx.close()
+
+
+async def test_a_commit_keeps_what_its_stream_stored_when_the_mount_stops_meanwhile(app) -> None:
+    """The mount's tasks cancelled while a commit waits for its stream (shielded): the
+    put ends with the commit's operation and its result is the commit's, not EIO."""
+    ctx = Context(app.store, app=app, options=Options(threads=1), live=False)
+    try:
+        async with trio.open_nursery() as nursery:
+            stop = trio.CancelScope()
+
+            async def workers(task_status=trio.TASK_STATUS_IGNORED) -> None:
+                with stop:
+                    await ctx.workers.run(task_status=task_status)
+
+            await nursery.start(workers)
+            w = StagedWriter(ctx, Algorithm.SHA256)
+            chunk = bytes(range(256)) * 4096  # 1 MiB
+            want = bytearray()
+            for _ in range(48):  # the last ~8 MiB still queued for the stream's thread
+                await w.write(len(want), chunk)
+                want += chunk
+
+            async def stop_soon() -> None:
+                await trio.sleep(0)  # (the commit has queued its EndStream by now)
+                stop.cancel()
+
+            nursery.start_soon(stop_soon)
+            with trio.fail_after(60):
+                await commits_as(app, w, want)
+            assert stop.cancel_called
+            w.close()
+    finally:
+        ctx.close()
+
+
+async def test_a_writer_waiting_on_a_stopped_spooler_hears_it(app) -> None:
+    """The spooler's task cancelled with an operation queued but not applied: the writer's
+    wait ends and it hears EIO (the spool is gone), instead of waiting for ever."""
+    ctx = Context(app.store, app=app, options=Options(threads=1), live=False)
+    try:
+        async with trio.open_nursery() as nursery:
+            stop = trio.CancelScope()
+            spool = Spooler(app.store, Algorithm.SHA256, None, False)
+
+            async def run() -> None:
+                with stop:
+                    await spool.run()
+
+            nursery.start_soon(run)
+            await trio.testing.wait_all_tasks_blocked()  # (waiting for its first operation)
+            spool.submit(Write(0, b"queued"))
+            stop.cancel()  # before the task takes the write to its thread
+            with trio.fail_after(10):
+                await spool.wait_applied()
+            with pytest.raises(StoreIO):
+                spool.check()
+            spool.close()
     finally:
         ctx.close()
 
