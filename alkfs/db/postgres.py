@@ -494,14 +494,16 @@ _FULL_SERVER = ("too many clients", "too many connections", "connection slots ar
 
 def _why(exc: BaseException) -> str:
     """The first line of a driver message (they can be long; never the URI itself), and
-    what a refusal for the server's connection limit means here."""
+    what a refusal for the server's connection limit means here: that first, so a log
+    line that quotes only the start of a reason (LOG_VALUE_MAX) still says it."""
     text = str(exc).strip().splitlines()
     why = (text[0] if text else type(exc).__name__)[:300]
     if isinstance(exc, psycopg.Error) and (
         exc.sqlstate == "53300" or any(m in why for m in _FULL_SERVER)
     ):
-        why += (
-            f" (the server's connection limit: each alkfsd uses up to {CONNECTIONS_EACH} "
-            "connections; raise max_connections or the role's or database's CONNECTION LIMIT)"
+        why = (
+            f"the server's connection limit: each alkfsd uses up to {CONNECTIONS_EACH} "
+            "connections; raise max_connections or the role's or database's CONNECTION "
+            f"LIMIT ({why})"
         )
     return why

@@ -372,7 +372,8 @@ def test_the_connection_limit_met_while_mounted_is_eio_named_in_the_log_and_pass
                 f.read()
         assert caught.value.errno == errno.EIO
         assert m.proc.poll() is None and m.mounted()
-        said = [line for line in m.log().splitlines() if "too many connections for role" in line]
+        # (a log line quotes the start of a reason: the connection limit comes first)
+        said = [line for line in m.log().splitlines() if "the server's connection limit" in line]
         assert said and "each alkfsd uses up to 27 connections" in said[0], m.log()[-2000:]
     finally:
         with psycopg.connect(admin, autocommit=True) as conn:
