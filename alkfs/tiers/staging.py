@@ -201,9 +201,8 @@ class StagingWriter:
                     started = written
             except BaseException as exc:
                 self._error = exc
-        if self._current is not None and self._fill and self._error is None:
-            if not self._abandoned:
-                self._send()  # (the last buffer: its tail goes through the page cache)
+        if self._current is not None and self._fill and self._error is None and not self._abandoned:
+            self._send()  # (the last buffer: its tail goes through the page cache)
         self._stop_io()
 
     def _copy(self, chunk: bytes | bytearray) -> None:

@@ -152,6 +152,15 @@ class _Abandoned(AlkfsError):
     """The streaming put was given up (the writer was closed first): it stores nothing."""
 
 
+def _drained(q: queue.SimpleQueue[Any]) -> list[Any]:
+    """Everything `q` holds now, without waiting."""
+    items = []
+    with contextlib.suppress(queue.Empty):
+        while True:
+            items.append(q.get_nowait())
+    return items
+
+
 def _zeros(n: int) -> Iterator[bytes]:
     while n > 0:
         chunk = ZEROS[: min(n, len(ZEROS))]
@@ -254,19 +263,17 @@ class Spooler:
         except trio.RunFinishedError:
             raise _Abandoned("the daemon is stopping") from None
 
-    async def _take(self, applied: int) -> list[Op]:
-        """The next operations (at least one; [] when the channel is closed and empty),
-        after counting `applied` more as applied."""
-        if applied:
-            self.applied += applied
-            self._moved()
+    async def _take(self) -> list[Op]:
+        """The next operations (at least one; [] when the channel is closed and empty):
+        first those queued behind the stream's end (their bytes left `queued` as the
+        stream gave them up), then the channel's."""
         if self._leftover:
             batch, self._leftover = self._leftover, []
-        else:
-            try:
-                batch = [await self._recv.receive()]
-            except trio.EndOfChannel:
-                return []
+            return batch
+        try:
+            batch = [await self._recv.receive()]
+        except trio.EndOfChannel:
+            return []
         while True:
             try:
                 batch.append(self._recv.receive_nowait())
@@ -287,7 +294,7 @@ class Spooler:
             if self.stream:
                 await self._run_stream()
             self.stream_done.set()
-            while batch := await self._take(0):
+            while batch := await self._take():
                 if self.broken is None:
                     try:
                         await trio.to_thread.run_sync(self._apply, batch, limiter=self._limiter)
@@ -359,19 +366,16 @@ class Spooler:
         self, direct: queue.SimpleQueue[Any], out: Streamed | None
     ) -> PutResult | None:
         """(trio thread, the stream's thread gone) What was queued behind the stream's end
-        becomes the spool's, before the channel's (`_take` counts its bytes as taken: those
-        the thread took are counted again here); the put's result becomes the commit's.
-        Returns the partial object a TakeBack ended (the caller's, with its pin)."""
+        becomes the spool's, after what the thread took past it and before the channel's;
+        the put's result becomes the commit's. Returns the partial object a TakeBack
+        ended (the caller's, with its pin)."""
         self._direct = None
         self._told()
-        self.queued += sum(len(op.data) for op in self._leftover if isinstance(op, Write))
-        while True:
-            try:
-                item = direct.get_nowait()
-            except queue.Empty:
-                break
+        for item in _drained(direct):
             if item is not _CLOSED and item is not _CANCELLED:
                 self._leftover.append(item)
+                if isinstance(item, Write):
+                    self.queued -= len(item.data)
         if out is None:
             return None
         result, end, _, exc = out
@@ -395,7 +399,7 @@ class Spooler:
     def _stream_put(self) -> Streamed:
         """(the spooler's thread) The streaming put: its result, the operation that ended
         it, how many operations of the last batch it consumed before that (the earlier
-        ones are counted by `_take`), the error that stopped it."""
+        ones are reported by `_tell`), the error that stopped it."""
         end: list[Op] = []
         unreported = [0]
         try:
@@ -413,10 +417,7 @@ class Spooler:
         pos = 0
         done = 0  # operations of the last batch the put has taken
         while True:
-            items = [direct.get()]
-            with contextlib.suppress(queue.Empty):
-                while True:
-                    items.append(direct.get_nowait())
+            items = [direct.get(), *_drained(direct)]
             batch: list[Op] = []
             stop = False
             for item in items:
