@@ -12,6 +12,7 @@ from .git.closure import RefClosure
 from .git.refs import Refs
 from .keys import Key
 from .pins import Pins
+from .roots import Roots
 from .store import DEFAULT_THRESHOLD, Store
 
 
@@ -23,7 +24,12 @@ class Alkfs:
         self.refs = Refs(store)
         self.closure = RefClosure(store, self.refs)
         self.pins = Pins(store, closure=self.closure)
-        self._tokens = [store.register_source(self.closure), store.register_source(self.pins)]
+        self.roots = Roots(store, self.closure.walker)  # borrowers (SPEC 3.8)
+        self._tokens = [
+            store.register_source(self.closure),
+            store.register_source(self.pins),
+            store.register_source(self.roots),
+        ]
         store.delete_guards.append(functools.partial(packs.guard_deletes, store))
         store.verify_hooks.append(functools.partial(packs.verify_sets, store))
         if store.reserve is not None:  # a full disk drops the derived packs first
@@ -82,6 +88,7 @@ class Alkfs:
             "objects": store.counts(),
             "pins": len(self.pins.list()),
             "repos": len(self.refs.repos()),
+            "roots": len(self.roots),
             "sweeping": store.arbiter.sweeping,
             "last_sweep": None if last is None else last.to_dict(),
             "corrupt": sorted(str(Key(k)) for k in list(store.corrupt)),

@@ -188,6 +188,9 @@ class Target(Protocol):
     def pin(self, name: str, key: Key) -> None: ...
     def unpin(self, name: str) -> None: ...
     def pins(self) -> list[tuple[str, Key]]: ...
+    def roots_add(self, name: str, path: str) -> None: ...
+    def roots_rm(self, name: str) -> None: ...
+    def roots(self) -> list[tuple[str, str]]: ...
     def repo_create(self, repo_id: str, object_format: str) -> None: ...
     def repo_rm(self, repo_id: str) -> None: ...
     def repo_list(self) -> list[tuple[str, str]]: ...
@@ -271,6 +274,15 @@ class StoreTarget:
 
     def pins(self) -> list[tuple[str, Key]]:
         return sorted((p.name, p.key) for p in self.app.pins.list())
+
+    def roots_add(self, name: str, path: str) -> None:
+        self.app.roots.add(name, path)
+
+    def roots_rm(self, name: str) -> None:
+        self.app.roots.remove(name)
+
+    def roots(self) -> list[tuple[str, str]]:
+        return [(r.name, r.path) for r in self.app.roots.list()]
 
     def repo_create(self, repo_id: str, object_format: str) -> None:
         self.app.refs.create_repo(repo_id, object_format)
@@ -399,6 +411,30 @@ class MountTarget:
                 with through(f"pins/{name}"):
                     raise exc
             out.append((name, key_from_link(target)))
+        return sorted(out)
+
+    def roots_add(self, name: str, path: str) -> None:
+        with through(
+            f"roots add {name}",
+            EEXIST=f"the root {name!r} is another path's",
+            EINVAL=f"{path}: not a git repository outside the mount, or {name!r} is not a valid name",
+        ):
+            os.symlink(path, self.root / "roots" / name)
+
+    def roots_rm(self, name: str) -> None:
+        with through(f"roots rm {name}", ENOENT=f"no root {name!r}"):
+            os.unlink(self.root / "roots" / name)
+
+    def roots(self) -> list[tuple[str, str]]:
+        roots_dir = self.root / "roots"
+        out = []
+        with through("roots"):
+            names = os.listdir(roots_dir)
+        for name in names:
+            try:
+                out.append((name, os.readlink(roots_dir / name)))
+            except FileNotFoundError:
+                continue  # unregistered while we listed
         return sorted(out)
 
     def repo_create(self, repo_id: str, object_format: str) -> None:
@@ -578,6 +614,15 @@ cmd_stat = shows("stat", "key")
 cmd_pin = calls("pin", "name", "key")
 cmd_unpin = calls("unpin", "name")
 cmd_pins = lists("pins")
+cmd_roots = lists("roots")
+cmd_roots_rm = calls("roots_rm", "name")
+
+
+def cmd_roots_add(t: Target, a: argparse.Namespace) -> int:
+    t.roots_add(a.name, os.path.abspath(a.path))
+    return 0
+
+
 cmd_repo_create = calls("repo_create", "id", "object_format")
 cmd_repo_rm = calls("repo_rm", "id")
 cmd_repo_list = lists("repo_list")
@@ -692,6 +737,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     command(sub, "pins", cmd_pins, "list pins: NAME KEY per line")
 
+    roots = command(
+        sub, "roots", cmd_roots, "borrowers kept alive by sweeps: list them (NAME PATH per line)"
+    ).add_subparsers(dest="roots_command", metavar="ACTION", required=False)
+    c = command(roots, "add", cmd_roots_add, "register a repository that borrows from the store")
+    c.add_argument("name", metavar="NAME")
+    c.add_argument("path", metavar="PATH", help="its work tree or git dir")
+    c = command(roots, "rm", cmd_roots_rm, "unregister a borrower")
+    c.add_argument("name", metavar="NAME")
+
     repo = sub.add_parser("repo", help="repositories").add_subparsers(
         dest="repo_command", metavar="ACTION", required=True
     )
@@ -730,7 +784,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def command_name(a: argparse.Namespace) -> str:
-    sub = getattr(a, "repo_command", None) or getattr(a, "git_command", None)
+    sub = (
+        getattr(a, "repo_command", None)
+        or getattr(a, "git_command", None)
+        or getattr(a, "roots_command", None)
+    )
     return f"{a.command} {sub}" if sub else a.command
 
 

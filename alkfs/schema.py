@@ -153,6 +153,21 @@ PINS = Table(
     indexes=(("pins_key", ("key",)),),
 )
 
+ROOTS = Table(
+    "roots",
+    "Borrowers (SPEC 3.8): git repositories outside the store that read its objects "
+    "through alternates; every sweep keeps what each reaches (alkfs/roots.py).",
+    (
+        Column("name", "text", "the root's name (the rules of a pin name)"),
+        Column("path", "text", "the repository's absolute path, as registered"),
+        Column("machine", "text", "the machine id where it was registered (read only there)"),
+        Column("device", "int", "st_dev of the path at registration"),
+        Column("created_ns", "int", "when it was registered"),
+        Column("missing_since_ns", "int", "when a sweep first found the path gone", null=True),
+    ),
+    ("name",),
+)
+
 # -- the fleet (several daemons on one PostgreSQL store: alkfs/fleet.py) -----------------
 
 FLEET_NODES = Table(
@@ -244,6 +259,7 @@ TABLES = (
     REPOS,
     REFS,
     PINS,
+    ROOTS,
     FLEET_NODES,
     FLEET_PINS,
     FLEET_EPOCH,

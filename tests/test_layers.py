@@ -2,8 +2,8 @@
 functions; `if TYPE_CHECKING:` blocks excepted) goes to a layer at or below its own.
 
     alkfs  0 errors, durations    1 keys, schema      2 db, privacy, reserve
-           3 tiers, catalog, git.objects               4 gc, binding, fleet
-           5 store    6 git.tables, git.refs, git.closure, git.packs, pins
+           3 tiers, catalog, git.objects, git.borrower  4 gc, binding, fleet
+           5 store    6 git.tables, git.refs, git.closure, git.packs, pins, roots
            7 git.importer, app    8 cli, migrate
     and the library never imports alkfsd, trio or pyfuse3.
 
@@ -16,7 +16,7 @@ its own name (a daemon module missing here fails):
     write state  20 staging.spool, staging.writes, packs    21 staging.writer, staging.scratch
                  22 staging.staged, staging.overlay, staging.ingest    25 context
     views        30 status, nodes.pinning, nodes.largefile    31 nodes.objfile, nodes.control
-                 32 nodes.objects, nodes.loose, nodes.pins    33 nodes.gitview, nodes.refwrites
+                 32 nodes.objects, nodes.loose, nodes.pins, nodes.roots    33 nodes.gitview, nodes.refwrites
                  34 nodes.refdir, nodes.repoobjects    35 nodes.repos
     main         40 config, main
 
@@ -46,6 +46,7 @@ RANKS = {
     "alkfs.tiers": 3,
     "alkfs.catalog": 3,
     "alkfs.git.objects": 3,
+    "alkfs.git.borrower": 3,
     "alkfs.gc": 4,
     "alkfs.binding": 4,
     "alkfs.fleet": 4,
@@ -56,6 +57,7 @@ RANKS = {
     "alkfs.git.packs": 6,
     "alkfs.git": 6,
     "alkfs.pins": 6,
+    "alkfs.roots": 6,
     "alkfs.intents": 7,
     "alkfs.git.importer": 7,
     "alkfs.app": 7,
@@ -100,6 +102,7 @@ DAEMON_RANKS = {
     "alkfsd.nodes.objects": 32,
     "alkfsd.nodes.loose": 32,
     "alkfsd.nodes.pins": 32,
+    "alkfsd.nodes.roots": 32,
     "alkfsd.nodes.gitview": 33,
     "alkfsd.nodes.refwrites": 33,
     "alkfsd.nodes.refdir": 34,

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from ..db import Error as DatabaseError
 from ..db import now_ns
-from ..errors import AlkfsError
+from ..errors import AlkfsError, SourceFailed
 from .arbiter import raw
 
 if TYPE_CHECKING:
@@ -54,9 +54,13 @@ class SweepReport:
     bytes_freed: int = 0
     started_at: str = field(default_factory=_now)
     duration_s: float = 0.0
+    detail: str | None = None  # why it aborted, when a source said (an unreadable root)
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        out = asdict(self)
+        if out["detail"] is None:
+            del out["detail"]
+        return out
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict())
@@ -171,6 +175,11 @@ def _run(store: Store, report: SweepReport, window_ns: int) -> None:
         live: set[bytes] = set()
         for source in sources:
             live.update(_raw_keys(source.live_keys()))
+    except SourceFailed as exc:
+        report.detail = str(exc)[:2000]
+        store.log.error("sweep: protect-failed, nothing deleted: %.2000s", exc)
+        report.aborted = AbortCause.PROTECT_FAILED.value
+        return
     except Exception:
         store.log.exception("sweep: a liveness or protect source failed; nothing deleted")
         report.aborted = AbortCause.PROTECT_FAILED.value

@@ -23,6 +23,7 @@ TOP_LEVEL: dict[bytes, str] = {
     b"git": "alkfsd.nodes.gitview:GitDir",
     b"repos": "alkfsd.nodes.repos:ReposDir",
     b"pins": "alkfsd.nodes.pins:PinsDir",
+    b"roots": "alkfsd.nodes.roots:RootsDir",
     b".alkfs": "alkfsd.nodes.control:AlkfsDir",
 }
 # ---------------------------------------------------------------------------------

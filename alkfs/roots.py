@@ -1,0 +1,263 @@
+"""Borrowers (SPEC 3.8): repositories outside the store registered as roots, and the
+liveness source they form.
+
+A root is a name (the rules of a pin name) and the absolute path of a git repository
+that reads the store's objects through its alternates (a local clone of
+`/repos/<id>`, a `--shared` or `--reference` clone). Registrations are rows of the
+store's database (`roots`: both engines, so a fleet shares them), each with the
+machine it was registered on and the path's device: a root is read only on its own
+machine (a path names nothing elsewhere).
+
+At every sweep, before anything is deleted, each root of this machine is read anew
+(`git/borrower.py`: refs, reflogs, indexes, worktrees, pseudo-refs and the borrower's
+own objects) and the closure of what it names is walked in the store. Outcomes:
+
+- read: everything it reaches is live;
+- its path is gone: recorded (`missing_since_ns`); past `ALKFS_ROOTS_GRACE` (default
+  7 days) the root is dropped with a log line and the sweep goes on; before that the
+  sweep ends `protect-failed` naming it (a home directory briefly unmounted must not
+  lose what its clones borrow);
+- it cannot be read, is not a git repository, or was registered on another machine:
+  the sweep ends `protect-failed` naming it, deleting nothing.
+
+`contains` (arbitration at delete time, under the lock, no I/O) answers from the set
+computed at the start of the same sweep — the execute step runs after it, so a
+borrower's ref moved between the sweep that staged a candidate and the one that
+deletes it keeps what it reaches — and answers live for everything while a root was
+added since that set was made, or before any was made.
+"""
+
+from __future__ import annotations
+
+import builtins
+import logging
+import os
+import socket
+import threading
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from .db import now_ns
+from .durations import format_duration, parse_duration
+from .errors import Exists, Invalid, Missing, SourceFailed
+from .git import borrower
+from .git.closure import Walker
+from .git.tables import Tables
+from .keys import Algorithm, Key
+from .pins import valid_pin_name
+from .schema import ROOTS
+
+if TYPE_CHECKING:
+    from .store import Store
+
+log = logging.getLogger("alkfs")
+
+DEFAULT_GRACE_S = 7 * 86400.0
+_ALGO = {"sha1": Algorithm.GIT_SHA1, "sha256": Algorithm.GIT_SHA256}
+
+
+def machine_id() -> str:
+    """This machine's identity: `ALKFS_MACHINE_ID`, else systemd's machine id, else the
+    host name."""
+    env = os.environ.get("ALKFS_MACHINE_ID", "").strip()
+    if env:
+        return env
+    for path in ("/etc/machine-id", "/var/lib/dbus/machine-id"):
+        try:
+            with open(path) as f:
+                text = f.read().strip()
+        except OSError:
+            continue
+        if text:
+            return text
+    return socket.gethostname()
+
+
+def grace_s() -> float:
+    """How long a registered path may be missing before its root is dropped."""
+    text = os.environ.get("ALKFS_ROOTS_GRACE", "").strip()
+    if not text:
+        return DEFAULT_GRACE_S
+    try:
+        return parse_duration(text)
+    except ValueError:
+        log.warning("ALKFS_ROOTS_GRACE=%.40r is not a duration: using 7d", text)
+        return DEFAULT_GRACE_S
+
+
+@dataclass(frozen=True)
+class RootRecord:
+    name: str
+    path: str
+    machine: str
+    device: int
+    created_ns: int
+    missing_since_ns: int | None = None
+
+
+def _record(row: tuple) -> RootRecord:
+    return RootRecord(row[0], row[1], row[2], int(row[3]), int(row[4]), row[5])
+
+
+_COLUMNS = "name, path, machine, device, created_ns, missing_since_ns"
+
+
+class Roots:
+    """The registered borrowers; a liveness source (register it with
+    `store.register_source`)."""
+
+    def __init__(self, store: Store, walker: Walker | None = None) -> None:
+        self.store = store
+        self.tables = Tables(store, (ROOTS,))
+        self.walker = walker if walker is not None else Walker(store)
+        self.write_counter = 0  # moved by every registration (after its commit)
+        self.builds = 0
+        self._memo: tuple[int, set[bytes]] | None = None
+        self._lock = threading.Lock()
+
+    # -- registrations --------------------------------------------------------------------
+    def add(self, name: str, path: str) -> RootRecord:
+        """Register the repository at `path` (absolute; a work tree or a git dir) as
+        `name`. Invalid: a bad name, a relative path, not a git repository; Exists:
+        the name is another path's. The same name and path again is a no-op."""
+        if not valid_pin_name(name):
+            raise Invalid(f"invalid root name {name!r} ([A-Za-z0-9][A-Za-z0-9._-]{{0,127}})")
+        if not isinstance(path, str) or not os.path.isabs(path) or "\0" in path:
+            raise Invalid(f"a root's path must be absolute: {path!r}")
+        path = os.path.normpath(path)
+        try:
+            borrower.locate(path)
+            device = os.stat(path).st_dev
+        except borrower.Gone:
+            raise Invalid(f"{path}: no such repository") from None
+        except borrower.Unreadable as exc:
+            raise Invalid(str(exc)) from None
+        record = RootRecord(name, path, machine_id(), device, now_ns())
+        with self.tables.tx() as conn:
+            row = conn.execute(f"SELECT {_COLUMNS} FROM roots WHERE name = ?", (name,)).fetchone()
+            if row is not None:
+                old = _record(row)
+                if old.path == path and old.machine == record.machine:
+                    return old
+                raise Exists(f"the root {name!r} is {old.path}")
+            conn.execute(
+                f"INSERT INTO roots ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, NULL)",
+                (name, path, record.machine, device, record.created_ns),
+            )
+            if self.store.fleet is not None:  # (a sweep elsewhere computed without it)
+                self.store.fleet.guard_publish(conn)
+        with self._lock:
+            self.write_counter += 1
+        log.info("root %s registered: %s", name, path)
+        return record
+
+    def remove(self, name: str) -> None:
+        with self.tables.tx() as conn:
+            if conn.execute("DELETE FROM roots WHERE name = ?", (name,)).rowcount != 1:
+                raise Missing(f"no root {name!r}")
+        log.info("root %s unregistered", name)
+
+    def list(self) -> builtins.list[RootRecord]:
+        rows = self.tables.read(f"SELECT {_COLUMNS} FROM roots ORDER BY name")
+        return [_record(r) for r in rows]
+
+    def get(self, name: str) -> RootRecord | None:
+        rows = self.tables.read(f"SELECT {_COLUMNS} FROM roots WHERE name = ?", (name,))
+        return _record(rows[0]) if rows else None
+
+    def __len__(self) -> int:
+        return int(self.tables.read("SELECT count(*) FROM roots")[0][0])
+
+    # -- the liveness source --------------------------------------------------------------
+    def live_keys(self) -> set[bytes]:
+        """Everything the roots of this machine reach (see the module docstring);
+        SourceFailed naming each root that could not be judged."""
+        with self._lock:
+            counter = self.write_counter
+        records = self.list()
+        me = machine_id()
+        problems: list[str] = []
+        tips: list[Key] = []
+        for rec in records:
+            if rec.machine != me:
+                problems.append(
+                    f"root {rec.name!r} ({rec.path}) is on machine {rec.machine}: "
+                    "only a daemon there can read it"
+                )
+                continue
+            found = self._read(rec, problems)
+            if found is not None:
+                algo = _ALGO[found.object_format]
+                prefix = bytes([algo.value])
+                tips += (Key(prefix + x) for x in found.ids)
+        if problems:
+            raise SourceFailed("; ".join(problems))
+        live, _missing = self.walker.walk(tips) if tips else (set(), 0)
+        with self._lock:
+            self.builds += 1
+            self._memo = (counter, live)
+        return live
+
+    def _read(self, rec: RootRecord, problems: builtins.list[str]) -> borrower.Reach | None:
+        try:
+            found = borrower.tips(rec.path)
+        except borrower.Gone:
+            self._missing(rec, problems)
+            return None
+        except borrower.Unreadable as exc:
+            if self._unmounted(rec):
+                self._missing(rec, problems)
+            else:
+                problems.append(f"root {rec.name!r}: {exc}")
+            return None
+        if rec.missing_since_ns is not None:
+            with self.tables.tx() as conn:
+                conn.execute("UPDATE roots SET missing_since_ns = NULL WHERE name = ?", (rec.name,))
+        return found
+
+    @staticmethod
+    def _unmounted(rec: RootRecord) -> bool:
+        """An empty directory on another device where the repository was: the file
+        system that held it is not mounted (a home directory), as if gone."""
+        try:
+            st = os.stat(rec.path)
+            return st.st_dev != rec.device and not os.listdir(rec.path)
+        except OSError:
+            return False
+
+    def _missing(self, rec: RootRecord, problems: builtins.list[str]) -> None:
+        now = now_ns()
+        since = rec.missing_since_ns
+        if since is None:
+            since = now
+            with self.tables.tx() as conn:
+                conn.execute(
+                    "UPDATE roots SET missing_since_ns = ? WHERE name = ? "
+                    "AND missing_since_ns IS NULL",
+                    (now, rec.name),
+                )
+        grace = grace_s()
+        gone_s = (now - since) / 1e9
+        if gone_s >= grace:
+            with self.tables.tx() as conn:
+                conn.execute(
+                    "DELETE FROM roots WHERE name = ? AND missing_since_ns = ?", (rec.name, since)
+                )
+            log.warning(
+                "root %s dropped: %s has been missing for %s (more than ALKFS_ROOTS_GRACE=%s)",
+                rec.name,
+                rec.path,
+                format_duration(int(gone_s)),
+                format_duration(grace),
+            )
+            return
+        problems.append(
+            f"root {rec.name!r}: {rec.path} is missing (for {format_duration(int(gone_s))}; "
+            f"dropped once missing for {format_duration(grace)})"
+        )
+
+    def contains(self, key: bytes) -> bool:
+        memo = self._memo
+        if memo is None or key in memo[1]:
+            return True
+        return self.write_counter != memo[0]
