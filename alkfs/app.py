@@ -36,6 +36,7 @@ class Alkfs:
             store.reserve.shedders.append(functools.partial(packs.shed, store))
         if store.fleet is not None:  # another daemon's ref change: views made again
             store.fleet.on_refs.append(self.refs.changed_elsewhere)
+            store.fleet.on_roots.append(self.roots.asked)  # (a sweep elsewhere asks)
 
     @classmethod
     def open(

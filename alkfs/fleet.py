@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .errors import AlkfsError, Stale
+from .machine import machine_id
 
 if TYPE_CHECKING:
     from .db.postgres import PostgresDatabase
@@ -76,6 +77,8 @@ class Fleet:
         self.lapses = 0
         self.on_refs: list[Callable[[str | None], None]] = []
         self.on_packs: list[Callable[[str | None], None]] = []  # (a format, None: any)
+        self.on_roots: list[Callable[[str | None], None]] = []  # (a sweep asks for a read)
+        self.machine = machine_id()
         self._stop = threading.Event()
         self.node = node  # (also the name of its in-flight directories)
         self._join()
@@ -93,6 +96,10 @@ class Fleet:
             "INSERT INTO fleet_nodes (id, host, pid, started_ns, expiry_ns, sweeping) "
             f"VALUES (?, ?, ?, {NOW}, {NOW} + ?, 0)",
             (self.node, self.host, self.pid, self.ttl_ns),
+        )
+        (conn or self.db).execute(
+            "INSERT INTO fleet_machines (node, machine) VALUES (?, ?) ON CONFLICT DO NOTHING",
+            (self.node, self.machine),
         )
 
     def _max_seq(self) -> int:
@@ -302,6 +309,7 @@ class Fleet:
             with self.db.tx() as conn:
                 conn.execute("DELETE FROM fleet_pins WHERE node = ?", (node,))
                 conn.execute("DELETE FROM fleet_pack_holds WHERE node = ?", (node,))
+                conn.execute("DELETE FROM fleet_machines WHERE node = ?", (node,))
                 conn.execute("DELETE FROM fleet_nodes WHERE id = ?", (node,))
             self.remove_files_of(node)
         self.db.execute(f"DELETE FROM fleet_deletions WHERE at_ns < {NOW} - ?", (LOG_KEEP_NS,))
@@ -335,6 +343,7 @@ class Fleet:
                     conn.execute("LISTEN alkfs_deleted")
                     conn.execute("LISTEN alkfs_refs")
                     conn.execute("LISTEN alkfs_packs")
+                    conn.execute("LISTEN alkfs_roots")
                     self.replay()
                     if lost:  # (not at the first connection: nothing was missed then)
                         lost = False
@@ -342,14 +351,20 @@ class Fleet:
                         for fn in list(self.on_refs):
                             fn(None)  # (ref changes missed while away: any repository's)
                         self._tell(self.on_packs, None)
+                        self._tell(self.on_roots, None)
                     while not self._stop.is_set():
                         repos: set[str] = set()
                         packs: set[str] = set()
+                        roots = False
                         for note in conn.notifies(timeout=1.0, stop_after=1):
                             if note.channel == "alkfs_refs":
                                 repos.add(note.payload)
                             elif note.channel == "alkfs_packs":
                                 packs.add(note.payload)
+                            elif note.channel == "alkfs_roots":
+                                roots = True
+                        if roots:
+                            self._tell(self.on_roots, None)
                         self.replay()
                         for repo in repos:
                             for fn in list(self.on_refs):
@@ -388,6 +403,19 @@ class Fleet:
                     n += 1
                 self.last_seq = seq
 
+    def machine_live(self, machine: str) -> bool:
+        """Whether a live session of the fleet runs on `machine`."""
+        row = self.db.execute(
+            "SELECT 1 FROM fleet_machines m JOIN fleet_nodes n ON n.id = m.node "
+            f"WHERE m.machine = ? AND n.expiry_ns > {NOW} LIMIT 1",
+            (machine,),
+        ).fetchone()
+        return row is not None
+
+    def ask_roots(self) -> None:
+        """Wake the daemons of every machine: a sweep asks them to read their roots."""
+        self.db.execute("SELECT pg_notify('alkfs_roots', '')")
+
     # -- status ------------------------------------------------------------------------
     def nodes(self) -> list[dict[str, Any]]:
         rows = self.db.execute(
@@ -422,6 +450,7 @@ class Fleet:
             with self.db.tx() as conn:
                 conn.execute("DELETE FROM fleet_pins WHERE node = ?", (self.node,))
                 conn.execute("DELETE FROM fleet_pack_holds WHERE node = ?", (self.node,))
+                conn.execute("DELETE FROM fleet_machines WHERE node = ?", (self.node,))
                 conn.execute("DELETE FROM fleet_nodes WHERE id = ?", (self.node,))
         except AlkfsError as exc:
             log.warning("fleet: could not leave cleanly (%s): the session expires", exc)

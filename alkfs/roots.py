@@ -17,8 +17,15 @@ own objects) and the closure of what it names is walked in the store. Outcomes:
   7 days) the root is dropped with a log line and the sweep goes on; before that the
   sweep ends `protect-failed` naming it (a home directory briefly unmounted must not
   lose what its clones borrow);
-- it cannot be read, is not a git repository, or was registered on another machine:
-  the sweep ends `protect-failed` naming it, deleting nothing.
+- it cannot be read or is not a git repository: the sweep ends `protect-failed`
+  naming it, deleting nothing.
+
+A root of another machine (a fleet spanning machines) is read there: the sweep bumps
+the root's `asked` counter and NOTIFYs `alkfs_roots`; a daemon of that machine reads
+it and leaves the ids it names in `root_tips` (or why it could not, in `answer`) with
+`answered` set to the request's number; the sweep walks those ids here. No live daemon
+on that machine, or no answer within `ALKFS_ROOTS_ASK_TIMEOUT` (60 s): `protect-failed`
+naming it; it is never dropped from another machine.
 
 `contains` (arbitration at delete time, under the lock, no I/O) answers from the set
 computed at the start of the same sweep — the execute step runs after it, so a
@@ -32,8 +39,8 @@ from __future__ import annotations
 import builtins
 import logging
 import os
-import socket
 import threading
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -44,6 +51,7 @@ from .git import borrower
 from .git.closure import Walker
 from .git.tables import Tables
 from .keys import Algorithm, Key
+from .machine import machine_id
 from .pins import valid_pin_name
 from .schema import ROOTS
 
@@ -56,21 +64,17 @@ DEFAULT_GRACE_S = 7 * 86400.0
 _ALGO = {"sha1": Algorithm.GIT_SHA1, "sha256": Algorithm.GIT_SHA256}
 
 
-def machine_id() -> str:
-    """This machine's identity: `ALKFS_MACHINE_ID`, else systemd's machine id, else the
-    host name."""
-    env = os.environ.get("ALKFS_MACHINE_ID", "").strip()
-    if env:
-        return env
-    for path in ("/etc/machine-id", "/var/lib/dbus/machine-id"):
-        try:
-            with open(path) as f:
-                text = f.read().strip()
-        except OSError:
-            continue
-        if text:
-            return text
-    return socket.gethostname()
+def ask_timeout_s() -> float:
+    """How long a sweep waits for another machine's daemon to read its roots."""
+    try:
+        return float(os.environ.get("ALKFS_ROOTS_ASK_TIMEOUT", "") or 60.0)
+    except ValueError:
+        return 60.0
+
+
+def _keys(found: borrower.Reach) -> list[Key]:
+    prefix = bytes([_ALGO[found.object_format].value])
+    return [Key(prefix + x) for x in found.ids]
 
 
 def grace_s() -> float:
@@ -114,6 +118,7 @@ class Roots:
         self.builds = 0
         self._memo: tuple[int, set[bytes]] | None = None
         self._lock = threading.Lock()
+        self._answering = threading.Lock()  # (one read of the asked roots at a time)
 
     # -- registrations --------------------------------------------------------------------
     def add(self, name: str, path: str) -> RootRecord:
@@ -141,7 +146,7 @@ class Roots:
                     return old
                 raise Exists(f"the root {name!r} is {old.path}")
             conn.execute(
-                f"INSERT INTO roots ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, NULL)",
+                f"INSERT INTO roots ({_COLUMNS}, asked, answered) VALUES (?, ?, ?, ?, ?, NULL, 0, 0)",
                 (name, path, record.machine, device, record.created_ns),
             )
             if self.store.fleet is not None:  # (a sweep elsewhere computed without it)
@@ -170,26 +175,22 @@ class Roots:
 
     # -- the liveness source --------------------------------------------------------------
     def live_keys(self) -> set[bytes]:
-        """Everything the roots of this machine reach (see the module docstring);
-        SourceFailed naming each root that could not be judged."""
+        """Everything the roots reach (see the module docstring); SourceFailed naming
+        each root that could not be judged."""
         with self._lock:
             counter = self.write_counter
         records = self.list()
         me = machine_id()
         problems: list[str] = []
         tips: list[Key] = []
-        for rec in records:
-            if rec.machine != me:
-                problems.append(
-                    f"root {rec.name!r} ({rec.path}) is on machine {rec.machine}: "
-                    "only a daemon there can read it"
-                )
-                continue
+        here = [rec for rec in records if rec.machine == me]
+        elsewhere = [rec for rec in records if rec.machine != me]
+        asked = self._ask(elsewhere, problems)  # (their machines read while this one does)
+        for rec in here:
             found = self._read(rec, problems)
             if found is not None:
-                algo = _ALGO[found.object_format]
-                prefix = bytes([algo.value])
-                tips += (Key(prefix + x) for x in found.ids)
+                tips += _keys(found)
+        tips += self._answers(asked, problems)
         if problems:
             raise SourceFailed("; ".join(problems))
         live, _missing = self.walker.walk(tips) if tips else (set(), 0)
@@ -197,6 +198,113 @@ class Roots:
             self.builds += 1
             self._memo = (counter, live)
         return live
+
+    # -- roots of other machines (a fleet) ------------------------------------------------
+    def _ask(self, records: builtins.list[RootRecord], problems: builtins.list[str]) -> dict:
+        """Ask the daemons of the machines of `records` to read them now: {name: the
+        request's number} for those whose machine has a live daemon."""
+        fleet = self.store.fleet
+        asked: dict[str, int] = {}
+        for rec in records:
+            if fleet is None or not fleet.machine_live(rec.machine):
+                problems.append(
+                    f"root {rec.name!r} ({rec.path}) is on machine {rec.machine}, "
+                    "where no daemon of this store runs: only one there can read it"
+                )
+                continue
+            with self.tables.tx() as conn:
+                row = conn.execute(
+                    "UPDATE roots SET asked = asked + 1 WHERE name = ? RETURNING asked",
+                    (rec.name,),
+                ).fetchone()
+            if row is not None:
+                asked[rec.name] = int(row[0])
+        if asked:
+            assert fleet is not None
+            fleet.ask_roots()
+        return asked
+
+    def _answers(self, asked: dict[str, int], problems: builtins.list[str]) -> builtins.list[Key]:
+        """Wait (up to ALKFS_ROOTS_ASK_TIMEOUT, 60 s) for the reads asked by `_ask`."""
+        out: list[Key] = []
+        if not asked:
+            return out
+        waiting = dict(asked)
+        deadline = time.monotonic() + ask_timeout_s()
+        while waiting:
+            for name, n in list(waiting.items()):
+                rows = self.tables.read(
+                    "SELECT machine, answered, answer FROM roots WHERE name = ?", (name,)
+                )
+                if not rows:  # (unregistered meanwhile, or dropped by its machine)
+                    del waiting[name]
+                    continue
+                machine, answered, answer = rows[0]
+                if int(answered) < n:
+                    continue
+                del waiting[name]
+                if answer is not None:
+                    problems.append(f"{answer} (read on machine {machine})")
+                    continue
+                keys = self.tables.read("SELECT key FROM root_tips WHERE name = ?", (name,))
+                out += (Key(bytes(k)) for (k,) in keys)
+            if not waiting:
+                break
+            if time.monotonic() > deadline:
+                for name in waiting:
+                    problems.append(
+                        f"root {name!r}: no daemon of its machine answered within "
+                        f"{format_duration(ask_timeout_s())}"
+                    )
+                break
+            time.sleep(0.1)
+        return out
+
+    def answer(self) -> int:
+        """Read the roots of this machine that a sweep elsewhere asked for, and leave what
+        each names (or why it could not be read) in the database (a fleet's daemons run
+        this when told). How many were answered."""
+        if self.store.fleet is None:
+            return 0
+        with self._answering:
+            rows = self.tables.read(
+                f"SELECT {_COLUMNS}, asked FROM roots WHERE machine = ? AND asked > answered",
+                (machine_id(),),
+            )
+            for row in rows:
+                rec, n = _record(row[:6]), int(row[6])
+                problems: list[str] = []
+                found = self._read(rec, problems)
+                keys = [] if found is None else [k.raw for k in _keys(found)]
+                with self.tables.tx() as conn:
+                    conn.execute("DELETE FROM root_tips WHERE name = ?", (rec.name,))
+                    for i in range(0, len(keys), 500):
+                        part = keys[i : i + 500]
+                        params: list[object] = []
+                        for k in part:
+                            params += (rec.name, k)
+                        conn.execute(
+                            "INSERT INTO root_tips (name, key) VALUES "
+                            + ",".join(["(?, ?)"] * len(part))
+                            + " ON CONFLICT DO NOTHING",
+                            params,
+                        )
+                    conn.execute(
+                        "UPDATE roots SET answered = ?, answer = ? WHERE name = ?",
+                        (n, "; ".join(problems)[:2000] if problems else None, rec.name),
+                    )
+            return len(rows)
+
+    def asked(self, _what: str | None = None) -> None:
+        """A fleet's notice that a sweep asks for reads: answered on a thread of its own
+        (the notice's listener must not wait for git)."""
+        threading.Thread(target=self._answer_logged, name="alkfs-roots", daemon=True).start()
+
+    def _answer_logged(self) -> None:
+        try:
+            self.answer()
+        except Exception:
+            log.exception("roots: answering a sweep's read failed")
 
     def _read(self, rec: RootRecord, problems: builtins.list[str]) -> borrower.Reach | None:
         try:

@@ -164,8 +164,22 @@ ROOTS = Table(
         Column("device", "int", "st_dev of the path at registration"),
         Column("created_ns", "int", "when it was registered"),
         Column("missing_since_ns", "int", "when a sweep first found the path gone", null=True),
+        Column("asked", "int", "a fleet: reads asked of its machine's daemons (a counter)"),
+        Column("answered", "int", "the `asked` its machine's daemon last answered"),
+        Column("answer", "text", "why that read failed (NULL: root_tips holds it)", null=True),
     ),
     ("name",),
+)
+
+ROOT_TIPS = Table(
+    "root_tips",
+    "A fleet: the ids a root's machine read from it when a sweep elsewhere asked.",
+    (
+        Column("name", "text", "roots.name"),
+        Column("key", "key", "a git object's key the borrower names"),
+    ),
+    ("name", "key"),
+    engines=frozenset({"postgresql"}),
 )
 
 # -- the fleet (several daemons on one PostgreSQL store: alkfs/fleet.py) -----------------
@@ -183,6 +197,17 @@ FLEET_NODES = Table(
         Column("sweeping", "int", "1 while it holds the sweep lease"),
     ),
     ("id",),
+    engines=frozenset({"postgresql"}),
+)
+
+FLEET_MACHINES = Table(
+    "fleet_machines",
+    "The machine each session runs on (alkfs/machine.py): a root is read only there.",
+    (
+        Column("node", "text", "fleet_nodes.id"),
+        Column("machine", "text", "its machine id"),
+    ),
+    ("node",),
     engines=frozenset({"postgresql"}),
 )
 
@@ -261,6 +286,8 @@ TABLES = (
     PINS,
     ROOTS,
     FLEET_NODES,
+    FLEET_MACHINES,
+    ROOT_TIPS,
     FLEET_PINS,
     FLEET_EPOCH,
     FLEET_DELETIONS,

@@ -1,7 +1,7 @@
 """The layers import one way: every import in alkfs/ and daemon/ (module level and inside
 functions; `if TYPE_CHECKING:` blocks excepted) goes to a layer at or below its own.
 
-    alkfs  0 errors, durations    1 keys, schema      2 db, privacy, reserve
+    alkfs  0 errors, durations    1 keys, schema, machine      2 db, privacy, reserve
            3 tiers, catalog, git.objects, git.borrower  4 gc, binding, fleet
            5 store    6 git.tables, git.refs, git.closure, git.packs, pins, roots
            7 git.importer, app    8 cli, migrate
@@ -40,6 +40,7 @@ RANKS = {
     "alkfs": 0,  # (the package: __version__)
     "alkfs.keys": 1,
     "alkfs.schema": 1,
+    "alkfs.machine": 1,
     "alkfs.db": 2,
     "alkfs.privacy": 2,
     "alkfs.reserve": 2,
