@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import IO, Any, NoReturn, Protocol
 
 from . import __version__
-from .durations import format_duration, parse_duration
+from .durations import format_duration, parse_duration, parse_window
 from .errors import (
     AlkfsError,
     Busy,
@@ -166,6 +166,13 @@ def key_arg(text: str) -> Key:
 def duration_arg(text: str) -> float:
     try:
         return parse_duration(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def window_arg(text: str) -> float:
+    try:
+        return parse_window(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
@@ -764,7 +771,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--repo", required=True, metavar="ID")
 
     c = command(sub, "sweep", cmd_sweep, "run a sweep; print its report as JSON")
-    c.add_argument("--window", type=duration_arg, metavar="DURATION", help="e.g. 0, 90s, 1h")
+    c.add_argument(
+        "--window", type=window_arg, metavar="DURATION", help="e.g. 0, 90s, 1h (at most 10 years)"
+    )
 
     c = command(
         sub,

@@ -38,6 +38,18 @@ def parse_duration(text: str) -> float:
     return total
 
 
+MAX_WINDOW_S = 10 * 365 * 86400
+"""The longest delete window (SPEC 3.6): ten years. A staged deadline is never later."""
+
+
+def parse_window(text: str) -> float:
+    """A delete window: `parse_duration`, and ValueError past MAX_WINDOW_S."""
+    seconds = parse_duration(text)
+    if not seconds <= MAX_WINDOW_S:  # (also refuses inf and nan)
+        raise ValueError(f"a window over 10 years: {text[:40]!r}")
+    return seconds
+
+
 def format_duration(seconds: float) -> str:
     """The shortest text parse_duration reads back as `seconds` (whole seconds in units)."""
     if seconds == 0:

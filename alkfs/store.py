@@ -25,6 +25,7 @@ from .binding import DB_NAME as DB_NAME
 from .binding import open_database, settle
 from .catalog import Catalog, ChunkDigester, Record
 from .db import Database, now_ns
+from .durations import MAX_WINDOW_S
 from .errors import (
     AlkfsError,
     Corrupt,
@@ -897,6 +898,8 @@ class Store:
 
     def sweep(self, window_s: float | None = None) -> SweepReport:
         try:
+            if window_s is not None:  # (a staged deadline is never beyond 10 years)
+                window_s = max(0.0, min(window_s, MAX_WINDOW_S))
             report = sweep(self, None if window_s is None else int(window_s * 1e9))
             if report.aborted is None:
                 try:

@@ -11,7 +11,7 @@ from typing import Any
 
 from alkfs.db.uri import check as check_uri
 from alkfs.db.uri import has_password
-from alkfs.durations import parse_duration
+from alkfs.durations import parse_duration, parse_window
 from alkfs.errors import AlkfsError
 
 from .context import parse_owner
@@ -102,7 +102,8 @@ def settings(argv: list[str] | None) -> dict[str, Any]:
     try:
         for key in ("window", "sweep_every", "push_grace"):
             if out.get(key) is not None:
-                out[key] = parse_duration(str(out[key]))
+                parse = parse_window if key == "window" else parse_duration
+                out[key] = parse(str(out[key]))
     except ValueError as exc:
         raise Usage(str(exc)) from None
     if out.get("threshold") is not None and int(out["threshold"]) <= 0:

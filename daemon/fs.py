@@ -46,6 +46,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("alkfsd")
 
 
+RENAME_WHITEOUT = 4  # (linux/fs.h; os and pyfuse3 do not name it)
 _BY_HANDLE = frozenset({"read", "write", "flush", "fsync", "release"})
 _BY_INODE = frozenset({"getattr", "setattr", "open", "getxattr", "listxattr", "access"})
 
@@ -226,6 +227,8 @@ class Operations(pyfuse3.Operations):
     ) -> None:
         check_name(name_old)
         check_name(name_new)
+        if flags & RENAME_WHITEOUT:
+            fail(errno.EINVAL, "rename: no whiteouts here (RENAME_WHITEOUT)")
         self._mutating()
         old = self.node(parent_inode_old)
         new = self.node(parent_inode_new)

@@ -345,6 +345,8 @@ def main(argv: list[str] | None = None) -> int:
         fuse_options.discard("default_permissions")
         if options.shared:  # other users reach it
             fuse_options.add("allow_other")
+        if options.read_only:  # (`mount` shows ro; statvfs has ST_RDONLY)
+            fuse_options.add("ro")
         try:
             pyfuse3.init(ops, mnt, fuse_options)
         except RuntimeError as exc:

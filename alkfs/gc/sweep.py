@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from ..db import Error as DatabaseError
 from ..db import now_ns
+from ..durations import MAX_WINDOW_S
 from ..errors import AlkfsError, SourceFailed
 from .arbiter import raw
 
@@ -27,6 +28,7 @@ if TYPE_CHECKING:
 
 STAGE_BATCH = 10_000
 DELETE_TX = 512  # deletions a transaction (a put of one of them waits for its commit)
+MAX_WINDOW_NS = int(MAX_WINDOW_S * 1e9)  # (a staged deadline is never later than this)
 SCAN_CHUNK = 65_536  # keys taken from the mark scan at a time (set operations run in C)
 
 
@@ -95,7 +97,8 @@ def sweep(store: Store, window_ns: int | None = None) -> SweepReport:
                 # takes a moment to open, while another member's sweep may still end)
                 report.started_at = _now()
                 t0 = time.monotonic()
-                _run(store, report, store.window_ns if window_ns is None else window_ns)
+                window = store.window_ns if window_ns is None else window_ns
+                _run(store, report, max(0, min(window, MAX_WINDOW_NS)))
             else:
                 report.aborted = AbortCause.SWEEPER_LOCK.value  # (another daemon's sweep)
     except (OSError, AlkfsError, *DatabaseError) as exc:  # type: ignore[misc]

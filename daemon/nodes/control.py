@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from pyfuse3 import RequestContext
 
-from alkfs.durations import parse_duration
+from alkfs.durations import parse_duration, parse_window
 
 from ..errors import clip, fail
 from ..packs import repack_now
@@ -158,7 +158,7 @@ class ControlHandle(Handle):
         if cmd == "sweep":
             if ctx.read_only:
                 fail(errno.EROFS, "the mount is read-only: no sweeps")
-            await ctx.sweep(parse_duration(args[0]) if args else None)
+            await ctx.sweep(parse_window(args[0]) if args else None)
         elif cmd == "verify":
             await ctx.verify()
         elif cmd == "repack":
@@ -209,9 +209,12 @@ def parse(line: bytes) -> list[str]:
     if cmd == "sweep" and len(args) <= 1:
         if args:
             try:
-                parse_duration(args[0])
+                parse_window(args[0])
             except ValueError:
-                fail(errno.EINVAL, f"not a duration: {clip(repr(args[0]), 64)}")
+                fail(
+                    errno.EINVAL,
+                    f"not a window (a duration of at most 10 years): {clip(repr(args[0]), 64)}",
+                )
         return words
     if cmd in ("verify", "repack") and not args:
         return words
