@@ -64,12 +64,24 @@ DEFAULT_GRACE_S = 7 * 86400.0
 _ALGO = {"sha1": Algorithm.GIT_SHA1, "sha256": Algorithm.GIT_SHA256}
 
 
+DEFAULT_ASK_TIMEOUT_S = 60.0
+MAX_ASK_TIMEOUT_S = 3600.0
+
+
 def ask_timeout_s() -> float:
-    """How long a sweep waits for another machine's daemon to read its roots."""
+    """How long a sweep waits for another machine's daemon to read its roots
+    (`ALKFS_ROOTS_ASK_TIMEOUT`, a duration of at most an hour; default 60 s)."""
+    text = os.environ.get("ALKFS_ROOTS_ASK_TIMEOUT", "").strip()
+    if not text:
+        return DEFAULT_ASK_TIMEOUT_S
     try:
-        return float(os.environ.get("ALKFS_ROOTS_ASK_TIMEOUT", "") or 60.0)
+        seconds = parse_duration(text)
     except ValueError:
-        return 60.0
+        seconds = -1.0
+    if not 0 <= seconds <= MAX_ASK_TIMEOUT_S:
+        log.warning("ALKFS_ROOTS_ASK_TIMEOUT=%.40r is not a duration up to 1h: using 60s", text)
+        return DEFAULT_ASK_TIMEOUT_S
+    return seconds
 
 
 def _keys(found: borrower.Reach) -> list[Key]:
@@ -252,8 +264,10 @@ class Roots:
                 break
             if time.monotonic() > deadline:
                 for name in waiting:
+                    rows = self.tables.read("SELECT machine FROM roots WHERE name = ?", (name,))
+                    machine = rows[0][0] if rows else "?"
                     problems.append(
-                        f"root {name!r}: no daemon of its machine answered within "
+                        f"root {name!r}: no daemon of its machine {machine} answered within "
                         f"{format_duration(ask_timeout_s())}"
                     )
                 break
@@ -360,8 +374,9 @@ class Roots:
             )
             return
         problems.append(
-            f"root {rec.name!r}: {rec.path} is missing (for {format_duration(int(gone_s))}; "
-            f"dropped once missing for {format_duration(grace)})"
+            f"root {rec.name!r}: {rec.path} is missing (for "
+            f"{format_duration(max(1, int(gone_s)))}; dropped once missing for "
+            f"{format_duration(grace) if grace else '0s'})"
         )
 
     def contains(self, key: bytes) -> bool:

@@ -323,6 +323,8 @@ def index_ids(data: bytes, n: int) -> set[bytes]:
         pos += 8 + size
         if sig == b"TREE":
             out |= _cache_tree_ids(body, n)
+        elif sig == b"REUC":  # (resolve-undo: git's gc keeps these blobs too)
+            out |= _resolve_undo_ids(body, n)
     out.discard(b"\0" * n)
     return out
 
@@ -338,6 +340,25 @@ def _cache_tree_ids(body: bytes, n: int) -> set[bytes]:
         if entries >= 0:  # (-1: invalidated, no id)
             out.add(body[pos : pos + n])
             pos += n
+    return out
+
+
+def _resolve_undo_ids(body: bytes, n: int) -> set[bytes]:
+    """REUC: a path, three octal modes (NUL-terminated), then an id for each mode that
+    is not 0."""
+    out: set[bytes] = set()
+    pos = 0
+    while pos < len(body):
+        pos = body.index(b"\0", pos) + 1
+        modes = []
+        for _ in range(3):
+            nul = body.index(b"\0", pos)
+            modes.append(int(body[pos:nul], 8))
+            pos = nul + 1
+        for mode in modes:
+            if mode:
+                out.add(body[pos : pos + n])
+                pos += n
     return out
 
 
@@ -439,8 +460,8 @@ def _named_by(stream: bytes, layout: Layout, reach: Reach) -> None:
     """The ids named by the objects of a `cat-file --batch` stream."""
     n = layout.id_len
     hexlen = 2 * n
-    entry = re.compile(rb"[0-7]{5,6} [^\0]+\0(.{%d})" % n, re.DOTALL)
-    gitlink = re.compile(rb"160000 [^\0]+\0(.{%d})" % n, re.DOTALL)
+    # (entries are contiguous: each match starts at an entry's mode, never in a name)
+    entry = re.compile(rb"([0-7]{5,6}) [^\0]+\0(.{%d})" % n, re.DOTALL)
     pos = 0
     while pos < len(stream):
         nl = stream.index(b"\n", pos)
@@ -451,8 +472,8 @@ def _named_by(stream: bytes, layout: Layout, reach: Reach) -> None:
         body = stream[nl + 1 : nl + 1 + size]
         pos = nl + 1 + size + 1
         if kind == b"tree":
-            links = set(gitlink.findall(body))  # (other repositories' commits)
-            reach.ids.update(x for x in entry.findall(body) if x not in links)
+            # (a gitlink names another repository's commit)
+            reach.ids.update(x for mode, x in entry.findall(body) if mode != b"160000")
         elif kind in (b"commit", b"tag"):
             head = body.split(b"\n\n", 1)[0]
             for line in head.split(b"\n"):

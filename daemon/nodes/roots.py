@@ -68,8 +68,13 @@ class RootsDir(Dir):
         if path is None or not os.path.isabs(path):
             fail(errno.EINVAL, f"a root's target must be an absolute path: {clip(repr(target))}")
         path = os.path.normpath(path)
+        # (realpath in a worker thread: a symbolic link into this mount is followed by
+        # requests this thread must answer)
+        real = await self.ctx.run_sync(os.path.realpath, path)
         mnt = self.ctx.mountpoint
-        if mnt is not None and (path == mnt or path.startswith(mnt.rstrip("/") + "/")):
+        if mnt is not None and any(
+            p == mnt or p.startswith(mnt.rstrip("/") + "/") for p in (path, real)
+        ):
             fail(
                 errno.EINVAL,
                 f"{clip(path)} is in this mount: its repositories' refs are roots already",
