@@ -539,7 +539,7 @@ class Derived:
         self.store = store
         self.fmt = fmt
         self.algo = FORMATS[fmt]
-        self.root = store.path / DERIVED_DIR / fmt
+        self.root = store.path.absolute() / DERIVED_DIR / fmt  # (written into alternates)
         self.lock = threading.RLock()
         self.on_publish: list[Callable[[Generation | None, Generation | None], None]] = []
         self._current: Generation | None = None

@@ -441,3 +441,24 @@ def test_two_checks_at_once_withdraw_a_corrupt_set_once(app, make_repo):
     assert "withdrawn at verify" in d.last_error
     assert d.withdraw(only=gen) is False  # replaced: nothing published
     assert d.current().number == gen.number + 1
+
+
+def test_a_store_opened_by_a_relative_path_rebuilds_its_packs(tmp_path, make_repo, monkeypatch):
+    """A build writes the previous set's directory into an alternates file, which git
+    reads relative to the build's own object directory: a store opened as "store" wrote
+    a relative path there, pack-objects failed and the packs were withdrawn."""
+    repo = history(make_repo, "sha1")
+    monkeypatch.chdir(tmp_path)
+    with Alkfs.open("store", window_s=0) as app:
+        import_repo(app, repo.gitdir, "r", progress=False)
+        store = app.store
+        d = packs.derived_for(store, "sha1")
+        d.build()
+        blob = store.add(canonical("blob", b"dead but packed\n"), algo=Algorithm.GIT_SHA1)
+        d.build()
+        assert store.sweep(0).candidates_staged == 1
+        assert store.sweep(0).deleted == 1  # (the set is rebuilt without it first)
+        assert d.last_error is None
+        gen = d.current()
+        assert gen is not None and gen.objects > 0 and blob.digest not in gen
+        assert pack_ids(gen) == store_ids(app, Algorithm.GIT_SHA1)
