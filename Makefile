@@ -57,7 +57,7 @@ soak: apt $(STAMP)
 
 run: apt $(STAMP)
 	mkdir -p $(MNT)
-	$(VENV)/bin/alkfsd $(DEMO) $(MNT) --window 1h --demo
+	$(VENV)/bin/alkfsd $(DEMO) $(MNT) --create --window 1h --demo
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

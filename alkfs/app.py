@@ -7,13 +7,19 @@ import os
 from typing import Any
 
 from . import __version__, intents, privacy
+from .binding import BINDING_NAME
 from .git import packs
 from .git.closure import RefClosure
 from .git.refs import Refs
 from .keys import Key
 from .pins import Pins
 from .roots import Roots
-from .store import DEFAULT_THRESHOLD, Store
+from .store import DB_NAME, DEFAULT_THRESHOLD, Store
+
+
+def store_exists(path: str | os.PathLike[str]) -> bool:
+    """Whether `path` holds a store (its sqlite file, or its binding to a database)."""
+    return any(os.path.exists(os.path.join(path, n)) for n in (DB_NAME, BINDING_NAME))
 
 
 class Alkfs:

@@ -73,7 +73,7 @@ class Mount:
 
 def alkfsd(store: Path, mnt: Path, log: Path) -> Mount:
     """An alkfsd (not started yet) serving `store` at `mnt` with the default flags."""
-    return Mount("alkfsd", [str(BIN / "alkfsd"), str(store), str(mnt)], mnt, log)
+    return Mount("alkfsd", [str(BIN / "alkfsd"), str(store), str(mnt), "--create"], mnt, log)
 
 
 def nullfs(mnt: Path, log: Path) -> Mount:

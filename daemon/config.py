@@ -9,6 +9,7 @@ import sys
 import tomllib
 from typing import Any
 
+from alkfs import __version__
 from alkfs.db.uri import check as check_uri
 from alkfs.db.uri import has_password
 from alkfs.durations import parse_duration, parse_window
@@ -29,7 +30,12 @@ CONFIG_KEYS = {
     "allow_other",
     "owner",
     "demo",
+    "create",
+    "log_level",
 }
+
+DEFAULT_SWEEP_EVERY = "1h"
+LOG_LEVELS = ("debug", "info", "warning", "error")
 
 
 class Usage(Exception):
@@ -37,13 +43,30 @@ class Usage(Exception):
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="alkfsd", description="Mount an alkfs store with FUSE.")
-    p.add_argument("store", nargs="?", help="the store directory (created on first use)")
+    p = argparse.ArgumentParser(
+        prog="alkfsd",
+        description="Mount an alkfs store with FUSE.",
+        epilog="example: alkfsd --create /srv/alkfs/main /mnt/alk --window 1h",
+    )
+    p.add_argument("--version", action="version", version=f"alkfsd {__version__}")
+    p.add_argument("store", nargs="?", help="the store directory (see --create)")
     p.add_argument("mountpoint", nargs="?", help="where to mount it")
     p.add_argument("--threshold", type=int, help="kv/large threshold in bytes (at creation)")
     p.add_argument("--window", help="sweep delete window, e.g. 0, 15m, 1h (default 1h)")
     p.add_argument("--kv-only", action="store_true", default=None, help="sqlite only")
-    p.add_argument("--sweep-every", help="run a sweep periodically, e.g. 15m")
+    p.add_argument(
+        "--sweep-every",
+        help=f"run a sweep periodically, e.g. 15m (default {DEFAULT_SWEEP_EVERY}; 0: never)",
+    )
+    p.add_argument(
+        "--create",
+        action="store_true",
+        default=None,
+        help="make the store if STORE holds none (without it a missing store is refused)",
+    )
+    p.add_argument(
+        "--log-level", choices=LOG_LEVELS, help="the least severe lines logged (default info)"
+    )
     p.add_argument(
         "--push-grace", help="pins of a push with no ref write go after this (max(10m, window))"
     )
@@ -106,6 +129,11 @@ def settings(argv: list[str] | None) -> dict[str, Any]:
                 out[key] = parse(str(out[key]))
     except ValueError as exc:
         raise Usage(str(exc)) from None
+    out.setdefault("sweep_every", parse_duration(DEFAULT_SWEEP_EVERY))
+    level = str(out.get("log_level") or "info").lower()
+    if level not in LOG_LEVELS:
+        raise Usage(f"log_level must be one of {', '.join(LOG_LEVELS)}, not {level!r}")
+    out["log_level"] = level
     if out.get("threshold") is not None and int(out["threshold"]) <= 0:
         raise Usage("--threshold must be positive")
     if out.get("owner") is not None:

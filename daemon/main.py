@@ -35,7 +35,8 @@ from typing import Any
 import pyfuse3
 import trio
 
-from alkfs.app import Alkfs
+from alkfs.app import Alkfs, store_exists
+from alkfs.durations import format_duration
 from alkfs.errors import AlkfsError, StoreLocked
 from alkfs.store import Store
 
@@ -118,12 +119,23 @@ def clear_stale_mount(mnt: str) -> None:
     try:
         os.statvfs(mnt)
     except FileNotFoundError:
-        os.makedirs(mnt, exist_ok=True)
+        return  # (refuse_paths says so: a missing mountpoint is never made)
     except OSError as exc:
         if exc.errno not in DEAD_MOUNT:
             raise
         log.warning("clearing a stale mount at %s (errno=%s)", mnt, errno.errorcode[exc.errno])
         subprocess.run(["fusermount3", "-uz", mnt], check=False, capture_output=True)
+
+
+def refuse_paths(store: str, mnt: str, create: bool) -> str | None:
+    """Why STORE or MOUNTPOINT is surely a mistake (a typo), or None: a mountpoint that
+    is missing or not a directory; a STORE that holds no store, without --create."""
+    if not os.path.isdir(mnt):
+        what = "is not a directory" if os.path.lexists(mnt) else "does not exist"
+        return f"the mountpoint {mnt} {what} (make it with mkdir -p)"
+    if not create and not store_exists(store):
+        return f"no store at {store}: give --create to make one there"
+    return None
 
 
 def open_app(store: str, conf: dict[str, Any]) -> tuple[Alkfs, Store]:
@@ -286,6 +298,7 @@ def main(argv: list[str] | None = None) -> int:
     except Usage as exc:
         print(f"alkfsd: {exc}", file=sys.stderr)
         return 2
+    logging.getLogger().setLevel(conf["log_level"].upper())
     store_path = os.path.abspath(str(conf["store"]))
     mnt = os.path.abspath(str(conf["mountpoint"]))
     try:
@@ -296,6 +309,10 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except OSError as exc:
         print(f"alkfsd: cannot use the mountpoint {mnt}: {exc}", file=sys.stderr)
+        return 1
+    refusal = refuse_paths(store_path, mnt, bool(conf.get("create")))
+    if refusal is not None:
+        print(f"alkfsd: {refusal}", file=sys.stderr)
         return 1
     try:
         app, store = open_app(store_path, conf)
@@ -354,16 +371,25 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         mounted = True
         guard = deathguard.start(mnt)  # (from this, the main thread: deathguard.py)
+        every = conf.get("sweep_every")
         log.info(
-            "mounted %s at %s (database %s, mode %s, threshold %d, window %ss%s)",
+            "mounted %s at %s (database %s, mode %s, threshold %d, window %s, %s%s)",
             store_path,
             mnt,
             "sqlite" if store.db is None else store.db.describe(),
             store.mode,
             store.threshold,
-            store.window_ns / 1e9,
+            format_duration(store.window_ns / 1e9),
+            f"a sweep every {format_duration(every)}" if every else "no periodic sweeps",
             ", read-only" if options.read_only else "",
         )
+        if every and not options.read_only:
+            log.info(
+                "sweeps delete what nothing keeps alive: a clone of %s/repos/ID made without "
+                "--no-local borrows its objects; register it (ln -s /path/to/clone %s/roots/NAME)",
+                mnt,
+                mnt,
+            )
         trio.run(serve, ctx, mnt, conf.get("sweep_every"), ops)
     finally:
         if ops is not None:

@@ -49,6 +49,7 @@ from alkfs.keys import Algorithm, Key
 MOUNT_TIMEOUT_S = 20.0
 STOP_TIMEOUT_S = 20.0
 DEFAULT_ARGS = ("--window", "0")
+NO_SWEEPS = ("--sweep-every", "0")  # (sweeps run every hour by default: a test runs its own)
 
 
 def mount_entry(mnt: str | os.PathLike[str]) -> tuple[str, str] | None:
@@ -143,6 +144,8 @@ class Mount:
             "alkfsd.main",
             str(self.store_path),
             str(self.mnt),
+            "--create",  # (the tests make their stores; a daemon refuses a missing one)
+            *(() if any(a.startswith("--sweep-every") for a in self.args) else NO_SWEEPS),
             *self.full_args(),
         ]
 

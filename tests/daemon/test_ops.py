@@ -569,9 +569,11 @@ def test_the_example_config_and_flags_make_the_daemon_settings():
     example = Path(__file__).parents[2] / "systemd" / "example.toml"
     assert settings(["--config", str(example)]) == {
         "store": "/srv/alkfs/main",
+        "create": True,
         "mountpoint": "/mnt/alk",
         "window": 3600.0,
-        "sweep_every": 900.0,
+        "sweep_every": 3600.0,
+        "log_level": "info",
     }
     assert settings(["S", "M", "--window", "0", "--kv-only", "--threshold", "9"]) == {
         "store": "S",
@@ -579,6 +581,14 @@ def test_the_example_config_and_flags_make_the_daemon_settings():
         "window": 0.0,
         "kv_only": True,
         "threshold": 9,
+        "sweep_every": 3600.0,  # (sweeps every hour unless told otherwise)
+        "log_level": "info",
+    }
+    assert settings(["S", "M", "--sweep-every", "0", "--log-level", "debug"]) == {
+        "store": "S",
+        "mountpoint": "M",
+        "sweep_every": 0.0,
+        "log_level": "debug",
     }
 
 

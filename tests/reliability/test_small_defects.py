@@ -87,7 +87,8 @@ def test_a_second_daemon_on_a_live_mountpoint_is_refused_and_the_first_keeps_ser
     write_close(first.path("pins", "keep"), b"first mount\n")
     before = first.entry()
     second = subprocess.Popen(
-        [sys.executable, "-m", "alkfsd.main", str(tmp_path / "store-b"), str(first.mnt)],
+        [sys.executable, "-m", "alkfsd.main", str(tmp_path / "store-b"), str(first.mnt)]
+        + ["--create"],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,

@@ -69,7 +69,11 @@ def alkfs(*args: str | os.PathLike[str], umask: int = -1) -> subprocess.Complete
 
 
 def alkfsd_argv(store: Path, mnt: Path) -> list[str]:
-    return [sys.executable, "-X", "dev", "-bb", "-m", "alkfsd.main", str(store), str(mnt)]
+    return [sys.executable, "-X", "dev", "-bb", "-m", "alkfsd.main", str(store), str(mnt)] + [
+        "--create",
+        "--sweep-every",
+        "0",
+    ]
 
 
 def is_mounted(mnt: Path) -> bool:

@@ -66,7 +66,7 @@ class Daemon:
         argv = [sys.executable, "-X", "dev", "-bb", "-m", "alkfsd.main"]
         with open(self.log_path, "wb") as err:
             self.proc = subprocess.Popen(
-                [*argv, str(self.store), str(self.mnt), "--window", "0", *self.args],
+                [*argv, str(self.store), str(self.mnt), "--window", "0", "--create", *self.args],
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
                 stderr=err,
