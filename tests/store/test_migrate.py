@@ -72,6 +72,7 @@ def build(root: Path, tmp_path: Path) -> None:
         orphan = store.put(b"nobody keeps me")
         orphan.pin.release()
         import_repo(app, str(git_repo(tmp_path / "src")), "imported")
+        app.roots.add("clone", str(tmp_path / "src"))  # (a borrower's registration)
         app.refs.create_repo("hand", "sha1")
         blob = store.put(b"blob 5\x00hello", algo=Key.parse("0" * 40).algo)
         blob.pin.release()
@@ -170,6 +171,7 @@ def test_round_trip_sqlite_postgresql_sqlite(
         "git_repos": 2,
         "git_refs": 4,  # imported: main, side, v1; hand: main
         "pins": 15,
+        "roots": 1,
     }
     assert sum(1 for tier, _ in before["objects"].values() if tier == "large") == LARGE + 2
 

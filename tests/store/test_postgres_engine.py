@@ -26,9 +26,11 @@ from alkfs.tiers.postgres import PgTier
 
 from .conftest import register, sha256_key
 
-TABLES = ("meta", "blobs", "gc_window", "catalog", "git_repos", "git_refs", "pins")
+TABLES = ("meta", "blobs", "gc_window", "catalog", "git_repos", "git_refs", "pins", "roots")
 FLEET = (
     "fleet_nodes",
+    "fleet_machines",
+    "root_tips",
     "fleet_pins",
     "fleet_epoch",
     "fleet_deletions",
