@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import functools
 import os
+from datetime import UTC, datetime
 from typing import Any
 
 from . import __version__, intents, privacy
 from .binding import BINDING_NAME
+from .gc import staged
 from .git import packs
 from .git.closure import RefClosure
 from .git.refs import Refs
@@ -96,9 +98,22 @@ class Alkfs:
             "pins": len(self.pins.list()),
             "repos": len(self.refs.repos()),
             "roots": len(self.roots),
+            "staged": self.staged(),
             "sweeping": store.arbiter.sweeping,
             "last_sweep": None if last is None else last.to_dict(),
             "corrupt": sorted(str(Key(k)) for k in list(store.corrupt)),
+        }
+
+    def staged(self) -> dict[str, Any]:
+        """The delete window's candidates: count, bytes, and the first deadline (ISO)."""
+        t = staged.totals(self.store)
+        first = t["first_deadline_ns"]
+        return {
+            "count": t["count"],
+            "bytes": t["bytes"],
+            "next_deadline": None
+            if first is None
+            else datetime.fromtimestamp(first / 1e9, UTC).isoformat(timespec="seconds"),
         }
 
     def close(self) -> None:

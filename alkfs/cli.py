@@ -193,7 +193,7 @@ class Target(Protocol):
     def get(self, key: Key, out: IO[bytes]) -> None: ...
     def stat(self, key: Key) -> dict[str, Any]: ...
     def pin(self, name: str, key: Key) -> None: ...
-    def unpin(self, name: str) -> None: ...
+    def unpin(self, name: str) -> Key: ...
     def pins(self) -> list[tuple[str, Key]]: ...
     def roots_add(self, name: str, path: str) -> None: ...
     def roots_rm(self, name: str) -> None: ...
@@ -202,7 +202,9 @@ class Target(Protocol):
     def repo_rm(self, repo_id: str) -> None: ...
     def repo_list(self) -> list[tuple[str, str]]: ...
     def git_import(self, gitdir: str, repo_id: str) -> None: ...
-    def sweep(self, window_s: float | None) -> dict[str, Any]: ...
+    def sweep(self, window_s: float | None, expire_now: bool = False) -> dict[str, Any]: ...
+    def dry_run(self) -> dict[str, Any]: ...
+    def staged(self) -> Iterator[str]: ...
     def verify(self) -> list[str]: ...
     def status(self) -> dict[str, Any]: ...
     def close(self) -> None: ...
@@ -276,8 +278,12 @@ class StoreTarget:
         self._stat(key)
         self.app.pins.pin(name, key)
 
-    def unpin(self, name: str) -> None:
+    def unpin(self, name: str) -> Key:
+        rec = self.app.pins.get(name)
+        if rec is None:
+            raise Missing(f"no pin {name!r}")
         self.app.pins.unpin(name)
+        return rec.key
 
     def pins(self) -> list[tuple[str, Key]]:
         return sorted((p.name, p.key) for p in self.app.pins.list())
@@ -305,8 +311,21 @@ class StoreTarget:
 
         import_repo(self.app, gitdir, repo_id)  # its own progress bar, on a terminal only
 
-    def sweep(self, window_s: float | None) -> dict[str, Any]:
-        return self.store.sweep(window_s).to_dict()
+    def sweep(self, window_s: float | None, expire_now: bool = False) -> dict[str, Any]:
+        return self.store.sweep(window_s, expire_now=expire_now).to_dict()
+
+    def dry_run(self) -> dict[str, Any]:
+        from .gc.sweep import dry_run
+
+        return dry_run(self.store)
+
+    def staged(self) -> Iterator[str]:
+        from .gc import staged
+
+        after = b""
+        while rows := staged.page(self.store, after):
+            yield from map(staged.line, rows)
+            after = rows[-1].key.raw
 
     def verify(self) -> list[str]:
         total = sum(c["count"] for c in self.store.counts().values())
@@ -400,9 +419,11 @@ class MountTarget:
         ):
             os.setxattr(self.obj(key), PIN_XATTR + name, b"")
 
-    def unpin(self, name: str) -> None:
+    def unpin(self, name: str) -> Key:
         with through(f"unpin {name}", ENOENT=f"no pin {name!r}"):
+            key = key_from_link(os.readlink(self.root / "pins" / name))
             os.unlink(self.root / "pins" / name)
+        return key
 
     def pins(self) -> list[tuple[str, Key]]:
         pins_dir = self.root / "pins"
@@ -421,6 +442,9 @@ class MountTarget:
         return sorted(out)
 
     def roots_add(self, name: str, path: str) -> None:
+        with contextlib.suppress(OSError):
+            if os.readlink(self.root / "roots" / name) == os.path.normpath(path):
+                return  # (the same name and path again: as on an unheld store)
         with through(
             f"roots add {name}",
             EEXIST=f"the root {name!r} is another path's",
@@ -522,12 +546,29 @@ class MountTarget:
             finally:
                 os.close(fd)
 
-    def sweep(self, window_s: float | None) -> dict[str, Any]:
-        self.control("sweep" if window_s is None else f"sweep {format_duration(window_s)}")
+    def sweep(self, window_s: float | None, expire_now: bool = False) -> dict[str, Any]:
+        words = ["sweep"] + (["--expire-now"] if expire_now else [])
+        if window_s is not None:
+            words.append(format_duration(window_s))
+        self.control(" ".join(words))
         report = self.status().get("last_sweep")
         if report is None:
             raise StoreIO("sweep: the daemon reported no sweep")
         return report
+
+    def dry_run(self) -> dict[str, Any]:
+        self.control("sweep --dry-run")
+        with through("dry-run"):
+            text = (self.root / ".alkfs" / "dry-run").read_text()
+        try:
+            return json.loads(text)
+        except ValueError as exc:
+            raise StoreIO(f"dry-run: the daemon's answer is not JSON: {exc}") from exc
+
+    def staged(self) -> Iterator[str]:
+        with through("staged"), open(self.root / ".alkfs" / "staged") as f:
+            for line in f:
+                yield line.rstrip("\n")
 
     def verify(self) -> list[str]:
         self.control("verify")
@@ -571,6 +612,12 @@ def cmd_put(t: Target, a: argparse.Namespace) -> int:
         except AlkfsError as exc:
             raise type(exc)(f"{name}: {exc}") from exc  # which of the files failed
         print(key, flush=True)
+        if a.pin is None:
+            print(
+                f"alkfs: {key} is not pinned: nothing keeps it, so a sweep deletes it once "
+                "the window has passed (alkfs pin NAME KEY, or put --pin NAME)",
+                file=sys.stderr,
+            )
     return 0
 
 
@@ -619,7 +666,20 @@ def lists(method: str) -> Handler:
 
 cmd_stat = shows("stat", "key")
 cmd_pin = calls("pin", "name", "key")
-cmd_unpin = calls("unpin", "name")
+
+
+def cmd_unpin(t: Target, a: argparse.Namespace) -> int:
+    """Prints the key it released (pin it again with `alkfs pin NAME KEY`)."""
+    print(t.unpin(a.name))
+    return 0
+
+
+def cmd_staged(t: Target, a: argparse.Namespace) -> int:
+    for line in t.staged():
+        print(line)
+    return 0
+
+
 cmd_pins = lists("pins")
 cmd_roots = lists("roots")
 cmd_roots_rm = calls("roots_rm", "name")
@@ -642,7 +702,14 @@ def cmd_git_import(t: Target, a: argparse.Namespace) -> int:
     return 0
 
 
-cmd_sweep = shows("sweep", "window")
+def cmd_sweep(t: Target, a: argparse.Namespace) -> int:
+    if a.dry_run:
+        if a.window is not None or a.expire_now:
+            raise Invalid("sweep --dry-run takes neither --window nor --expire-now")
+        emit_json(t.dry_run())
+    else:
+        emit_json(t.sweep(a.window, a.expire_now))
+    return 0
 
 
 class VerifyFailed(AlkfsError):
@@ -739,7 +806,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("name", metavar="NAME")
     c.add_argument("key", type=key_arg, metavar="KEY")
 
-    c = command(sub, "unpin", cmd_unpin, "remove a pin")
+    c = command(sub, "unpin", cmd_unpin, "remove a pin; print the key it kept")
     c.add_argument("name", metavar="NAME")
 
     command(sub, "pins", cmd_pins, "list pins: NAME KEY per line")
@@ -770,7 +837,18 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("gitdir", metavar="GITDIR")
     c.add_argument("--repo", required=True, metavar="ID")
 
+    command(sub, "staged", cmd_staged, "list staged candidates: KEY SIZE DEADLINE (UTC) per line")
     c = command(sub, "sweep", cmd_sweep, "run a sweep; print its report as JSON")
+    c.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="stage and delete nothing: list what would be staged (key, size, why)",
+    )
+    c.add_argument(
+        "--expire-now",
+        action="store_true",
+        help="delete every staged candidate now, whatever its deadline (each re-checked)",
+    )
     c.add_argument(
         "--window", type=window_arg, metavar="DURATION", help="e.g. 0, 90s, 1h (at most 10 years)"
     )

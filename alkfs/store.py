@@ -896,11 +896,13 @@ class Store:
     def unregister(self, token: int) -> bool:
         return self.arbiter.unregister(token)
 
-    def sweep(self, window_s: float | None = None) -> SweepReport:
+    def sweep(self, window_s: float | None = None, *, expire_now: bool = False) -> SweepReport:
         try:
             if window_s is not None:  # (a staged deadline is never beyond 10 years)
                 window_s = max(0.0, min(window_s, MAX_WINDOW_S))
-            report = sweep(self, None if window_s is None else int(window_s * 1e9))
+            report = sweep(
+                self, None if window_s is None else int(window_s * 1e9), expire_now=expire_now
+            )
             if report.aborted is None:
                 try:
                     self.reap_inert_rows()

@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 import trio
 
 from alkfs.app import Alkfs
+from alkfs.gc.sweep import dry_run
 from alkfs.git.refs import Refs
 from alkfs.keys import Key
 from alkfs.pins import Pins
@@ -131,6 +132,8 @@ class Context:
         # /repos/<id>/objects/pack: stems of packs git moved in whose objects are stored
         self.ingested_packs: dict[tuple[str, int], set[bytes]] = {}
         self.started_ns = time.time_ns()
+        self.next_sweep_ts: float | None = None  # (the periodic sweeper sets it)
+        self.last_dry_run: dict[str, Any] | None = None  # (/.alkfs/dry-run)
         self.daemon_uid = os.getuid()  # who may do anything (with root)
         self.daemon_gid = os.getgid()
         o = self.options
@@ -191,13 +194,17 @@ class Context:
             except Exception:
                 log.exception("deletion view failed for %s", key)
 
-    async def sweep(self, window_s: float | None = None, *, scheduled: bool = False):
+    async def sweep(
+        self, window_s: float | None = None, *, scheduled: bool = False, expire_now: bool = False
+    ):
         """Run one sweep in a worker thread; return once the kernel has been told what went.
         A scheduled sweep that finds another daemon of the fleet sweeping is skipped
         quietly (no log line; `status.last_sweep` keeps the last one that ran)."""
         await self.pending.drain()  # (what was acknowledged is live before the mark)
         before = self.store.last_sweep
-        report = await self.run_sync(self.store.sweep, window_s)
+        report = await self.run_sync(
+            functools.partial(self.store.sweep, window_s, expire_now=expire_now)
+        )
         if scheduled and report.aborted == "sweeper-lock":
             self.store.last_sweep = before
             log.debug("scheduled sweep skipped: another daemon of the fleet is sweeping")
@@ -207,6 +214,18 @@ class Context:
         if not await self.invalidator.wait(seq, INVALIDATE_WAIT_S):  # (holds no thread)
             log.warning("sweep: the kernel did not take every invalidation in time")
         return report
+
+    async def dry_run(self) -> dict[str, Any]:
+        """What a sweep would stage now (nothing changes); kept for /.alkfs/dry-run."""
+        await self.pending.drain()
+        result: dict[str, Any] = await self.run_sync(dry_run, self.store)
+        self.last_dry_run = result
+        log.info(
+            "sweep --dry-run: %d object(s), %d bytes would be staged",
+            result["would_stage"],
+            result["would_stage_bytes"],
+        )
+        return result
 
     async def verify(self) -> list[Key]:
         await self.pending.drain()

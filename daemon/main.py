@@ -30,6 +30,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from typing import Any
 
 import pyfuse3
@@ -227,6 +228,7 @@ def set_read_ahead(dev: int, kb: int = READ_AHEAD_KB) -> None:
 
 async def _sweeper(ctx: Context, every: float) -> None:
     while True:
+        ctx.next_sweep_ts = time.time() + every  # (status: next_sweep)
         await trio.sleep(every)
         try:
             await ctx.sweep(scheduled=True)

@@ -10,6 +10,7 @@ import errno
 import json
 import os
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, generate_latest
@@ -23,6 +24,12 @@ def figures(ctx: Context) -> dict[str, Any]:
     """SPEC §3.6's status (the library's, see Alkfs.status) plus where it is mounted."""
     fig = ctx.app.status()
     fig["mount"] = {"path": ctx.mountpoint, "read_only": ctx.read_only, "pid": os.getpid()}
+    # the periodic sweeps (--sweep-every): when the next one runs (None: none scheduled)
+    nxt = ctx.next_sweep_ts
+    fig["next_sweep"] = (
+        None if nxt is None else datetime.fromtimestamp(nxt, UTC).isoformat(timespec="seconds")
+    )
+    fig["next_sweep_ts"] = nxt
     # the git views' derived packs (daemon/packs.py keeps them on the context once started):
     # per format, the published generation, its object and pack counts, bytes, build time
     fig["packs"] = ctx.packs_status()
@@ -70,6 +77,19 @@ class _Figures:
         yield size
         yield GaugeMetricFamily("alkfs_pins", "Durable pins", value=fig["pins"])
         yield GaugeMetricFamily("alkfs_repos", "Repositories", value=fig["repos"])
+        yield GaugeMetricFamily("alkfs_roots", "Registered borrowers", value=fig["roots"])
+        yield GaugeMetricFamily(
+            "alkfs_staged_objects", "Candidates in the delete window", fig["staged"]["count"]
+        )
+        yield GaugeMetricFamily(
+            "alkfs_staged_bytes", "Bytes of the candidates in the window", fig["staged"]["bytes"]
+        )
+        if fig.get("next_sweep_ts") is not None:
+            yield GaugeMetricFamily(
+                "alkfs_next_sweep_timestamp_seconds",
+                "When the next periodic sweep runs (Unix time)",
+                fig["next_sweep_ts"],
+            )
         yield GaugeMetricFamily(
             "alkfs_corrupt_objects", "Objects whose bytes do not hash", value=len(fig["corrupt"])
         )

@@ -20,15 +20,17 @@ from ..db import Error as DatabaseError
 from ..db import now_ns
 from ..durations import MAX_WINDOW_S
 from ..errors import AlkfsError, SourceFailed
+from ..keys import Key
 from .arbiter import raw
 
 if TYPE_CHECKING:
-    from ..keys import Key
     from ..store import Store
 
 STAGE_BATCH = 10_000
 DELETE_TX = 512  # deletions a transaction (a put of one of them waits for its commit)
 MAX_WINDOW_NS = int(MAX_WINDOW_S * 1e9)  # (a staged deadline is never later than this)
+END_OF_TIME = (1 << 63) - 1  # (a take at this instant takes every staged candidate)
+DRY_RUN_LIST = 10_000  # candidates a dry run lists (it counts them all)
 SCAN_CHUNK = 65_536  # keys taken from the mark scan at a time (set operations run in C)
 
 
@@ -82,8 +84,10 @@ def _protected_set(store: Store) -> set[bytes]:
     return out
 
 
-def sweep(store: Store, window_ns: int | None = None) -> SweepReport:
-    """Run one sweep over `store` with the given window (default: the store's)."""
+def sweep(store: Store, window_ns: int | None = None, *, expire_now: bool = False) -> SweepReport:
+    """Run one sweep over `store` with the given window (default: the store's).
+    `expire_now`: every staged candidate is taken whatever its deadline (each is still
+    re-arbitrated at its delete)."""
     report = SweepReport()
     t0 = time.monotonic()
     arbiter = store.arbiter
@@ -98,7 +102,7 @@ def sweep(store: Store, window_ns: int | None = None) -> SweepReport:
                 report.started_at = _now()
                 t0 = time.monotonic()
                 window = store.window_ns if window_ns is None else window_ns
-                _run(store, report, max(0, min(window, MAX_WINDOW_NS)))
+                _run(store, report, max(0, min(window, MAX_WINDOW_NS)), expire_now)
             else:
                 report.aborted = AbortCause.SWEEPER_LOCK.value  # (another daemon's sweep)
     except (OSError, AlkfsError, *DatabaseError) as exc:  # type: ignore[misc]
@@ -166,13 +170,12 @@ def _delete(
             store.on_deleted(key)
 
 
-def _run(store: Store, report: SweepReport, window_ns: int) -> None:
-    arbiter = store.arbiter
-    sources = arbiter.sources()
+def _live(store: Store, report: SweepReport) -> set[bytes] | None:
+    """Every key live now (sources and protects), or None with the report aborted."""
+    sources = store.arbiter.sources()
     if not sources:
         report.aborted = AbortCause.NO_LIVENESS_SOURCES.value
-        return
-    epoch = None if store.fleet is None else store.fleet.epoch()  # (before what is live)
+        return None
     try:
         protected = _protected_set(store)
         live: set[bytes] = set()
@@ -182,16 +185,25 @@ def _run(store: Store, report: SweepReport, window_ns: int) -> None:
         report.detail = str(exc)[:2000]
         store.log.error("sweep: protect-failed, nothing deleted: %.2000s", exc)
         report.aborted = AbortCause.PROTECT_FAILED.value
-        return
+        return None
     except Exception:
         store.log.exception("sweep: a liveness or protect source failed; nothing deleted")
         report.aborted = AbortCause.PROTECT_FAILED.value
-        return
+        return None
     live |= protected
+    return live
 
-    # Execute: overdue candidates, re-arbitrated one by one at delete time.
+
+def _run(store: Store, report: SweepReport, window_ns: int, expire_now: bool = False) -> None:
+    epoch = None if store.fleet is None else store.fleet.epoch()  # (before what is live)
+    live = _live(store, report)
+    if live is None:
+        return
+
+    # Execute: overdue candidates (every staged one with `expire_now`), re-arbitrated
+    # one by one at delete time.
     window = store.window
-    while batch := window.take(now_ns()):
+    while batch := window.take(END_OF_TIME if expire_now else now_ns()):
         report.taken += len(batch)
         # e.g. derived packs: none published after these deletes lists them (git/packs.py)
         with contextlib.ExitStack() as guards:
@@ -245,3 +257,46 @@ def _mark_and_stage(store: Store, report: SweepReport, live: set[bytes], window_
         report.candidates_staged += window.stage(
             zip(dead[i : i + STAGE_BATCH], repeat(visible)), mark_started
         )
+
+
+def dry_run(store: Store, limit: int = DRY_RUN_LIST) -> dict:
+    """What a sweep would stage now, changing nothing: the report's figures with
+    `would_stage` (how many) and `candidates` (up to `limit`: key, size, why)."""
+    report = SweepReport()
+    t0 = time.monotonic()
+    out: dict = {"dry_run": True, "would_stage": 0, "would_stage_bytes": 0, "candidates": []}
+    if not store.arbiter.try_begin_sweep():
+        report.aborted = AbortCause.SWEEPER_LOCK.value
+        return {**report.to_dict(), **out}
+    try:
+        live = _live(store, report)
+        if live is not None:
+            staged = store.window.staged_keys()
+            pinned = store.arbiter.pinned_keys()
+            keys = store.iter_keys()
+            while chunk := list(islice(keys, SCAN_CHUNK)):
+                report.scanned += len(chunk)
+                for raw_key in chunk:
+                    if raw_key in live or raw_key in pinned:
+                        report.live += 1
+                    elif raw_key not in staged:
+                        _would_stage(store, out, raw_key, limit)
+    except (OSError, AlkfsError, *DatabaseError) as exc:  # type: ignore[misc]
+        store.log.error("sweep --dry-run: the store failed: %s", exc)
+        report.aborted = AbortCause.IO_ERROR.value
+    finally:
+        store.arbiter.end_sweep()
+        report.duration_s = round(time.monotonic() - t0, 6)
+    out["more"] = out["would_stage"] - len(out["candidates"])
+    return {**report.to_dict(), **out}
+
+
+def _would_stage(store: Store, out: dict, raw_key: bytes, limit: int) -> None:
+    key = Key(raw_key)
+    st = store.stat(key)
+    size = 0 if st is None else st.size
+    out["would_stage"] += 1
+    out["would_stage_bytes"] += size
+    if len(out["candidates"]) < limit:
+        why = "no ref, pin or registered root reaches it" if key.algo.is_git else "no pin names it"
+        out["candidates"].append({"key": str(key), "size": size, "why": why})

@@ -57,6 +57,23 @@ class SqlWindow:
     def staged_keys(self) -> set[bytes]:
         return {k for (k,) in self.db.stream("SELECT key FROM gc_window")}
 
+    def page(self, after: bytes, limit: int) -> list[tuple[bytes, int]]:
+        """Up to `limit` staged (key, visible_after) in key order after `after`."""
+        rows = self.db.execute(
+            "SELECT key, visible_after FROM gc_window WHERE key > ? ORDER BY key LIMIT ?",
+            (after, limit),
+        ).fetchall()
+        return [(bytes(k), v) for k, v in rows]
+
+    def totals(self) -> tuple[int, int, int | None]:
+        """(staged candidates, their bytes, the earliest deadline or None)."""
+        count, size, first = self.db.execute(
+            "SELECT count(*), coalesce(sum(coalesce(b.size, c.size, 0)), 0), "
+            "min(w.visible_after) FROM gc_window w "
+            "LEFT JOIN blobs b ON b.key = w.key LEFT JOIN catalog c ON c.key = w.key"
+        ).fetchone()
+        return int(count), int(size), None if first is None else int(first)
+
     def rows(self) -> int:
         return self.db.execute("SELECT count(*) FROM gc_window").fetchone()[0]
 
@@ -89,6 +106,11 @@ class MemoryWindow:
     def staged_keys(self) -> set[bytes]:
         with self._lock:
             return set(self._rows)
+
+    def page(self, after: bytes, limit: int) -> list[tuple[bytes, int]]:
+        with self._lock:
+            keys = sorted(k for k in self._rows if k > after)[:limit]
+            return [(k, self._rows[k][0]) for k in keys]
 
     def rows(self) -> int:
         return len(self._rows)

@@ -18,6 +18,7 @@ fresh rendering (so rsync and cp, which size their copy from fstat, copy it whol
 from __future__ import annotations
 
 import errno
+import json
 import logging
 import stat
 from typing import TYPE_CHECKING, Any
@@ -25,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 from pyfuse3 import RequestContext
 
 from alkfs.durations import parse_duration, parse_window
+from alkfs.gc import staged
 
 from ..errors import clip, fail
 from ..packs import repack_now
@@ -39,11 +41,15 @@ log = logging.getLogger("alkfsd")
 
 USAGE = (
     b"commands: sweep [WINDOW]   (e.g. sweep, sweep 0, sweep 1h)\n"
+    b"          sweep --expire-now [WINDOW]   (delete every staged candidate now)\n"
+    b"          sweep --dry-run   (what would be staged: read /.alkfs/dry-run)\n"
     b"          verify\n"
     b"          repack     (build and publish the git views' derived packs now)\n"
 )
 MAX_LINES = 4  # complete lines (commands) one write may bring
 MAX_BYTES = 4096  # bytes one open of the control file takes in all
+SWEEP_FLAGS = ("--dry-run", "--expire-now")
+STAGED_LINES = 100_000  # candidates /.alkfs/staged lists (then one line says how many more)
 
 
 class AlkfsDir(StaticDir):
@@ -57,6 +63,8 @@ class AlkfsDir(StaticDir):
             (b"control", ControlFile(self.ctx, self)),
             (b"status", StatusFile(self.ctx, self)),
             (b"metrics", MetricsFile(self.ctx, self)),
+            (b"staged", StagedList(self.ctx, self)),
+            (b"dry-run", DryRunFile(self.ctx, self)),
         ]
 
 
@@ -158,7 +166,13 @@ class ControlHandle(Handle):
         if cmd == "sweep":
             if ctx.read_only:
                 fail(errno.EROFS, "the mount is read-only: no sweeps")
-            await ctx.sweep(parse_window(args[0]) if args else None)
+            flags = [a for a in args if a in SWEEP_FLAGS]
+            rest = [a for a in args if a not in SWEEP_FLAGS]
+            if "--dry-run" in flags:
+                await ctx.dry_run()
+                return
+            window = parse_window(rest[0]) if rest else None
+            await ctx.sweep(window, expire_now="--expire-now" in flags)
         elif cmd == "verify":
             await ctx.verify()
         elif cmd == "repack":
@@ -183,17 +197,20 @@ def may_start(text: bytes) -> bool:
         return any(c.startswith(cmd) for c in ("sweep", "verify", "repack"))
     if cmd in ("verify", "repack"):
         return len(words) == 1
-    if cmd != "sweep" or len(words) > 2:
+    if cmd != "sweep" or len(words) > 3:
         return False
     if len(words) == 1:
         return True
+    last = words[-1]
+    if last.startswith("-") and (len(words) == 2 or not ended):
+        return any(f.startswith(last) if not ended else f == last for f in SWEEP_FLAGS)
     if ended:
         try:
-            parse_duration(words[1])
+            parse_duration(last)
         except ValueError:
             return False
         return True
-    return all(c in "0123456789.smhdwSMHDW" for c in words[1])
+    return all(c in "0123456789.smhdwSMHDW" for c in last)
 
 
 def parse(line: bytes) -> list[str]:
@@ -206,10 +223,15 @@ def parse(line: bytes) -> list[str]:
     if not words:
         return words
     cmd, args = words[0], words[1:]
-    if cmd == "sweep" and len(args) <= 1:
-        if args:
+    flags = [a for a in args if a in SWEEP_FLAGS]
+    rest = [a for a in args if a not in SWEEP_FLAGS]
+    dry = "--dry-run" in flags
+    if cmd == "sweep" and len(rest) <= 1 and len(flags) <= 1:  # (one flag: they exclude)
+        if dry and rest:
+            fail(errno.EINVAL, "sweep --dry-run takes no window")
+        if rest:
             try:
-                parse_window(args[0])
+                parse_window(rest[0])
             except ValueError:
                 fail(
                     errno.EINVAL,
@@ -291,3 +313,46 @@ class MetricsFile(_Generated):
 
     async def content(self) -> bytes:
         return await self.ctx.run_sync(metrics_text, self.ctx, dict(self.ctx.errors))
+
+
+class StagedList(_Generated):
+    """The staged candidates, one `KEY SIZE DEADLINE` line each in key order (at most
+    STAGED_LINES, then a line saying how many more: `alkfs staged` on an unheld store
+    lists them all)."""
+
+    __slots__ = ()
+
+    def __init__(self, ctx: Context, parent: Node) -> None:
+        super().__init__(ctx, ("file", "/.alkfs/staged"), parent, b"staged")
+
+    async def content(self) -> bytes:
+        return await self.ctx.run_sync(staged_text, self.ctx)
+
+
+def staged_text(ctx: Context) -> bytes:
+    out = []
+    after = b""
+    listed = 0
+    while listed < STAGED_LINES:
+        rows = staged.page(ctx.store, after, min(staged.PAGE, STAGED_LINES - listed))
+        if not rows:
+            break
+        out += [staged.line(row) for row in rows]
+        listed += len(rows)
+        after = rows[-1].key.raw
+    total = staged.totals(ctx.store)["count"] or 0
+    if total > listed:
+        out.append(f"# {total - listed} more not listed (alkfs --store STORE staged)")
+    return "".join(line + "\n" for line in out).encode()
+
+
+class DryRunFile(_Generated):
+    """The last `sweep --dry-run`'s result (JSON; `null` before the first)."""
+
+    __slots__ = ()
+
+    def __init__(self, ctx: Context, parent: Node) -> None:
+        super().__init__(ctx, ("file", "/.alkfs/dry-run"), parent, b"dry-run")
+
+    async def content(self) -> bytes:
+        return (json.dumps(self.ctx.last_dry_run, indent=2) + "\n").encode()
