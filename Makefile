@@ -4,21 +4,43 @@ PY      := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed
 APT_PKGS := fuse3 libfuse3-dev pkg-config attr git rsync bindfs patch postgresql pgbouncer
 PYFUSE3 := 3.5.0
-PYFUSE3_SRC := build/pyfuse3/pyfuse3-$(PYFUSE3)
 DEMO    ?= $(CURDIR)/demo-store
 MNT     ?= $(CURDIR)/mnt
+# make install: a venv of its own at OPT (Debian's Python takes no pip installs), alkfs and
+# alkfsd linked into PREFIX/bin (where systemd/alkfs@.service runs alkfsd), the mount
+# helper into SBIN (mount(8) looks in /sbin; on Debian 12 that is /usr/sbin)
+PREFIX  ?= /usr/local
+BINDIR  ?= $(PREFIX)/bin
+SBIN    ?= /sbin
+OPT     ?= /opt/alkfs
+OPT_PY  := $(OPT)/bin/python
+# the venv at OPT is made from the system's Python (not one of a user's: pyenv's, say)
+INSTALL_PYTHON ?= /usr/bin/python3
+# what building pyfuse3 and running alkfsd need (make install)
+INSTALL_APT_PKGS := fuse3 libfuse3-dev pkg-config patch gcc python3-dev python3-venv git bsdutils
+HELPER  := sbin/mount_fuse_alkfs.py
+# what the installed package is made of (a change in one installs it again)
+SOURCES := pyproject.toml README.md $(shell find alkfs daemon -name '*.py' -not -path '*/__pycache__/*')
 
-.PHONY: test soak run setup apt lint bench clean
+.PHONY: test soak run setup apt install-apt install uninstall lint bench clean
 
 setup: $(STAMP)
 
-apt:
-	@missing=""; for p in $(APT_PKGS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+# $(call apt_get,PACKAGES): apt-get install those of them that are missing
+define apt_get
+	@missing=""; for p in $(1); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing:$$missing"; \
 	  SUDO=""; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
 	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing; \
 	fi
+endef
+
+apt:
+	$(call apt_get,$(APT_PKGS))
+
+install-apt:
+	$(call apt_get,$(INSTALL_APT_PKGS))
 
 # pyfuse3 is built from its sdist with third_party/pyfuse3-noflush.patch (FileInfo.noflush:
 # no FLUSH round trip when a read-only file is closed; FileInfo.cache_readdir) and
@@ -29,17 +51,61 @@ apt:
 # object with the GIL released), then the project on top of it.
 PATCHES := third_party/pyfuse3-noflush.patch third_party/pyfuse3-fastread.patch \
            third_party/pyfuse3-cacheddirs.patch third_party/pyfuse3-nogilcopy.patch
+# $(call pyfuse3_build,PYTHON,DIR): the patched pyfuse3 built in DIR and installed into
+# PYTHON's venv (make setup and make install, the same build)
+define pyfuse3_build
+	rm -rf $(2) && mkdir -p $(2)
+	$(1) -m pip download -q --no-deps --no-binary pyfuse3 -d $(2) pyfuse3==$(PYFUSE3)
+	tar xzf $(2)/pyfuse3-$(PYFUSE3).tar.gz -C $(2)
+	for p in $(PATCHES); do patch -s -d $(2)/pyfuse3-$(PYFUSE3) -p1 < $$p || exit 1; done
+	rm -f $(2)/pyfuse3-$(PYFUSE3)/src/pyfuse3/__init__.c
+	$(1) -m pip install -q --force-reinstall --no-deps $(2)/pyfuse3-$(PYFUSE3)
+endef
+
 $(STAMP): pyproject.toml $(PATCHES) | apt
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	rm -rf build/pyfuse3 && mkdir -p build/pyfuse3
-	$(PY) -m pip download -q --no-deps --no-binary pyfuse3 -d build/pyfuse3 pyfuse3==$(PYFUSE3)
-	tar xzf build/pyfuse3/pyfuse3-$(PYFUSE3).tar.gz -C build/pyfuse3
-	for p in $(PATCHES); do patch -s -d $(PYFUSE3_SRC) -p1 < $$p || exit 1; done
-	rm -f $(PYFUSE3_SRC)/src/pyfuse3/__init__.c
-	$(PY) -m pip install -q --force-reinstall --no-deps $(PYFUSE3_SRC)
+	$(call pyfuse3_build,$(PY),build/pyfuse3)
 	$(PY) -m pip install -q -e '.[dev]'
 	touch $(STAMP)
+
+# make install: quick when nothing changed (two stamps in OPT: the venv with pyfuse3,
+# then the project). The project is installed from a copy of the checkout (pip install
+# of a directory, not -e): the install does not depend on the checkout, and its build
+# leaves nothing in it.
+install: $(OPT)/.alkfs-installed
+	mkdir -p $(BINDIR) $(SBIN)
+	ln -sfn $(OPT)/bin/alkfs $(BINDIR)/alkfs
+	ln -sfn $(OPT)/bin/alkfsd $(BINDIR)/alkfsd
+	ln -sfn $(OPT)/bin/mount.fuse.alkfs $(SBIN)/mount.fuse.alkfs
+
+$(OPT)/.pyfuse3-installed: $(PATCHES) | install-apt
+	test -x $(OPT_PY) || $(INSTALL_PYTHON) -m venv $(OPT)
+	$(OPT_PY) -m pip install -q --upgrade pip
+	$(call pyfuse3_build,$(OPT_PY),$(OPT)/build/pyfuse3)
+	rm -rf $(OPT)/build
+	touch $@
+
+$(OPT)/.alkfs-installed: $(OPT)/.pyfuse3-installed $(SOURCES) $(HELPER)
+	rm -rf $(OPT)/build && mkdir -p $(OPT)/build/src
+	cp -r pyproject.toml README.md alkfs daemon $(OPT)/build/src/
+	find $(OPT)/build/src -name __pycache__ -prune -exec rm -rf {} +
+	$(OPT_PY) -m pip install -q $(OPT)/build/src
+	rm -rf $(OPT)/build
+	sed '1s|.*|#!$(OPT_PY) -I|' $(HELPER) > $(OPT)/bin/mount.fuse.alkfs.new
+	chmod 755 $(OPT)/bin/mount.fuse.alkfs.new
+	mv $(OPT)/bin/mount.fuse.alkfs.new $(OPT)/bin/mount.fuse.alkfs
+	touch $@
+
+# Removes what make install made: the three links (those that still point into OPT)
+# and the venv at OPT.
+uninstall:
+	for link in $(BINDIR)/alkfs:alkfs $(BINDIR)/alkfsd:alkfsd \
+	            $(SBIN)/mount.fuse.alkfs:mount.fuse.alkfs; do \
+	  path=$${link%:*}; \
+	  if [ "$$(readlink $$path)" = "$(OPT)/bin/$${link##*:}" ]; then rm -f $$path; fi; \
+	done
+	if [ -f $(OPT)/pyvenv.cfg ]; then rm -rf $(OPT); fi
 
 test: apt $(STAMP)
 	$(PY) -X dev -bb -m pytest -q $(PYTEST_ARGS)
@@ -47,7 +113,8 @@ test: apt $(STAMP)
 	  tests/daemon/test_write_objects.py tests/daemon/test_write_pins.py \
 	  tests/daemon/test_write_refs.py tests/daemon/test_write_git.py \
 	  tests/daemon/test_lifecycle.py tests/daemon/test_mount_basic.py \
-	  tests/daemon/test_push_pins.py tests/test_cli.py
+	  tests/daemon/test_push_pins.py tests/test_cli.py \
+	  tests/daemon/test_roots.py tests/daemon/test_gc_steer.py
 
 # The crash matrix and the other reliability tests at soak length (>= 50 rounds a case).
 # The soak's cases run far past the suite's 600 s per test (100,000 model steps took

@@ -150,7 +150,13 @@ async def test_root_lists_objects_and_alkfs_with_offsets_above_2(h):
         b"git-sha1",
         b"git-sha256",
     ]
-    assert [n for n, _, _ in await h.listdir("/.alkfs")] == [b"control", b"status", b"metrics"]
+    assert [n for n, _, _ in await h.listdir("/.alkfs")] == [
+        b"control",
+        b"status",
+        b"metrics",
+        b"staged",
+        b"dry-run",
+    ]
 
 
 async def test_dot_and_dotdot_resolve(h):

@@ -232,7 +232,7 @@ def test_a_sqlite_store_started_with_database_is_refused(populate, pg_uri, tmp_p
     populate(store, [b"kept in sqlite"])
     mnt = tmp_path / "mnt"
     mnt.mkdir()
-    msg = refused(run_alkfsd(str(store), str(mnt), "--database", pg_uri), mnt)
+    msg = refused(run_alkfsd(str(store), str(mnt), "--create", "--database", pg_uri), mnt)
     assert "sqlite" in msg.lower() or "migrate" in msg, msg
 
 
@@ -252,7 +252,7 @@ def test_a_second_daemon_is_welcome_on_the_same_store_refused_on_another(
     mnt = tmp_path / "third"
     mnt.mkdir()
     store = tmp_path / "another-store"
-    msg = refused(run_alkfsd(str(store), str(mnt), "--database", uri), mnt)
+    msg = refused(run_alkfsd(str(store), str(mnt), "--create", "--database", uri), mnt)
     assert "is not its directory" in msg, msg
     assert pg_mount.proc.poll() is None and second.proc.poll() is None
     assert cat(pg_mount.path(".alkfs", "status"))
@@ -308,7 +308,9 @@ def test_a_pooler_in_transaction_mode_is_refused_at_start_and_changes_nothing(
     mnt = tmp_path / "mnt"
     mnt.mkdir()
     through = bouncer("transaction").uri(dbname(pg_uri))
-    msg = refused(run_alkfsd(str(tmp_path / "store"), str(mnt), "--database", through), mnt)
+    msg = refused(
+        run_alkfsd(str(tmp_path / "store"), str(mnt), "--create", "--database", through), mnt
+    )
     assert "connection pooler in transaction or statement mode" in msg, msg
     assert "session mode" in msg, msg
     assert public_tables(pg_uri) == 0
@@ -338,7 +340,7 @@ def test_the_servers_connection_limit_is_named_in_the_refusal(pg_server, pg_uri,
     uri = pg_uri.replace("postgresql://postgres@", "postgresql://alk_one@", 1)
     mnt = tmp_path / "mnt"
     mnt.mkdir()
-    msg = refused(run_alkfsd(str(tmp_path / "store"), str(mnt), "--database", uri), mnt)
+    msg = refused(run_alkfsd(str(tmp_path / "store"), str(mnt), "--create", "--database", uri), mnt)
     assert "too many connections for role" in msg, msg
     assert "the server's connection limit: each alkfsd uses up to 27 connections" in msg, msg
     assert public_tables(pg_uri) == 0
@@ -389,7 +391,7 @@ def test_an_unreachable_database_is_refused_naming_the_uri_without_its_password(
     mnt = tmp_path / "mnt"
     mnt.mkdir()
     t0 = time.monotonic()
-    done = run_alkfsd(str(tmp_path / "store"), str(mnt), "--database", UNREACHABLE)
+    done = run_alkfsd(str(tmp_path / "store"), str(mnt), "--create", "--database", UNREACHABLE)
     took = time.monotonic() - t0
     print(f"unreachable database refused in {took:.2f} s")
     assert "hunter2" not in done.stderr + done.stdout

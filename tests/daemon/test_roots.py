@@ -342,7 +342,12 @@ def kind_resolve_undo(work: Path, tip: str) -> Callable[[], None]:
     (work / "c.txt").write_text("resolved\n")
     g("-C", work, "add", "c.txt")
     assert blob in out("-C", work, "ls-files", "--resolve-undo")
-    return lambda: g("-C", work, "reset", "-q")
+
+    def undo() -> None:  # (a reset keeps the resolve-undo records: they are cleared)
+        g("-C", work, "update-index", "--clear-resolve-undo")
+        g("-C", work, "reset", "-q")
+
+    return undo
 
 
 def kind_stash(work: Path, tip: str) -> Callable[[], None]:
