@@ -68,3 +68,8 @@ class WouldWait(AlkfsError):
 class SourceFailed(AlkfsError):
     """A liveness source could not say what is live (an unreadable borrower): the sweep
     that asked ends with `aborted: "protect-failed"` and this message, deleting nothing."""
+
+
+class Interrupted(AlkfsError):
+    """Long work (a sweep, a verify) ended early because the store is closing (SIGTERM,
+    an unmount): what it did stays done, the rest is for the next run."""

@@ -322,7 +322,7 @@ class Roots:
 
     def _read(self, rec: RootRecord, problems: builtins.list[str]) -> borrower.Reach | None:
         try:
-            found = borrower.tips(rec.path)
+            found = borrower.tips(rec.path, self.store.stopping)
         except borrower.Gone:
             self._missing(rec, problems)
             return None

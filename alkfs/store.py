@@ -29,6 +29,7 @@ from .durations import MAX_WINDOW_S
 from .errors import (
     AlkfsError,
     Corrupt,
+    Interrupted,
     Invalid,
     NoSpace,
     Refused,
@@ -163,6 +164,9 @@ class Store:
         # where the daemon keeps its in-flight files: STORE, or a fleet member's own
         self.inflight: Path | None = path if own is None or path is None else path / NODES_DIR / own
         self.last_sweep: SweepReport | None = None
+        # Set when the store's owner stops (SIGTERM, an unmount): long work (sweeps,
+        # verify, a borrower's git) checks it at its next safe point and ends (Interrupted)
+        self.stopping = threading.Event()
         self.corrupt: set[bytes] = set()
         # Puts that ended (stored or not), moved after each: a lookup that found a key
         # absent and saw no put end meanwhile may answer the same until one does.
@@ -860,6 +864,7 @@ class Store:
         self._verified.clear()
         bad: builtins.list[Key] = []
         for n, raw in enumerate(self.iter_keys(), 1):
+            self.check_stopping(n)
             key = Key(raw)
             try:
                 if not self._verify_one(key):
@@ -885,6 +890,11 @@ class Store:
         except FileNotFoundError:
             return self.get(key) is not None  # (deleted meanwhile, or moved tier: none)
         return True
+
+    def check_stopping(self, n: int = 0) -> None:
+        """Interrupted once the store's owner stops (checked every 256th call with `n`)."""
+        if not n & 0xFF and self.stopping.is_set():
+            raise Interrupted("the store is closing: stopped at a safe point")
 
     # -- GC -------------------------------------------------------------------------
     def register_source(self, source: LivenessSource) -> int:

@@ -180,7 +180,7 @@ async def serve(ctx: Context, mnt: str, sweep_every: float | None, ops: Operatio
     """Serve the mount until the session ends. Every background task of the mount starts
     here, under this nursery, and stops here (workers.py)."""
     workers = ctx.workers
-    workers.add("alkfsd signals", _signals)
+    workers.add("alkfsd signals", _signals, ctx)
     workers.add("alkfsd ready", _ready, ctx, mnt)
     workers.add("alkfsd invalidator", ctx.invalidator.run)
     workers.add("alkfsd pin expiry", ctx.writes.run_expiry)
@@ -194,14 +194,16 @@ async def serve(ctx: Context, mnt: str, sweep_every: float | None, ops: Operatio
     async with trio.open_nursery() as nursery:
         await nursery.start(workers.run)
         await pyfuse3.main(min_tasks=1, max_tasks=MAX_TASKS)
+        ctx.store.stopping.set()  # (unmounted: a sweep or verify still running ends now)
         nursery.cancel_scope.cancel()
 
 
-async def _signals() -> None:
+async def _signals(ctx: Context) -> None:
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async for signum in signals:
             log.info("%s: unmounting", signal.Signals(signum).name)
             sd_notify("STOPPING=1")
+            ctx.store.stopping.set()  # (a sweep or verify ends at its next safe point)
             pyfuse3.terminate()
 
 

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 from ..db import Error as DatabaseError
 from ..db import now_ns
 from ..durations import MAX_WINDOW_S
-from ..errors import AlkfsError, SourceFailed
+from ..errors import AlkfsError, Interrupted, SourceFailed
 from ..keys import Key
 from .arbiter import raw
 
@@ -39,6 +39,7 @@ class AbortCause(enum.StrEnum):
     NO_LIVENESS_SOURCES = "no-liveness-sources"
     PROTECT_FAILED = "protect-failed"
     IO_ERROR = "io-error"  # the medium failed mid-sweep: what was done stays done, the rest waits
+    INTERRUPTED = "interrupted"  # the store closed mid-sweep (SIGTERM, unmount): the same
 
 
 def _now() -> str:
@@ -105,6 +106,9 @@ def sweep(store: Store, window_ns: int | None = None, *, expire_now: bool = Fals
                 _run(store, report, max(0, min(window, MAX_WINDOW_NS)), expire_now)
             else:
                 report.aborted = AbortCause.SWEEPER_LOCK.value  # (another daemon's sweep)
+    except Interrupted:
+        store.log.info("sweep: stopped at a safe point, the store is closing")
+        report.aborted = AbortCause.INTERRUPTED.value
     except (OSError, AlkfsError, *DatabaseError) as exc:  # type: ignore[misc]
         # A sweep is never an error: a failing medium ends it as report data. Every
         # delete already done was arbitrated; untaken rows stay staged for the next one.
@@ -181,6 +185,8 @@ def _live(store: Store, report: SweepReport) -> set[bytes] | None:
         live: set[bytes] = set()
         for source in sources:
             live.update(_raw_keys(source.live_keys()))
+    except Interrupted:
+        raise
     except SourceFailed as exc:
         report.detail = str(exc)[:2000]
         store.log.error("sweep: protect-failed, nothing deleted: %.2000s", exc)
@@ -203,7 +209,11 @@ def _run(store: Store, report: SweepReport, window_ns: int, expire_now: bool = F
     # Execute: overdue candidates (every staged one with `expire_now`), re-arbitrated
     # one by one at delete time.
     window = store.window
-    while batch := window.take(END_OF_TIME if expire_now else now_ns()):
+    while True:
+        store.check_stopping()  # (between batches: each batch is whole or not taken)
+        batch = window.take(END_OF_TIME if expire_now else now_ns())
+        if not batch:
+            break
         report.taken += len(batch)
         # e.g. derived packs: none published after these deletes lists them (git/packs.py)
         with contextlib.ExitStack() as guards:
@@ -243,6 +253,7 @@ def _mark_and_stage(store: Store, report: SweepReport, live: set[bytes], window_
     dead: list[bytes] = []
     keys = store.iter_keys()
     while chunk := list(islice(keys, SCAN_CHUNK)):
+        store.check_stopping()
         report.scanned += len(chunk)
         not_live = list(filterfalse(live.__contains__, chunk))
         report.live += len(chunk) - len(not_live)
@@ -254,6 +265,7 @@ def _mark_and_stage(store: Store, report: SweepReport, live: set[bytes], window_
         dead = [k for k in dead if k not in pinned]
     visible = now_ns() + window_ns
     for i in range(0, len(dead), STAGE_BATCH):
+        store.check_stopping()
         report.candidates_staged += window.stage(
             zip(dead[i : i + STAGE_BATCH], repeat(visible)), mark_started
         )
@@ -275,12 +287,15 @@ def dry_run(store: Store, limit: int = DRY_RUN_LIST) -> dict:
             pinned = store.arbiter.pinned_keys()
             keys = store.iter_keys()
             while chunk := list(islice(keys, SCAN_CHUNK)):
+                store.check_stopping()
                 report.scanned += len(chunk)
                 for raw_key in chunk:
                     if raw_key in live or raw_key in pinned:
                         report.live += 1
                     elif raw_key not in staged:
                         _would_stage(store, out, raw_key, limit)
+    except Interrupted:
+        report.aborted = AbortCause.INTERRUPTED.value
     except (OSError, AlkfsError, *DatabaseError) as exc:  # type: ignore[misc]
         store.log.error("sweep --dry-run: the store failed: %s", exc)
         report.aborted = AbortCause.IO_ERROR.value

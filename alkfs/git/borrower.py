@@ -32,14 +32,17 @@ import re
 import shutil
 import subprocess
 import tempfile
+import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..errors import AlkfsError
+from ..errors import AlkfsError, Interrupted
 from .objects import FORMATS
 
 GIT_TIMEOUT_S = 600.0
+STOP_POLL_S = 0.2  # how often a running git looks at the stop event
 PSEUDO_REFS = (
     "HEAD",
     "ORIG_HEAD",
@@ -408,28 +411,48 @@ def _git_env(home: Path) -> dict[str, str]:
     return env
 
 
-def _cat_file(layout: Layout, env: dict[str, str], args: list[str], stdin: bytes | None) -> bytes:
+def _cat_file(
+    layout: Layout,
+    env: dict[str, str],
+    args: list[str],
+    stdin: bytes | None,
+    stop: threading.Event | None = None,
+) -> bytes:
+    """git cat-file's output; Unreadable when it fails or takes more than GIT_TIMEOUT_S,
+    Interrupted (git killed) as soon as `stop` is set."""
     cmd = ["git", "--git-dir", str(layout.common), "cat-file", *args]
-    try:
-        done = subprocess.run(
-            cmd,
-            input=stdin,
-            capture_output=True,
-            env=env,
-            timeout=GIT_TIMEOUT_S,
-            check=False,
-        )
-    except subprocess.TimeoutExpired:
-        raise Unreadable(
-            f"{layout.common}: git cat-file took more than {GIT_TIMEOUT_S:.0f} s"
-        ) from None
-    if done.returncode != 0:
-        err = done.stderr.decode("utf-8", "replace").strip().splitlines()
-        raise Unreadable(f"{layout.common}: git cat-file failed: {(err or ['?'])[-1][:200]}")
-    return done.stdout
+    deadline = time.monotonic() + GIT_TIMEOUT_S
+    with subprocess.Popen(
+        cmd,
+        stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+    ) as proc:
+        feed = stdin
+        while True:
+            try:
+                out, err = proc.communicate(feed, timeout=STOP_POLL_S)
+                break
+            except subprocess.TimeoutExpired:
+                feed = None  # (communicate keeps what it has not written yet)
+                if stop is not None and stop.is_set():
+                    proc.kill()
+                    proc.communicate()
+                    raise Interrupted("the store is closing: a borrower's read stopped") from None
+                if time.monotonic() > deadline:
+                    proc.kill()
+                    proc.communicate()
+                    raise Unreadable(
+                        f"{layout.common}: git cat-file took more than {GIT_TIMEOUT_S:.0f} s"
+                    ) from None
+    if proc.returncode != 0:
+        lines = err.decode("utf-8", "replace").strip().splitlines()
+        raise Unreadable(f"{layout.common}: git cat-file failed: {(lines or ['?'])[-1][:200]}")
+    return out
 
 
-def _own_objects(layout: Layout, reach: Reach) -> None:
+def _own_objects(layout: Layout, reach: Reach, stop: threading.Event | None = None) -> None:
     """Every object of the borrower's own object directory, and every id they name."""
     with tempfile.TemporaryDirectory(prefix="alkfs-borrower-") as tmp:
         home = Path(tmp)
@@ -441,6 +464,7 @@ def _own_objects(layout: Layout, reach: Reach) -> None:
             env,
             ["--batch-all-objects", "--unordered", "--batch-check=%(objectname) %(objecttype)"],
             None,
+            stop,
         )
         wanted: list[bytes] = []
         for line in listing.splitlines():
@@ -451,7 +475,7 @@ def _own_objects(layout: Layout, reach: Reach) -> None:
                 wanted.append(oid)
         if not wanted:
             return
-        out = _cat_file(layout, env, ["--batch"], b"\n".join(wanted) + b"\n")
+        out = _cat_file(layout, env, ["--batch"], b"\n".join(wanted) + b"\n", stop)
         _named_by(out, layout, reach)
         shutil.rmtree(home / "objects", ignore_errors=True)
 
@@ -485,7 +509,7 @@ def _named_by(stream: bytes, layout: Layout, reach: Reach) -> None:
                         pass
 
 
-def tips(path: str | os.PathLike[str]) -> Reach:
+def tips(path: str | os.PathLike[str], stop: threading.Event | None = None) -> Reach:
     """Every id the borrower at `path` keeps alive directly (see the module docstring);
     Gone or Unreadable as `locate`, Unreadable for any part that cannot be read."""
     layout = locate(path)
@@ -497,7 +521,7 @@ def tips(path: str | os.PathLike[str]) -> Reach:
             _pseudo_refs(git_dir, layout, reach)
             _reflogs(git_dir, layout, reach)
             _indexes(git_dir, layout, reach)
-        _own_objects(layout, reach)
+        _own_objects(layout, reach, stop)
     except PermissionError as exc:
         raise Unreadable(f"{exc.filename}: permission denied") from None
     except FileNotFoundError as exc:  # (the repository went away while read)

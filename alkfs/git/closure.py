@@ -142,6 +142,7 @@ class Walker:
         found: set[bytes] = set()  # the closure
         frontier = set(tips)
         while frontier:
+            self.store.check_stopping()  # (a level of the walk at a time)
             frontier -= seen
             if not frontier:
                 break

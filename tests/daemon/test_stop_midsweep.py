@@ -1,0 +1,72 @@
+"""SIGTERM and SIGINT end the daemon within seconds even while a long sweep runs (issue
+38 row 9: the sweep went on for 10+ minutes with the mount unanswered): the sweep ends
+at its next safe point, `aborted: "interrupted"`, the mount goes and the daemon exits 0.
+
+The long sweep is a real one: a registered borrower whose own object directory holds a
+FIFO where a loose object should be, so the `git cat-file` that reads it blocks (until
+its 600 s timeout)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from helpers import git, status
+
+BOUND_S = 10.0
+
+
+def stalled_borrower(path: Path) -> Path:
+    """A repository whose first loose object is a FIFO: reading it blocks."""
+    git("init", "-q", "-b", "main", path)
+    (path / "f").write_text("a file\n")
+    git("-C", path, "add", "f")
+    git("-C", path, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "one")
+    loose = sorted(p for p in (path / ".git" / "objects").glob("??/*") if p.is_file())[0]
+    loose.unlink()
+    os.mkfifo(loose)
+    return path
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_ends_a_long_sweep_and_the_daemon_within_seconds(start_mount, tmp_path, sig):
+    m = start_mount(None, "--window", "0")
+    os.symlink(stalled_borrower(tmp_path / "stalled"), m.path("roots", "stalled"))
+    errors: list[BaseException] = []
+
+    def sweep() -> None:
+        try:
+            m.path(".alkfs", "control").write_text("sweep\n")
+        except OSError as exc:
+            errors.append(exc)
+
+    sweeper = threading.Thread(target=sweep, daemon=True)
+    sweeper.start()
+    deadline = time.monotonic() + BOUND_S
+    while not status(m)["sweeping"]:
+        assert time.monotonic() < deadline, "the sweep never started"
+        time.sleep(0.05)
+    time.sleep(1.0)  # (well inside the borrower's git, which waits on the FIFO)
+    assert status(m)["sweeping"] and sweeper.is_alive()
+    t0 = time.monotonic()
+    assert m.stop(sig, timeout=BOUND_S) == 0
+    took = time.monotonic() - t0
+    print(f"{signal.Signals(sig).name} during a sweep: the daemon exited in {took:.2f} s")
+    assert took < BOUND_S
+    sweeper.join(timeout=BOUND_S)
+    assert not sweeper.is_alive()
+    log = m.log()
+    assert "sweep: stopped at a safe point, the store is closing" in log
+    assert '"aborted": "interrupted"' in log
+    assert "unmounted" in log and "Traceback" not in log
+    with open("/proc/self/mounts") as f:
+        assert str(m.mnt) not in f.read()
+    stray = subprocess.run(
+        ["pgrep", "-f", f"--git-dir {tmp_path / 'stalled' / '.git'}"], capture_output=True
+    )
+    assert stray.stdout == b"", "the borrower's git outlived the sweep"
