@@ -32,6 +32,7 @@ CONFIG_KEYS = {
     "demo",
     "create",
     "log_level",
+    "metrics_listen",
 }
 
 DEFAULT_SWEEP_EVERY = "1h"
@@ -66,6 +67,11 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--log-level", choices=LOG_LEVELS, help="the least severe lines logged (default info)"
+    )
+    p.add_argument(
+        "--metrics-listen",
+        metavar="HOST:PORT",
+        help="serve the Prometheus metrics over HTTP there (off by default), e.g. 127.0.0.1:9108",
     )
     p.add_argument(
         "--push-grace", help="pins of a push with no ref write go after this (max(10m, window))"
@@ -134,6 +140,11 @@ def settings(argv: list[str] | None) -> dict[str, Any]:
     if level not in LOG_LEVELS:
         raise Usage(f"log_level must be one of {', '.join(LOG_LEVELS)}, not {level!r}")
     out["log_level"] = level
+    listen = out.get("metrics_listen")
+    if listen is not None:
+        host, sep, port = str(listen).rpartition(":")
+        if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+            raise Usage(f"--metrics-listen takes HOST:PORT, not {str(listen)[:80]!r}")
     if out.get("threshold") is not None and int(out["threshold"]) <= 0:
         raise Usage("--threshold must be positive")
     if out.get("owner") is not None:

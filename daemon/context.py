@@ -29,6 +29,7 @@ from .inodes import InodeTable
 from .invalidate import Invalidator
 from .listings import Listings
 from .packs import Served
+from .requests_stats import RequestStats
 from .staging.pending import Pending
 from .staging.writes import Writes
 from .workers import Workers
@@ -126,6 +127,7 @@ class Context:
         self.limiter = trio.CapacityLimiter(self.options.threads)
         self.deletion_views: list[DeletionView] = []
         self.errors: dict[tuple[str, int], int] = {}
+        self.stats = RequestStats()  # FUSE requests by operation, latencies, bytes
         self.mountpoint: str | None = None
         # /repos/<id>/packed-refs: (repo id, created_ns) -> (refs version, content, made_ns)
         self.packed_refs: dict[tuple[str, int], tuple[int, bytes, int]] = {}

@@ -19,6 +19,7 @@ import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from time import perf_counter_ns
 from typing import Any, NoReturn, TypeVar
 
 import pyfuse3
@@ -130,14 +131,15 @@ def _allow(owner: Any, key: tuple[str, str]) -> bool:
 class Fail(Exception):
     """A refusal a node raises on purpose: the errno and a sentence saying why (for the log)."""
 
-    def __init__(self, errno_: int, why: str = "") -> None:
+    def __init__(self, errno_: int, why: str = "", quiet: bool = False) -> None:
         super().__init__(why or errno.errorcode.get(errno_, str(errno_)))
         self.errno = errno_
         self.why = why
+        self.quiet = quiet  # (a refusal ordinary tools meet every day: logged at debug)
 
 
-def fail(errno_: int, why: str = "") -> NoReturn:
-    raise Fail(errno_, why)
+def fail(errno_: int, why: str = "", *, quiet: bool = False) -> NoReturn:
+    raise Fail(errno_, why, quiet)
 
 
 def errno_of(exc: BaseException) -> int | None:
@@ -172,6 +174,7 @@ def fuse_op(describe: Callable[..., str] | None = None) -> Callable[[F], F]:
 
         @functools.wraps(fn)
         async def wrapper(self: Any, *args: Any) -> Any:
+            t0 = perf_counter_ns()
             try:
                 if self.pending.count and not self.passes(op, args):
                     await self.pending.drain()  # (see staging/pending.py)
@@ -191,7 +194,8 @@ def fuse_op(describe: Callable[..., str] | None = None) -> Callable[[F], F]:
                         )
                     raise pyfuse3.FUSEError(errno.EIO) from None
                 self.count_error(op, code)
-                level = logging.DEBUG if code in QUIET else logging.WARNING
+                quiet = code in QUIET or getattr(exc, "quiet", False)
+                level = logging.DEBUG if quiet else logging.WARNING
                 # Named only when logged: a quiet ENOENT (a shell or git probing names,
                 # cp checking its target) is normal traffic and would pay for the path.
                 if log.isEnabledFor(level) and (
@@ -208,6 +212,8 @@ def fuse_op(describe: Callable[..., str] | None = None) -> Callable[[F], F]:
                         f" ({why})" if why else "",
                     )
                 raise pyfuse3.FUSEError(code) from None
+            finally:
+                self.stats.observe(op, perf_counter_ns() - t0)
 
         return wrapper  # type: ignore[return-value]
 

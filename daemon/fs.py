@@ -70,6 +70,7 @@ class Operations(pyfuse3.Operations):
         self.shared = ctx.options.shared
         self.guard = Access(ctx)  # who may do what, per-user bounds (access.py)
         self.pending = ctx.pending  # small files acknowledged ahead of their commit
+        self.stats = ctx.stats  # requests, latencies and bytes (the metrics)
 
     # -- helpers ------------------------------------------------------------------
     def count_error(self, op: str, code: int) -> None:
@@ -288,14 +289,18 @@ class Operations(pyfuse3.Operations):
     async def read(  # type: ignore[override]  # (pyfuse3 takes any buffer)
         self, fh: int, off: int, size: int
     ) -> bytes | bytearray | memoryview:
-        return await self._handle(fh).read(off, size)
+        data = await self._handle(fh).read(off, size)
+        self.stats.read_bytes += len(data)
+        return data
 
     @fuse_op(of_fh)
     async def write(self, fh: int, off: int, buf: bytes) -> int:
         handle = self._handle(fh)
         if self.guard.bound:
             self.guard.count_bytes(fh, off, len(buf))
-        return await handle.write(off, buf)
+        n = await handle.write(off, buf)
+        self.stats.written_bytes += n
+        return n
 
     # flush (every close) and release (the last) come with every open: a handle that
     # does nothing there is answered without the wrapper's coroutine (git opens and

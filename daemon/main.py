@@ -48,6 +48,7 @@ from .deathguard import unescape
 from .errors import ClipFormatter
 from .fs import Operations
 from .staging.spool import clear_spool, spool_dir
+from .status import serve_metrics
 
 log = logging.getLogger("alkfsd")
 
@@ -328,6 +329,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     ctx: Context | None = None
     ops: Operations | None = None
+    metrics_server: tuple[Any, Any] | None = None
     mounted = False
     guard = None
     try:
@@ -394,8 +396,17 @@ def main(argv: list[str] | None = None) -> int:
                 mnt,
                 mnt,
             )
+        if conf.get("metrics_listen"):
+            try:
+                metrics_server = serve_metrics(ctx, str(conf["metrics_listen"]))
+                log.info("metrics: http://%s/metrics", conf["metrics_listen"])
+            except OSError as exc:
+                log.error("metrics: cannot listen on %s: %s", conf["metrics_listen"], exc)
         trio.run(serve, ctx, mnt, conf.get("sweep_every"), ops)
     finally:
+        if metrics_server is not None:
+            metrics_server[0].shutdown()
+            metrics_server[0].server_close()
         if ops is not None:
             ops.log_limit.flush(force=True)
         if mounted:

@@ -9,12 +9,20 @@ from __future__ import annotations
 import errno
 import json
 import os
+import threading
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client import CollectorRegistry, generate_latest, start_http_server
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+
+from .requests_stats import BOUNDS_S
 
 if TYPE_CHECKING:
     from .context import Context
@@ -58,9 +66,12 @@ def status_json(ctx: Context) -> bytes:
 class _Figures:
     """A prometheus_client collector over one snapshot of the figures."""
 
-    def __init__(self, fig: dict[str, Any], errors: dict[tuple[str, int], int]) -> None:
+    def __init__(
+        self, fig: dict[str, Any], errors: dict[tuple[str, int], int], stats: dict[str, Any]
+    ) -> None:
         self.fig = fig
         self.errors = errors
+        self.stats = stats
 
     def describe(self) -> list[Metric]:
         return []
@@ -150,10 +161,69 @@ class _Figures:
         for (op, code), n in sorted(self.errors.items()):
             errs.add_metric([op, errno.errorcode.get(code, str(code))], n)
         yield errs
+        yield from _requests(self.stats)
 
 
-def metrics_text(ctx: Context, errors: dict[tuple[str, int], int]) -> bytes:
-    """Prometheus text; `errors` is a copy of ctx.errors taken on the trio thread."""
+def _requests(stats: dict[str, Any]) -> Iterator[Metric]:
+    """The FUSE requests that reached Python (daemon/requests_stats.py)."""
+    hist = HistogramMetricFamily(
+        "alkfs_fuse_request_seconds",
+        "FUSE requests answered in Python, by operation, and how long they took",
+        labels=["op"],
+    )
+    for op, (_count, seconds, buckets) in sorted(stats["ops"].items()):
+        cumulative, running = [], 0
+        for bound, n in zip((*BOUNDS_S, float("inf")), buckets, strict=True):
+            running += n
+            cumulative.append(("+Inf" if bound == float("inf") else repr(bound), running))
+        hist.add_metric([op], cumulative, sum_value=seconds)
+    yield hist
+    yield CounterMetricFamily(
+        "alkfs_fuse_read_bytes", "Bytes answered to READ requests", value=stats["read_bytes"]
+    )
+    yield CounterMetricFamily(
+        "alkfs_fuse_written_bytes", "Bytes taken by WRITE requests", value=stats["written_bytes"]
+    )
+
+
+def metrics_text(
+    ctx: Context, errors: dict[tuple[str, int], int], stats: dict[str, Any] | None = None
+) -> bytes:
+    """Prometheus text; `errors` is a copy of ctx.errors, `stats` a snapshot of
+    ctx.stats, taken on the trio thread."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(_Figures(figures(ctx), errors))  # type: ignore[arg-type]
+    snap = stats if stats is not None else ctx.stats.snapshot()
+    registry.register(_Figures(figures(ctx), errors, snap))  # type: ignore[arg-type]
     return generate_latest(registry)
+
+
+class _Scrape:
+    """The collector the HTTP listener serves: a fresh snapshot at every scrape (in the
+    listener's thread: the store is read there, never on the trio thread)."""
+
+    def __init__(self, ctx: Context) -> None:
+        self.ctx = ctx
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        ctx = self.ctx
+        for _ in range(3):
+            try:
+                errors = dict(ctx.errors)  # (the trio thread may add a key meanwhile)
+                break
+            except RuntimeError:
+                continue
+        else:
+            errors = {}
+        yield from _Figures(figures(ctx), errors, ctx.stats.snapshot()).collect()
+
+
+def serve_metrics(ctx: Context, listen: str) -> tuple[Any, threading.Thread]:
+    """Start the HTTP listener of `--metrics-listen HOST:PORT` (prometheus_client's, a
+    thread of its own): (server, thread); `server.shutdown()` ends it."""
+    host, _, port = listen.rpartition(":")
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Scrape(ctx))  # type: ignore[arg-type]
+    return start_http_server(int(port), addr=host.strip("[]") or "127.0.0.1", registry=registry)

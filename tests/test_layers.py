@@ -10,7 +10,7 @@ functions; `if TYPE_CHECKING:` blocks excepted) goes to a layer at or below its 
 The daemon's modules rank by layer (daemon/__init__.py states the rule), each listed by
 its own name (a daemon module missing here fails):
 
-    framework    10 errors, inodes, invalidate, deathguard    11 nodes.handles, nodes.base
+    framework    10 errors, inodes, invalidate, deathguard, requests_stats    11 nodes.handles, nodes.base
                  12 nodes.listing, nodes.policy, nodes.root, listings, workers,
                     access    13 fs
     write state  20 staging.spool, staging.writes, packs    21 staging.writer, staging.scratch
@@ -81,6 +81,7 @@ DAEMON_RANKS = {
     "alkfsd.workers": 12,
     "alkfsd.access": 12,
     "alkfsd.requests": 12,
+    "alkfsd.requests_stats": 10,
     "alkfsd.fs": 13,
     # write state
     "alkfsd.staging": 20,  # (the package)

@@ -312,7 +312,8 @@ class MetricsFile(_Generated):
         super().__init__(ctx, ("file", "/.alkfs/metrics"), parent, b"metrics")
 
     async def content(self) -> bytes:
-        return await self.ctx.run_sync(metrics_text, self.ctx, dict(self.ctx.errors))
+        ctx = self.ctx
+        return await ctx.run_sync(metrics_text, ctx, dict(ctx.errors), ctx.stats.snapshot())
 
 
 class StagedList(_Generated):

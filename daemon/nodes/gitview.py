@@ -63,7 +63,16 @@ from .. import listings
 from .. import packs as derived_packs
 from ..errors import fail
 from ..staging.overlay import ScratchOverlay
-from .base import DYNAMIC_TIMEOUT, FIRST_OFFSET, OBJECT_TIMEOUT, Dir, Emit, Node, StaticDir
+from .base import (
+    DYNAMIC_TIMEOUT,
+    FIRST_OFFSET,
+    OBJECT_TIMEOUT,
+    Dir,
+    Emit,
+    Node,
+    StaticDir,
+    changes_anything,
+)
 from .handles import DirHandle, Handle, wants_write
 from .loose import FANOUT, FanoutDir, Sizes, repo_fanout_ident
 
@@ -305,6 +314,17 @@ class DerivedFile(Node):
 
     def mtime_ns(self) -> int:
         return self._mtime
+
+    async def setattr(
+        self, attr: Any, fields: Any, handle: Handle | None, req: RequestContext
+    ) -> Any:
+        if changes_anything(fields):
+            # git's freshening utime on a pack, every gc: EPERM (git then freshens the
+            # objects it needs through their loose paths), logged at debug only
+            times_only = not (fields.update_size or fields.update_mode)
+            times_only = times_only and not (fields.update_uid or fields.update_gid)
+            fail(errno.EPERM, f"{self.path} is a derived file: it never changes", quiet=times_only)
+        return self.attr()
 
     async def open(self, flags: int, req: RequestContext) -> Handle:
         if wants_write(flags):
