@@ -643,3 +643,27 @@ def test_an_unknown_owner_is_a_usage_error(base: Path):
     assert r.returncode == 2
     assert "--owner: no user 'no-such-user-alkfs'" in r.stderr
     assert not (base / "s").exists()
+
+
+def test_roots_are_registered_by_root_and_the_owner_only(base: Path, daemon, users):
+    """/roots (SPEC 3.8) is writable by root and the mount's owner only; a clone another
+    user owns is read by the daemon's sweeps (git's ownership check does not stop it)."""
+    owner, other = users(), users()
+    d = daemon("--owner", owner.pw_name, "--allow-other")
+    mnt = d.mnt
+    mine = Path(owner.pw_dir) / "clone"
+    small_repo(mine, owner)
+    theirs = Path(other.pw_dir) / "clone"
+    small_repo(theirs, other)
+    roots = mnt / "roots"
+    got = probe(other, ("symlink", str(theirs), str(roots / "theirs")))
+    assert got == [EACCES]
+    assert probe(owner, ("symlink", str(mine), str(roots / "mine"))) == ["ok"]
+    assert probe(other, ("unlink", str(roots / "mine"))) == [EACCES]
+    assert sorted(os.listdir(roots)) == ["mine"]
+    assert os.readlink(roots / "mine") == str(mine)
+    control(mnt, "sweep")
+    report = last_sweep(mnt)
+    assert report["aborted"] is None, report  # (the owner's clone read by root's sweep)
+    assert probe(owner, ("unlink", str(roots / "mine"))) == ["ok"]
+    assert os.listdir(roots) == []
