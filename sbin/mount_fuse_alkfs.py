@@ -20,7 +20,8 @@ through logger(1) (`alkfsd` is their tag; the first lines too). If the daemon ex
 its error is printed as one line and this exits 1. `umount MNT` ends the daemon (it exits
 when its mount goes away).
 
-Standard library only. `make install` puts it in the install's venv, run by that venv's
+The standard library and the daemon's own mount-table reader (alkfsd.deathguard, which
+imports nothing else): `make install` puts it in the install's venv, run by that venv's
 Python, and starts the alkfsd beside it.
 """
 
@@ -38,6 +39,9 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
+
+# (the daemon's reader of mount tables: the helper runs in the venv alkfsd is installed in)
+from alkfsd.deathguard import unescape
 
 PROG = "mount.fuse.alkfs"
 USAGE = f"usage: {PROG} STORE MOUNTPOINT [-sfnv] [-o OPTIONS] [-t fuse.alkfs]"
@@ -176,20 +180,6 @@ def parse(argv: list[str]) -> Request:
         fake="-f" in seen,
         verbose="-v" in seen,
     )
-
-
-def unescape(field_: str) -> str:
-    """mountinfo escapes space, tab, newline and backslash as octal."""
-    out, i = [], 0
-    while i < len(field_):
-        code = field_[i + 1 : i + 4]
-        if field_[i] == "\\" and len(code) == 3 and all(c in "01234567" for c in code):
-            out.append(chr(int(code, 8)))
-            i += 4
-        else:
-            out.append(field_[i])
-            i += 1
-    return "".join(out)
 
 
 def alkfs_mounts(mnt: str) -> set[str]:
