@@ -32,7 +32,7 @@ class Alkfs:
         self.refs = Refs(store)
         self.closure = RefClosure(store, self.refs)
         self.pins = Pins(store, closure=self.closure)
-        self.roots = Roots(store, self.closure.walker)  # borrowers (SPEC 3.8)
+        self.roots = Roots(store, self.closure)  # borrowers (SPEC 3.8)
         self._tokens = [
             store.register_source(self.closure),
             store.register_source(self.pins),

@@ -48,7 +48,7 @@ from .db import now_ns
 from .durations import format_duration, parse_duration
 from .errors import Exists, Invalid, Missing, SourceFailed
 from .git import borrower
-from .git.closure import Walker
+from .git.closure import RefClosure, Walker
 from .git.tables import Tables
 from .keys import Algorithm, Key
 from .machine import machine_id
@@ -122,10 +122,11 @@ class Roots:
     """The registered borrowers; a liveness source (register it with
     `store.register_source`)."""
 
-    def __init__(self, store: Store, walker: Walker | None = None) -> None:
+    def __init__(self, store: Store, closure: RefClosure | None = None) -> None:
         self.store = store
         self.tables = Tables(store, (ROOTS,))
-        self.walker = walker if walker is not None else Walker(store)
+        self.closure = closure  # (the refs' closure: a borrower's walk stops at it)
+        self.walker = closure.walker if closure is not None else Walker(store)
         self.write_counter = 0  # moved by every registration (after its commit)
         self.builds = 0
         self._memo: tuple[int, set[bytes]] | None = None
@@ -205,11 +206,20 @@ class Roots:
         tips += self._answers(asked, problems)
         if problems:
             raise SourceFailed("; ".join(problems))
-        live, _missing = self.walker.walk(tips) if tips else (set(), 0)
+        known = self.known() if tips else None
+        live, _missing = self.walker.walk(tips, known) if tips else (set(), 0)
         with self._lock:
             self.builds += 1
             self._memo = (counter, live)
         return live
+
+    def known(self) -> set[bytes] | None:
+        """What the refs keep, as this sweep computed it before us (the sources run in
+        order: refs, pins, roots): closed under reachability, so a borrower's walk stops
+        there; None when not at hand (the walk then covers everything)."""
+        closure = self.closure
+        memo = None if closure is None else closure._memo
+        return None if memo is None else memo[2]
 
     # -- roots of other machines (a fleet) ------------------------------------------------
     def _ask(self, records: builtins.list[RootRecord], problems: builtins.list[str]) -> dict:

@@ -26,7 +26,7 @@ import binascii
 import hashlib
 import threading
 from binascii import unhexlify
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Container, Iterable
 from typing import TYPE_CHECKING
 
 from ..errors import AlkfsError
@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     from ..store import Store
 
 SCAN_MAX = 1_000_000
+PRELOAD_FROM = 10_000  # a walk stopping at a known set preloads only from this many tips
 _FORMAT = {Algorithm.GIT_SHA1: "sha1", Algorithm.GIT_SHA256: "sha256"}
 
 
@@ -96,8 +97,15 @@ class Walker:
         every other key is included only if its object was read."""
         return self.walk(tips)[0]
 
-    def walk(self, tips: Iterable[Key]) -> tuple[set[bytes], int]:
-        """The closure, and how many needed objects could not be read (missing or corrupt)."""
+    def walk(
+        self, tips: Iterable[Key], known: Container[bytes] | None = None
+    ) -> tuple[set[bytes], int]:
+        """The closure, and how many needed objects could not be read (missing or corrupt).
+
+        `known`: raw keys of a set already closed under reachability (another walk's
+        result): the walk stops at them and leaves them out, and reads objects by batched
+        lookups unless more than PRELOAD_FROM tips remain (a borrower's own history is
+        a small part of the store's)."""
         missing = [0]
         by_algo: dict[Algorithm, set[bytes]] = {}
         for key in tips:
@@ -106,7 +114,11 @@ class Walker:
         live: set[bytes] = set()
         for algo, ids in by_algo.items():
             prefix = bytes([algo.value])
-            live.update(prefix + x for x in self._walk(algo, ids, missing))
+            stop = None
+            if known is not None:
+                stop = known
+                ids = {x for x in ids if prefix + x not in known}
+            live.update(prefix + x for x in self._walk(algo, ids, missing, stop))
         return live, missing[0]
 
     def _preload(self, algo: Algorithm) -> tuple[dict[bytes, bytes], set[bytes]] | None:
@@ -131,12 +143,20 @@ class Walker:
                 objects[key[1:]] = value
         return objects, blobs
 
-    def _walk(self, algo: Algorithm, tips: set[bytes], missing: list[int]) -> set[bytes]:
+    def _walk(
+        self,
+        algo: Algorithm,
+        tips: set[bytes],
+        missing: list[int],
+        known: Container[bytes] | None = None,
+    ) -> set[bytes]:
         entry = WALK_ENTRY[_FORMAT[algo]]
         ids = ID_ONLY[_FORMAT[algo]]
         hexlen = algo.hex_len
         digest_of = hashlib.sha1 if algo is Algorithm.GIT_SHA1 else hashlib.sha256
-        loaded = self._preload(algo) if tips else None
+        prefix = bytes([algo.value])
+        wanted = tips and (known is None or len(tips) > PRELOAD_FROM)
+        loaded = self._preload(algo) if wanted else None
         preload, kv_blobs = loaded if loaded is not None else (None, set())
         seen: set[bytes] = set()  # read (or named as a blob): never visited again
         found: set[bytes] = set()  # the closure
@@ -144,6 +164,8 @@ class Walker:
         while frontier:
             self.store.check_stopping()  # (a level of the walk at a time)
             frontier -= seen
+            if known is not None:  # (closed already: stop there)
+                frontier = {x for x in frontier if prefix + x not in known}
             if not frontier:
                 break
             seen |= frontier
@@ -186,7 +208,8 @@ class Walker:
                             nxt.add(child)
                         elif mode != b"160000":  # gitlinks belong to other repositories
                             seen.add(child)
-                            found.add(child)
+                            if known is None or prefix + child not in known:
+                                found.add(child)
                 elif data.startswith(b"commit "):
                     # "tree <hex>\n", then "parent <hex>\n" lines
                     pos = nul + 1

@@ -578,6 +578,24 @@ def test_an_unpushed_commit_on_a_deleted_branch_keeps_its_history(tmp_path, app)
     assert not any(app.store.has(Key(k)) for k in only_side)
 
 
+def test_a_borrowers_walk_stops_where_the_refs_closure_already_reaches(tmp_path, app):
+    """What the refs keep is closed under reachability: the borrower's walk stops there,
+    so a clone of a big history re-walks only what nothing else keeps (here: side)."""
+    src, only_side, tip = side_store(tmp_path, app)
+    git(tmp_path, "clone", "-q", "--shared", "--bare", str(src), "b.git")
+    b = tmp_path / "b.git"
+    app.roots.add("b", str(b))
+    sweeps(app, 1)
+    main_only = {git_key(h).raw for h in ids_of(git(src, "rev-list", "--objects", "main"))}
+    assert app.roots._memo is not None and app.roots._memo[1] == only_side  # (not main's)
+    assert all(app.roots.contains(k) for k in only_side)
+    [out] = app.refs.update("r", [RefUpdate("refs/heads/main", None, rev(src, "main"))])
+    assert out.ok  # (now only the borrower keeps main's history: its walk covers it all)
+    sweeps(app, 2)
+    assert app.roots._memo[1] == only_side | main_only
+    assert all(app.store.has(Key(k)) for k in only_side | main_only)
+
+
 def test_an_unreadable_borrower_stops_the_sweep_and_nothing_is_deleted(tmp_path, app):
     src, only_side, tip = side_store(tmp_path, app)
     git(tmp_path, "clone", "-q", "--shared", "--bare", str(src), "b.git")
