@@ -172,7 +172,14 @@ def demo(app: Alkfs, store: Store) -> None:
             ["git", "rev-parse", "--show-toplevel"], capture_output=True, text=True, check=True
         ).stdout.strip()
         result = import_repo(app, top, "alkfs", progress=False)
-        log.info("demo: imported %s as repository alkfs (%s)", top, result)
+        log.info(
+            "demo: imported %s as repository alkfs: %d objects (%d stored, %d present), %d refs",
+            top,
+            result.objects,
+            result.stored,
+            result.present,
+            len(result.refs),
+        )
     except Exception as exc:
         log.info("demo: no git history imported (%s)", exc)
 

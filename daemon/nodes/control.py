@@ -178,7 +178,7 @@ class ControlHandle(Handle):
         elif cmd == "repack":
             if ctx.read_only:
                 fail(errno.EROFS, "the mount is read-only: no repack")
-            log.info("repack: %s", await repack_now(ctx))
+            log.info("repack: %s", json.dumps(await repack_now(ctx), default=str))
 
 
 def may_start(text: bytes) -> bool:
