@@ -760,6 +760,33 @@ def run_migrate(path: str, database: str | None, a: argparse.Namespace) -> int:
 # -- parsing --------------------------------------------------------------------------------
 
 
+KEY_FORMATS = (
+    "KEY is <algo>/<hex> (sha256, blake3, git-sha1, git-sha256) or a bare hex (sha256, or\n"
+    "git-sha1 for 40 digits); DURATION is 0, 90s, 15m, 1h, 2d; the target is --mount MNT\n"
+    "or --store DIR ($ALKFS_MOUNT, $ALKFS_STORE)."
+)
+EXAMPLES = {
+    "put": "alkfs --mount /mnt/alk put --pin backup-2026-11 backup.tar",
+    "get": "alkfs --mount /mnt/alk get sha256/5f3c... -o copy.tar",
+    "stat": "alkfs --mount /mnt/alk stat sha256/5f3c...",
+    "pin": "alkfs --mount /mnt/alk pin release-1 sha256/5f3c...",
+    "unpin": "alkfs --mount /mnt/alk unpin release-1",
+    "pins": "alkfs --mount /mnt/alk pins",
+    "roots": "alkfs --mount /mnt/alk roots",
+    "roots add": "alkfs --mount /mnt/alk roots add me-work /home/me/work",
+    "roots rm": "alkfs --mount /mnt/alk roots rm me-work",
+    "repo create": "alkfs --mount /mnt/alk repo create myproj --object-format sha256",
+    "repo rm": "alkfs --mount /mnt/alk repo rm myproj",
+    "repo list": "alkfs --mount /mnt/alk repo list",
+    "git import": "alkfs --store /srv/alk git import /srv/git/myproj.git --repo myproj",
+    "staged": "alkfs --mount /mnt/alk staged",
+    "sweep": "alkfs --mount /mnt/alk sweep --dry-run",
+    "migrate": "alkfs --store /srv/alk migrate --database postgresql://alkfs@db/alkfs",
+    "verify": "alkfs --store /srv/alk verify",
+    "status": "alkfs --mount /mnt/alk status",
+}
+
+
 def build_parser() -> argparse.ArgumentParser:
     target = argparse.ArgumentParser(add_help=False)
     group = target.add_argument_group("target (default: $ALKFS_MOUNT or $ALKFS_STORE)")
@@ -786,7 +813,17 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     def command(parent: Any, name: str, handler: Callable[..., int], help: str) -> Any:
-        c = parent.add_parser(name, parents=[target], help=help, description=help)
+        prefix = getattr(parent, "_prog_prefix", "alkfs")  # ("alkfs", "alkfs repo", ...)
+        full = f"{prefix} {name}".removeprefix("alkfs").strip()
+        example = EXAMPLES.get(full)
+        c = parent.add_parser(
+            name,
+            parents=[target],
+            help=help,
+            description=help,
+            epilog=None if example is None else f"example:\n  {example}\n\n{KEY_FORMATS}",
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
         c.set_defaults(handler=handler)
         return c
 

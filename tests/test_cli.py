@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
 import os
@@ -522,3 +523,28 @@ def test_malformed_durations_are_refused(text):
 @pytest.mark.parametrize("seconds", [0, 1, 59, 60, 3600, 5400, 86400 + 61, 604800, 2.5])
 def test_formatted_durations_read_back_as_the_same_seconds(seconds):
     assert parse_duration(format_duration(seconds)) == seconds
+
+
+def test_every_command_s_help_has_an_example_and_the_key_formats():
+    """`--help` of each (sub)command ends with one example and how keys, durations and
+    the target are written (issue 38)."""
+    from alkfs.cli import build_parser
+
+    def leaves(parser, path=()):
+        subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        if not subs or path == ("roots",):
+            yield path, parser
+        for action in subs:
+            for name, child in action.choices.items():
+                yield from leaves(child, (*path, name))
+
+    seen = []
+    for path, parser in leaves(build_parser()):
+        if not path:
+            continue
+        text = parser.format_help()
+        assert "example:\n  alkfs " in text, path
+        assert f" {' '.join(path)}" in text.split("example:")[1], path
+        assert "KEY is <algo>/<hex>" in text, path
+        seen.append(" ".join(path))
+    assert len(seen) >= 18 and "roots add" in seen and "git import" in seen
