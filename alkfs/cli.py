@@ -22,6 +22,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -201,7 +202,7 @@ class Target(Protocol):
     def repo_create(self, repo_id: str, object_format: str) -> None: ...
     def repo_rm(self, repo_id: str) -> None: ...
     def repo_list(self) -> list[tuple[str, str]]: ...
-    def git_import(self, gitdir: str, repo_id: str) -> None: ...
+    def git_import(self, gitdir: str, repo_id: str) -> str: ...
     def sweep(self, window_s: float | None, expire_now: bool = False) -> dict[str, Any]: ...
     def dry_run(self) -> dict[str, Any]: ...
     def staged(self) -> Iterator[str]: ...
@@ -306,10 +307,14 @@ class StoreTarget:
     def repo_list(self) -> list[tuple[str, str]]:
         return sorted((r.id, r.object_format) for r in self.app.refs.repos())
 
-    def git_import(self, gitdir: str, repo_id: str) -> None:
+    def git_import(self, gitdir: str, repo_id: str) -> str:
         from .git.importer import import_repo
 
-        import_repo(self.app, gitdir, repo_id)  # its own progress bar, on a terminal only
+        r = import_repo(self.app, gitdir, repo_id)  # its own progress bar, on a terminal only
+        return (
+            f"{len(r.refs)} refs, {r.objects} objects ({r.stored} stored, {r.present} "
+            "already present)"
+        )
 
     def sweep(self, window_s: float | None, expire_now: bool = False) -> dict[str, Any]:
         return self.store.sweep(window_s, expire_now=expire_now).to_dict()
@@ -514,7 +519,7 @@ class MountTarget:
             out.append((name, m.group(1).lower() if m else "sha1"))
         return sorted(out)
 
-    def git_import(self, gitdir: str, repo_id: str) -> None:
+    def git_import(self, gitdir: str, repo_id: str) -> str:
         """git itself pushes every ref (with its objects) into the mounted repository."""
         repo = self.root / "repos" / repo_id
         if not repo.is_dir():
@@ -533,6 +538,8 @@ class MountTarget:
         # the import returns with its objects served from derived packs (SPEC 3.2)
         with through("the control file's repack"):
             (self.root / ".alkfs" / "control").write_text("repack\n")
+        refs = _git(gitdir, "for-each-ref", "--format=%(refname)", check=False).split()
+        return f"{len(refs)} refs pushed through the mount"
 
     def control(self, command: str) -> None:
         with through(
@@ -698,7 +705,9 @@ cmd_repo_list = lists("repo_list")
 def cmd_git_import(t: Target, a: argparse.Namespace) -> int:
     if not Path(a.gitdir).is_dir():
         raise Missing(f"{a.gitdir}: no such directory")
-    t.git_import(a.gitdir, a.repo)
+    t0 = time.monotonic()
+    what = t.git_import(a.gitdir, a.repo)
+    print(f"imported {a.gitdir} as {a.repo}: {what} in {time.monotonic() - t0:.1f} s")
     return 0
 
 

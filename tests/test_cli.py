@@ -297,7 +297,14 @@ def make_git_repo(path: Path) -> tuple[int, str]:
 
 def test_git_import_stores_every_object_and_the_refs_keep_them_through_sweeps(store, tmp_path):
     count, main = make_git_repo(tmp_path / "src")
-    assert ok("--store", store, "git", "import", tmp_path / "src" / ".git", "--repo", "src") == ""
+    src = tmp_path / "src" / ".git"
+    said = ok("--store", store, "git", "import", src, "--repo", "src")
+    refs = len(git("for-each-ref", cwd=tmp_path / "src").splitlines())
+    assert re.fullmatch(  # (one summary line)
+        rf"imported {re.escape(str(src))} as src: {refs} refs, {count} objects \({count} stored, "
+        r"0 already present\) in \d+\.\d s\n",
+        said,
+    ), said
     assert ok("--store", store, "repo", "list") == "src sha1\n"
     commit = json.loads(ok("--store", store, "stat", main))
     assert (commit["key"], commit["algorithm"]) == (f"git-sha1/{main}", "git-sha1")

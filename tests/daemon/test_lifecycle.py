@@ -340,7 +340,13 @@ def test_cli_git_import_through_the_mount_pushes_every_ref(live, tmp_path):
     (tmp_path / "other" / "more.txt").write_text("more\n")
     git("add", ".", cwd=tmp_path / "other")
     git("commit", "-q", "-m", "more", cwd=tmp_path / "other")
-    assert ok("--mount", m.mnt, "git", "import", other, "--repo", "other") == ""
+    said = ok("--mount", m.mnt, "git", "import", other, "--repo", "other")
+    n = len(git(f"--git-dir={other}", "for-each-ref").splitlines())
+    assert re.fullmatch(
+        rf"imported {re.escape(str(other))} as other: {n} refs pushed through the mount "
+        r"in \d+\.\d s\n",
+        said,
+    ), said
     refs = ("for-each-ref", "--format=%(objectname) %(refname)")
     assert git(f"--git-dir={m.path('repos', 'other')}", *refs) == git(f"--git-dir={other}", *refs)
     log = ("log", "--all", "--format=%H %T %P %s")
