@@ -22,7 +22,7 @@ from alkfs.pins import valid_pin_name
 from alkfs.roots import RootRecord
 
 from ..errors import clip, fail
-from .base import DYNAMIC_TIMEOUT, Dir, Emit, Node, Symlink
+from .base import DYNAMIC_TIMEOUT, FIRST_OFFSET, Dir, Emit, Node, Symlink
 from .handles import DirHandle
 from .listing import readdir_snapshot
 from .listing import text_of as _text
@@ -52,7 +52,7 @@ class RootsDir(Dir):
 
     async def readdir(self, dh: DirHandle, start: int, emit: Emit) -> None:
         records: list[RootRecord] = []
-        if "entries" not in dh.state:
+        if start < FIRST_OFFSET or "entries" not in dh.state:  # (readdir_snapshot's rule)
             records = await self.ctx.run_sync(self.ctx.app.roots.list)
 
         def entries() -> list[tuple[bytes, Node]]:

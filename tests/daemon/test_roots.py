@@ -865,3 +865,18 @@ def test_the_command_line_adding_the_same_root_again_through_a_mount_is_a_no_op(
         done = alkfs("--mount", mount.mnt, "roots", "add", "w", work)
         assert (done.returncode, done.stderr) == (0, "")
     assert roots_listed(mount) == {"w": str(work)}
+
+
+def test_a_rewound_listing_of_roots_lists_them_again(mount, tmp_path):
+    """A second listing of one open directory (rewinddir: os.listdir of a descriptor
+    rewinds it) reads the roots again, as the first one did."""
+    repo = tmp_path / "repo"
+    g("init", "-q", repo)
+    register(mount, "one", repo)
+    fd = os.open(mount.path("roots"), os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        assert os.listdir(fd) == ["one"]
+        register(mount, "two", repo)
+        assert sorted(os.listdir(fd)) == ["one", "two"]
+    finally:
+        os.close(fd)
