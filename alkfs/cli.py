@@ -215,12 +215,10 @@ class StoreTarget:
     """The library on a store directory, holding its lock."""
 
     def __init__(self, path: str, create: bool, database: str | None = None) -> None:
-        from .app import Alkfs
-        from .binding import BINDING_NAME
-        from .store import DB_NAME
+        from .app import Alkfs, store_exists
 
         root = Path(path)
-        if not create and not any((root / n).exists() for n in (DB_NAME, BINDING_NAME)):
+        if not create and not store_exists(root):
             raise Missing(f"no store at {root}")
         self.root = root
         self.app = Alkfs.open(root, database=database)
@@ -327,10 +325,7 @@ class StoreTarget:
     def staged(self) -> Iterator[str]:
         from .gc import staged
 
-        after = b""
-        while rows := staged.page(self.store, after):
-            yield from map(staged.line, rows)
-            after = rows[-1].key.raw
+        return staged.lines(self.store)
 
     def verify(self) -> list[str]:
         total = sum(c["count"] for c in self.store.counts().values())

@@ -128,7 +128,6 @@ class Roots:
         self.closure = closure  # (the refs' closure: a borrower's walk stops at it)
         self.walker = closure.walker if closure is not None else Walker(store)
         self.write_counter = 0  # moved by every registration (after its commit)
-        self.builds = 0
         self._memo: tuple[int, set[bytes]] | None = None
         self._lock = threading.Lock()
         self._answering = threading.Lock()  # (one read of the asked roots at a time)
@@ -209,7 +208,6 @@ class Roots:
         known = self.known() if tips else None
         live, _missing = self.walker.walk(tips, known) if tips else (set(), 0)
         with self._lock:
-            self.builds += 1
             self._memo = (counter, live)
         return live
 
@@ -217,16 +215,14 @@ class Roots:
         """What the refs keep, as this sweep computed it before us (the sources run in
         order: refs, pins, roots): closed under reachability, so a borrower's walk stops
         there; None when not at hand (the walk then covers everything)."""
-        closure = self.closure
-        memo = None if closure is None else closure._memo
-        return None if memo is None else memo[2]
+        return None if self.closure is None else self.closure.last_live()
 
     # -- roots of other machines (a fleet) ------------------------------------------------
     def _ask(self, records: builtins.list[RootRecord], problems: builtins.list[str]) -> dict:
         """Ask the daemons of the machines of `records` to read them now: {name: the
-        request's number} for those whose machine has a live daemon."""
+        (request's number, machine)} for those whose machine has a live daemon."""
         fleet = self.store.fleet
-        asked: dict[str, int] = {}
+        asked: dict[str, tuple[int, str]] = {}
         for rec in records:
             if fleet is None or not fleet.machine_live(rec.machine):
                 problems.append(
@@ -240,13 +236,15 @@ class Roots:
                     (rec.name,),
                 ).fetchone()
             if row is not None:
-                asked[rec.name] = int(row[0])
+                asked[rec.name] = (int(row[0]), rec.machine)
         if asked:
             assert fleet is not None
             fleet.ask_roots()
         return asked
 
-    def _answers(self, asked: dict[str, int], problems: builtins.list[str]) -> builtins.list[Key]:
+    def _answers(
+        self, asked: dict[str, tuple[int, str]], problems: builtins.list[str]
+    ) -> builtins.list[Key]:
         """Wait (up to ALKFS_ROOTS_ASK_TIMEOUT, 60 s) for the reads asked by `_ask`."""
         out: list[Key] = []
         if not asked:
@@ -254,7 +252,8 @@ class Roots:
         waiting = dict(asked)
         deadline = time.monotonic() + ask_timeout_s()
         while waiting:
-            for name, n in list(waiting.items()):
+            self.store.check_stopping()  # (a SIGTERM does not wait out the answer)
+            for name, (n, _machine) in list(waiting.items()):
                 rows = self.tables.read(
                     "SELECT machine, answered, answer FROM roots WHERE name = ?", (name,)
                 )
@@ -273,9 +272,7 @@ class Roots:
             if not waiting:
                 break
             if time.monotonic() > deadline:
-                for name in waiting:
-                    rows = self.tables.read("SELECT machine FROM roots WHERE name = ?", (name,))
-                    machine = rows[0][0] if rows else "?"
+                for name, (_n, machine) in waiting.items():
                     problems.append(
                         f"root {name!r}: no daemon of its machine {machine} answered within "
                         f"{format_duration(ask_timeout_s())}"
@@ -300,19 +297,17 @@ class Roots:
                 problems: list[str] = []
                 found = self._read(rec, problems)
                 keys = [] if found is None else [k.raw for k in _keys(found)]
+                db = self.store.db
+                assert db is not None  # (a fleet's store is a database's)
                 with self.tables.tx() as conn:
                     conn.execute("DELETE FROM root_tips WHERE name = ?", (rec.name,))
-                    for i in range(0, len(keys), 500):
-                        part = keys[i : i + 500]
-                        params: list[object] = []
-                        for k in part:
-                            params += (rec.name, k)
-                        conn.execute(
-                            "INSERT INTO root_tips (name, key) VALUES "
-                            + ",".join(["(?, ?)"] * len(part))
-                            + " ON CONFLICT DO NOTHING",
-                            params,
-                        )
+                    db.insert_rows(
+                        conn,
+                        "INSERT INTO root_tips (name, key)",
+                        ("text", "key"),
+                        [(rec.name, k) for k in keys],
+                        "ON CONFLICT DO NOTHING",
+                    )
                     conn.execute(
                         "UPDATE roots SET answered = ?, answer = ? WHERE name = ?",
                         (n, "; ".join(problems)[:2000] if problems else None, rec.name),

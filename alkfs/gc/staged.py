@@ -4,6 +4,7 @@ page with their sizes and deadlines (`alkfs staged`, `/.alkfs/staged`), and thei
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
@@ -37,6 +38,18 @@ def line(row: Staged) -> str:
     """`KEY SIZE DEADLINE` (size `-` when no longer stored; the deadline in UTC)."""
     when = datetime.fromtimestamp(row.visible_after_ns / 1e9, UTC).isoformat(timespec="seconds")
     return f"{row.key} {'-' if row.size is None else row.size} {when}"
+
+
+def lines(store: Store, limit: int | None = None) -> Iterator[str]:
+    """`line` of every staged candidate in key order (the first `limit` of them)."""
+    after, listed = b"", 0
+    while limit is None or listed < limit:
+        rows = page(store, after, PAGE if limit is None else min(PAGE, limit - listed))
+        if not rows:
+            return
+        yield from map(line, rows)
+        listed += len(rows)
+        after = rows[-1].key.raw
 
 
 def totals(store: Store) -> dict[str, int | None]:

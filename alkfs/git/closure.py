@@ -267,6 +267,11 @@ class RefClosure:
     def contains(self, key: bytes) -> bool:
         return memo_contains(self._memo, key, self._counter)
 
+    def last_live(self) -> set[bytes] | None:
+        """What the last `live_keys` found (closed under reachability), or None."""
+        memo = self._memo
+        return None if memo is None else memo[2]
+
 
 def memo_contains(
     memo: tuple[str | None, int, set[bytes]] | None, key: bytes, counter: Callable[[], int]

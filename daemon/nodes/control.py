@@ -235,7 +235,7 @@ def parse(line: bytes) -> list[str]:
             except ValueError:
                 fail(
                     errno.EINVAL,
-                    f"not a window (a duration of at most 10 years): {clip(repr(args[0]), 64)}",
+                    f"not a window (a duration of at most 10 years): {clip(repr(rest[0]), 64)}",
                 )
         return words
     if cmd in ("verify", "repack") and not args:
@@ -331,16 +331,8 @@ class StagedList(_Generated):
 
 
 def staged_text(ctx: Context) -> bytes:
-    out = []
-    after = b""
-    listed = 0
-    while listed < STAGED_LINES:
-        rows = staged.page(ctx.store, after, min(staged.PAGE, STAGED_LINES - listed))
-        if not rows:
-            break
-        out += [staged.line(row) for row in rows]
-        listed += len(rows)
-        after = rows[-1].key.raw
+    out = list(staged.lines(ctx.store, STAGED_LINES))
+    listed = len(out)
     total = staged.totals(ctx.store)["count"] or 0
     if total > listed:
         out.append(f"# {total - listed} more not listed (alkfs --store STORE staged)")
