@@ -515,7 +515,12 @@ class MountTarget:
         return sorted(out)
 
     def git_import(self, gitdir: str, repo_id: str) -> str:
-        """git itself pushes every ref (with its objects) into the mounted repository."""
+        """git itself pushes every ref (with its objects) into the mounted repository,
+        once git's connectivity check found the source whole (as the library's import)."""
+        from .git.connected import check_connected
+        from .git.importer import resolve_gitdir
+
+        check_connected(resolve_gitdir(gitdir))
         repo = self.root / "repos" / repo_id
         if not repo.is_dir():
             src_format = _git(gitdir, "rev-parse", "--show-object-format").strip()

@@ -61,6 +61,7 @@ RANKS = {
     "alkfs.roots": 6,
     "alkfs.intents": 7,
     "alkfs.git.importer": 7,
+    "alkfs.git.connected": 6,
     "alkfs.app": 7,
     "alkfs.cli": 8,
     "alkfs.migrate": 8,

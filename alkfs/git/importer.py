@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING
 from ..errors import Exists, Invalid, Missing, Refused, Stale, StoreIO, Verification
 from ..keys import Algorithm, Key
 from ..tiers.sql import SqlTier
+from .connected import check_connected
 from .objects import FORMATS, MAX_HEADER
 from .refs import Outcome, RefUpdate, algo_of, valid_ref_name, valid_repo_id
 
@@ -191,6 +192,7 @@ def import_repo(
     if not valid_repo_id(repo_id):
         raise Invalid(f"invalid repository id {repo_id!r}")
     _check_format(app, repo_id, fmt)
+    check_connected(gitdir)  # as git's fetch does: a hole refuses the import
     algo = algo_of(fmt)
     store = app.store
     prefix = bytes([algo.value])

@@ -351,3 +351,20 @@ def test_cli_git_import_through_the_mount_pushes_every_ref(live, tmp_path):
     assert git(f"--git-dir={m.path('repos', 'other')}", *refs) == git(f"--git-dir={other}", *refs)
     log = ("log", "--all", "--format=%H %T %P %s")
     assert git(f"--git-dir={m.path('repos', 'other')}", *log) == git(f"--git-dir={other}", *log)
+
+
+def test_cli_git_import_of_a_holed_repository_is_refused_before_any_push(live, tmp_path):
+    """SPEC §4: git's connectivity check first; exit 1, one line naming the object and a
+    ref; no repository created, on the mount as on a store."""
+    world, m = live
+    other = make_repo(tmp_path / "holed")
+    blob = git(f"--git-dir={other}", "rev-parse", "HEAD:f1.txt").strip()
+    (other / "objects" / blob[:2] / blob[2:]).unlink()  # (a fresh commit's objects are loose)
+    line = refused("--mount", m.mnt, "git", "import", other, "--repo", "holed")
+    assert line == (
+        f"alkfs git import: {other} lacks object {blob} (reached from HEAD); nothing imported"
+    ), line
+    assert ok("--mount", m.mnt, "repo", "list") == "src sha1\n"
+    store = tmp_path / "plain-store"
+    line = refused("--store", store, "git", "import", other, "--repo", "holed")
+    assert f"lacks object {blob} (reached from HEAD)" in line
