@@ -30,7 +30,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
 
@@ -40,7 +40,6 @@ from alkfs.keys import Key
 from alkfs.store import ObjectStat
 
 from . import listings
-from .nodes.base import DYNAMIC_TIMEOUT
 
 if TYPE_CHECKING:
     from .context import Context
@@ -48,7 +47,17 @@ if TYPE_CHECKING:
 log = logging.getLogger("alkfsd")
 
 View = Callable[[str, Generation | None, Generation | None], None]
-RETIRE_GRACE_S = 2 * DYNAMIC_TIMEOUT  # a retired generation stays at least this long
+# A retired generation (README "Readers and retired packs"): for RETIRE_GRACE_S its names
+# still resolve (git lists pack/ and opens what it listed later) and it stays on disk; an
+# open handle keeps it up to RETIRE_HOLD_S after it was retired; at most RETIRED_MAX of
+# a format stay on disk, whatever readers hold. Handles of one that goes read EIO.
+RETIRE_GRACE_S = 300.0
+RETIRE_HOLD_S = 3600.0
+RETIRED_MAX = 3
+
+
+class Revocable(Protocol):
+    def revoke(self) -> None: ...
 
 
 def _names(path: str) -> list[str]:
@@ -65,6 +74,18 @@ def env_float(name: str, default: float) -> float:
         return float(os.environ.get(name, default))
     except ValueError:
         return default
+
+
+def retire_grace() -> float:
+    return env_float("ALKFS_PACK_RETIRE_GRACE", RETIRE_GRACE_S)
+
+
+def retire_hold() -> float:
+    return env_float("ALKFS_PACK_RETIRE_HOLD", RETIRE_HOLD_S)
+
+
+def retired_max() -> int:
+    return max(0, int(env_float("ALKFS_PACK_RETIRED_MAX", RETIRED_MAX)))
 
 
 def since_built(last_built: float | None, gen: Generation | None) -> float:
@@ -94,6 +115,8 @@ class Served:
         self._holds: collections.Counter[tuple[str, int]] = collections.Counter()
         self._removing: set[tuple[str, int]] = set()
         self._retired: dict[tuple[str, int], float] = {}  # retired when (monotonic)
+        self._retired_gens: dict[tuple[str, int], Generation] = {}
+        self._handles: dict[tuple[str, int], set[Revocable]] = collections.defaultdict(set)
         self._lock = threading.Lock()
         self.building = trio.Lock()
         self.last_built: dict[str, float] = {}
@@ -256,58 +279,112 @@ class Served:
         return self._by_prefix(d.arrived(int(gen.meta.get("max_rowid", 0))))
 
     # -- handles (trio thread and the publishing thread) ----------------------------------
-    def acquire(self, fmt: str, number: int) -> bool:
+    def acquire(self, fmt: str, number: int, handle: Revocable | None = None) -> bool:
         with self._lock:
             if (fmt, number) in self._removing:
                 return False
             self._holds[(fmt, number)] += 1
+            if handle is not None:
+                self._handles[(fmt, number)].add(handle)
             return True
 
-    async def release(self, fmt: str, number: int) -> None:
+    async def release(self, fmt: str, number: int, handle: Revocable | None = None) -> None:
         with self._lock:
+            if handle is not None:
+                self._handles.get((fmt, number), set()).discard(handle)
             self._holds[(fmt, number)] -= 1
             if self._holds[(fmt, number)] > 0:
                 return
             del self._holds[(fmt, number)]
+            self._handles.pop((fmt, number), None)
         gen = self.current(fmt)
         if gen is None or gen.number != number:
             await trio.to_thread.run_sync(self.prune, fmt)
 
+    def retired(self, fmt: str) -> list[Generation]:
+        """The retired generations of `fmt` whose names still resolve, newest first."""
+        grace = retire_grace()
+        now = time.monotonic()
+        with self._lock:
+            out = [
+                (at, self._retired_gens[key])
+                for key, at in self._retired.items()
+                if key[0] == fmt
+                and now - at < grace
+                and key not in self._removing
+                and key in self._retired_gens
+            ]
+        return [gen for _at, gen in sorted(out, key=lambda x: x[0], reverse=True)]
+
+    def _keep(self, fmt: str, now: float) -> tuple[set[int], set[int]]:
+        """(kept, revoked) of the retired and held generations of `fmt` (under the lock):
+        within the grace, or held and within the hold, and no more than RETIRED_MAX."""
+        grace, hold, most = retire_grace(), retire_hold(), retired_max()
+        retired = sorted(
+            ((at, n) for (f, n), at in self._retired.items() if f == fmt), reverse=True
+        )
+        keep: set[int] = set()
+        for i, (at, n) in enumerate(retired):
+            age = now - at
+            held = self._holds.get((fmt, n), 0) > 0
+            if i < most and (age < grace or (held and age < hold)):
+                keep.add(n)
+        known = {n for _at, n in retired}
+        # held, but not retired by this process (one a fleet's member published; one the
+        # daemon found at start): kept while held, as before
+        keep |= {n for (f, n) in self._holds if f == fmt and n not in known}
+        revoked = {n for (f, n) in self._holds if f == fmt and n in known and n not in keep}
+        return keep, revoked
+
     def prune(self, fmt: str) -> None:
-        """Remove the retired generations of `fmt` that no handle holds and that were
-        retired at least RETIRE_GRACE_S ago (any thread): a lookup answered just before
-        a publish can leave the kernel an entry of a reused name (multi-pack-index) that
-        the publish's invalidation missed; it lives for DYNAMIC_TIMEOUT at most."""
+        """Remove the retired generations of `fmt` that `_keep` lets go (any thread),
+        revoking the handles that still hold one (their reads fail with EIO). A lookup
+        answered just before a publish can leave the kernel an entry of a reused name
+        (multi-pack-index) that the publish's invalidation missed; it lives for
+        the dynamic entry timeout (1 s) at most, far below the grace."""
         d = self.derived[fmt]
         with self._lock:
-            now = time.monotonic()
-            for key, at in list(self._retired.items()):
-                if now - at >= RETIRE_GRACE_S:
-                    del self._retired[key]
-            held = {n for (f, n) in self._holds if f == fmt}
-            held |= {n for (f, n) in self._retired if f == fmt}
+            keep, revoked = self._keep(fmt, time.monotonic())
             cur = d.current()
             doomed = {
                 n
                 for n in d.generations_on_disk()
-                if n not in held and (cur is None or n != cur.number)
+                if n not in keep and (cur is None or n != cur.number)
             }
             self._removing |= {(fmt, n) for n in doomed}
+            handles = [h for n in revoked for h in self._handles.pop((fmt, n), set())]
+        for handle in handles:
+            handle.revoke()
+        if handles:
+            log.warning(
+                "derived %s: %d open handle(s) of retired generation(s) %s revoked "
+                "(held past ALKFS_PACK_RETIRE_HOLD or beyond ALKFS_PACK_RETIRED_MAX)",
+                fmt,
+                len(handles),
+                sorted(revoked),
+            )
         try:
             on_disk = set(d.generations_on_disk())
             # only these: one retired since is not counted (a fleet's member: `held` are
             # its own holds, and the fleet's decide: alkfs/git/shared_packs.py)
-            gone = d.prune(on_disk - doomed, mine=held)
+            mine = (keep | {n for (f, n) in self._holds if f == fmt}) - revoked
+            gone = d.prune(on_disk - doomed, mine=mine)
             if gone:
                 log.info("derived %s: removed retired generation(s) %s", fmt, gone)
+            with self._lock:
+                for n in gone:
+                    self._retired.pop((fmt, n), None)
+                    self._retired_gens.pop((fmt, n), None)
         except OSError as exc:
             log.warning("derived %s: could not remove retired generations: %s", fmt, exc)
 
-    def grace_over(self, grace_s: float = RETIRE_GRACE_S) -> set[str]:
-        """The formats with a retired generation kept longer than `grace_s`."""
+    def grace_over(self, grace_s: float | None = None) -> set[str]:
+        """The formats with a retired generation kept longer than `grace_s` (default:
+        the grace; a held one is looked at again until its hold ends)."""
+        grace = retire_grace() if grace_s is None else grace_s
         now = time.monotonic()
         with self._lock:
-            return {f for (f, _n), at in self._retired.items() if now - at >= grace_s}
+            return {f for (f, _n), at in self._retired.items() if now - at >= grace}
 
     def held(self) -> dict[str, int]:
         with self._lock:
@@ -319,6 +396,7 @@ class Served:
         if old is not None and (new is None or new.number != old.number):
             with self._lock:
                 self._retired[(fmt, old.number)] = time.monotonic()
+                self._retired_gens[(fmt, old.number)] = old
         for view in list(self.views):
             try:
                 view(fmt, old, new)
@@ -425,6 +503,6 @@ async def run(ctx: Context) -> None:
             except Exception:
                 log.exception("derived %s: the intake build failed", fmt)
                 s.last_built[fmt] = time.monotonic()  # not again before `every`
-        for fmt in s.grace_over():  # retired sets kept for RETIRE_GRACE_S: removable now
+        for fmt in s.grace_over():  # retired sets past their grace: removable, if let go
             await ctx.run_sync(s.prune, fmt)
-        await trio.sleep(min(poll, RETIRE_GRACE_S) if s.grace_over(0.0) else poll)
+        await trio.sleep(min(poll, retire_grace()) if s.grace_over(0.0) else poll)

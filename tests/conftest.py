@@ -13,6 +13,10 @@ from pgserver import PgServer
 # CLI on --store) keep every store's database in PostgreSQL (the `store_database` fixture)
 ON_POSTGRES = os.environ.get("ALKFS_TEST_DATABASE", "") == "postgresql"
 
+# A retired pack generation's grace is 300 s in a daemon (daemon/packs.py); the tests that
+# wait for one to go get 2 s unless they set their own (tests/daemon/test_packs_retired.py)
+os.environ.setdefault("ALKFS_PACK_RETIRE_GRACE", "2")
+
 
 @pytest.fixture(scope="session")
 def pg_server() -> Iterator[PgServer]:

@@ -53,6 +53,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import threading
 from typing import TYPE_CHECKING, Any
 
 from pyfuse3 import RequestContext
@@ -244,21 +245,29 @@ class DerivedDir(Dir):
         self.fmt = fmt
         self.rel = rel
 
-    def _child(self, gen: Any, name: bytes) -> Node | None:
+    def _child(self, gen: Any, name: bytes, retired: bool = False) -> Node | None:
         try:
             text = name.decode("ascii")
         except UnicodeDecodeError:
             return None
         rel = f"{self.rel}/{text}"
         if rel in gen.files:
-            return DerivedFile(self.ctx, self, gen, rel, name)
+            return DerivedFile(self.ctx, self, gen, rel, name, retired)
         if text in gen.names_in(self.rel):
             return DerivedDir(self.ctx, self, self.fmt, rel, name)
         return None
 
     async def lookup(self, name: bytes, req: RequestContext) -> Node:
-        gen = derived_packs.served(self.ctx).current(self.fmt)
+        served = derived_packs.served(self.ctx)
+        gen = served.current(self.fmt)
         node = None if gen is None else self._child(gen, name)
+        if node is None and name not in REUSED_NAMES:
+            # a name git listed before a publish and opens now: the retired generation
+            # still resolves it for its grace (never listed again)
+            for old in served.retired(self.fmt):
+                node = self._child(old, name, retired=True)
+                if node is not None:
+                    break
         if node is None:
             fail(errno.ENOENT)
         return node
@@ -282,9 +291,11 @@ class DerivedFile(Node):
     """One file of a published derived set: immutable, read from its backing file."""
 
     times_by_anyone = True  # (refused with EPERM for all: a pack is not an object)
-    __slots__ = ("fmt", "number", "rel", "backing", "_size", "_mtime")
+    __slots__ = ("fmt", "number", "rel", "backing", "_size", "_mtime", "retired")
 
-    def __init__(self, ctx: Context, parent: Node, gen: Any, rel: str, name: bytes) -> None:
+    def __init__(
+        self, ctx: Context, parent: Node, gen: Any, rel: str, name: bytes, retired: bool = False
+    ) -> None:
         # A pack, idx or graph name is its content's checksum (and a .keep never changes):
         # one inode across the generations that share the file, so the kernel's cached
         # pages survive an intake. A reused name gets an inode per generation.
@@ -300,11 +311,13 @@ class DerivedFile(Node):
         self.backing = str(gen.root / rel)
         self._size = gen.files[rel]
         self._mtime = gen.mtimes.get(rel, ctx.started_ns)
+        self.retired = retired  # resolved from a retired generation, for its grace
 
     @property
     def entry_timeout(self) -> float:  # type: ignore[override]
-        """Short for a name the next set has again; its content's own inode never changes."""
-        return DYNAMIC_TIMEOUT if self.name in REUSED_NAMES else OBJECT_TIMEOUT
+        """Short for a name the next set has again, or one only a retired set has; its
+        content's own inode never changes."""
+        return DYNAMIC_TIMEOUT if self.retired or self.name in REUSED_NAMES else OBJECT_TIMEOUT
 
     def describe(self) -> str:
         return f"{self.path} (derived generation {self.number})"
@@ -336,18 +349,22 @@ class DerivedFile(Node):
             # the same file in the published set (a name is its content's checksum):
             # open it there, so a retired generation can go
             number, backing = gen.number, str(gen.root / self.rel)
-        if not served.acquire(self.fmt, number):
+        handle = DerivedHandle(self, -1, number)
+        if not served.acquire(self.fmt, number, handle):
             fail(errno.ENOENT, f"{self.path}: its generation was retired")
         try:
-            fd = os.open(backing, os.O_RDONLY | os.O_CLOEXEC)
+            handle.fd = os.open(backing, os.O_RDONLY | os.O_CLOEXEC)
         except OSError as exc:
-            await served.release(self.fmt, number)
+            await served.release(self.fmt, number, handle)
             fail(errno.ENOENT if exc.errno == errno.ENOENT else errno.EIO, str(exc))
-        return DerivedHandle(self, fd, number)
+        return handle
 
 
 class DerivedHandle(Handle):
-    """An open derived file: its generation is held until release."""
+    """An open derived file: its generation is held until release, or until the daemon
+    revokes the handle (a retired generation held too long: daemon/packs.py). Revoking
+    puts /dev/null under the descriptor (dup2: its number is never reused meanwhile),
+    so the retired file's space goes back at once; reads then fail with EIO."""
 
     keep_cache = True
 
@@ -355,18 +372,37 @@ class DerivedHandle(Handle):
         super().__init__(node)
         self.fd = fd
         self.number = number  # the generation held
+        self.revoked = False
+        self._fd_lock = threading.Lock()  # revoke (a thread) against release's close
+
+    def revoke(self) -> None:
+        """(any thread) Stop serving this handle: its generation goes."""
+        self.revoked = True
+        null = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            with self._fd_lock:
+                if self.fd >= 0:
+                    os.dup2(null, self.fd)
+        finally:
+            os.close(null)
 
     async def read(self, off: int, size: int) -> bytes:
-        if size <= INLINE_READ:
-            return os.pread(self.fd, size, off)
         node = self.node
         assert isinstance(node, DerivedFile)
-        return await node.ctx.run_sync(os.pread, self.fd, size, off)
+        if size <= INLINE_READ:
+            data = os.pread(self.fd, size, off)
+        else:
+            data = await node.ctx.run_sync(os.pread, self.fd, size, off)
+        if self.revoked:  # (checked after the read: a read that raced it may be /dev/null's)
+            fail(errno.EIO, f"{node.path}: its retired generation was held too long and went")
+        return data
 
     async def release(self) -> None:
         node = self.node
         assert isinstance(node, DerivedFile)
-        fd, self.fd = self.fd, -1
+        with self._fd_lock:
+            fd, self.fd = self.fd, -1
+            if fd >= 0:
+                os.close(fd)
         if fd >= 0:
-            os.close(fd)
-            await derived_packs.served(node.ctx).release(node.fmt, self.number)
+            await derived_packs.served(node.ctx).release(node.fmt, self.number, self)
