@@ -10,7 +10,9 @@ Layout (private to the store, never reached through the mount's own files)::
         alkfs.json                       what the set covers (not served): its highest
                                          row id, and the kv objects of the format it
                                          left out (`left_out`, hex, up to LEFT_OUT_MAX;
-                                         sqlite only: see Derived._records_left_out)
+                                         sqlite only: see Derived._records_left_out),
+                                         and those it left out of every pack because
+                                         they were staged or being deleted (`withheld`)
     STORE/derived/<fmt>/tmp-*            a build in progress (removed at open)
 
 A build reads verified objects straight from the store's kv table (large-tier objects
@@ -26,13 +28,19 @@ every file's trailer checksum is verified before the set is renamed into place a
 is replaced atomically (write, fsync, rename, fsync the directory).
 
 Intake (`build()` with nothing to exclude): objects stored since the previous set was
-built (by row id) go into one small pack beside the previous set's packs, which the new
-generation shares as hard links, with a new multi-pack-index and one more commit-graph
-layer. The set is consolidated into one pack instead (the full or incremental build
-above) when the intake packs would hold more than half as many objects as its largest
-pack (geometric, factor 2), when it has MAX_PACKS packs, when a pack other than its
-staged pack holds an object now staged for deletion, or when objects must be excluded (a
-sweep's guard).
+built (by row id), and those it withheld that are still stored and no longer staged (a
+candidate whose deletion arbitration cancelled: live again), go into one small pack
+beside the previous set's packs, which the new generation shares as hard links, with a
+new multi-pack-index and one more commit-graph layer. That layer names only new commits
+whose every ancestor a layer names already or a main pack of the set holds (checked
+down to the layers: git reads an ancestor no layer names from the packs, and fails the
+layer if one is in none of them), so none names a staged commit. A failed `commit-graph
+write` leaves the layers as they were (logged: the set is whole without the new one).
+The set is consolidated into one pack instead (the full or incremental build above) when
+the intake packs would hold more than half as many objects as its largest pack
+(geometric, factor 2), when it has MAX_PACKS packs, when a pack other than its staged
+pack holds an object now staged for deletion, when the set recorded no `withheld` (too
+many), or when objects must be excluded (a sweep's guard).
 
 Objects staged for deletion: a full or incremental build leaves them out of its main
 pack and writes them into a pack of their own (the set's staged pack, named in
@@ -49,9 +57,10 @@ when the staged pack is the only pack that holds any of them (and no commit-grap
 names one), the set without that pack (hard links and a new multi-pack-index: the sweep
 waits for no pack rewrite; what else it held is served loose); otherwise a set built
 without them (and with everything else staged in a staged pack). Builds take the same
-lock, so no set published after the deletes can list a deleted object. If that build
-fails (a full disk), the packs are withdrawn (an empty generation is published) and every
-object is served loose.
+lock, so no set published after the deletes can list a deleted object. What it left out
+is withheld: one whose deletion arbitration cancels is packed again by the next intake.
+If that build fails (a full disk), the packs are withdrawn (an empty generation is
+published) and every object is served loose.
 """
 
 from __future__ import annotations
@@ -61,6 +70,7 @@ import functools
 import hashlib
 import json
 import logging
+import mmap
 import os
 import re
 import shutil
@@ -96,6 +106,9 @@ MAX_PACKS = 12  # packs in a set before an intake consolidates them into one
 # fan-out listings need not compare every stored key with the set to find them (O(store)
 # at the first listing of every generation); past this many it records none (null).
 LEFT_OUT_MAX = 50_000
+# commits an intake reads from the store to decide whether its new commits may go into a
+# commit-graph layer (old ones packed without a layer, between them and the layers)
+GRAPH_WALK_MAX = 100_000
 KEEP_TEXT = b"alkfs: derived pack, owned by the store's daemon\n"
 _GEN = re.compile(r"gen-(\d+)")
 
@@ -247,15 +260,14 @@ class Generation:
         """The kv objects (row id <= meta max_rowid) the set left out, as it recorded
         them; None when it recorded none (too many, a set built before it recorded them,
         or a record that does not parse): then only a scan finds them."""
-        recorded = self.meta.get("left_out")
-        if not isinstance(recorded, list):
-            return None
-        n = FORMATS[self.fmt].digest_len
-        try:
-            out = [bytes.fromhex(h) for h in recorded]
-        except (TypeError, ValueError):
-            return None
-        return out if all(len(d) == n for d in out) else None
+        return _digests_of(self.meta.get("left_out"), FORMATS[self.fmt].digest_len)
+
+    def withheld(self) -> list[bytes] | None:
+        """The kv objects the set left out of every pack of its own because they were
+        staged for deletion or being deleted (`withheld` in alkfs.json); None when it
+        recorded none (too many, a set built before sets recorded them, or a record that
+        does not parse): then only a consolidation packs those that turned live again."""
+        return _digests_of(self.meta.get("withheld"), FORMATS[self.fmt].digest_len)
 
     def pack_order(self) -> list[bytes]:
         """Every object, pack by pack, in the order the packs hold them (git's write order)."""
@@ -266,9 +278,20 @@ class Generation:
         return out
 
 
-def _graph_oids(path: Path, hlen: int) -> set[bytes]:
-    """The commit ids one commit-graph file names (its OIDF/OIDL chunks)."""
-    data = path.read_bytes()
+def _digests_of(recorded: object, n: int) -> list[bytes] | None:
+    """A record of digests (a list of hex) as bytes; None if it is not one."""
+    if not isinstance(recorded, list):
+        return None
+    try:
+        out = [bytes.fromhex(h) for h in recorded]
+    except (TypeError, ValueError):
+        return None
+    return out if all(len(d) == n for d in out) else None
+
+
+def _graph_chunks(data: bytes | mmap.mmap, path: Path, hlen: int) -> tuple[int, int, int]:
+    """(offset of the OID fan-out chunk, offset of the OID lookup chunk, commits) of the
+    bytes (or mmap) of one commit-graph file."""
     if data[:4] != b"CGPH" or len(data) < 8:
         raise StoreIO(f"{path}: not a commit-graph file")
     chunks = data[6]
@@ -280,7 +303,73 @@ def _graph_oids(path: Path, hlen: int) -> set[bytes]:
     if fanout is None or names is None:
         raise StoreIO(f"{path}: no OID chunks")
     count = int.from_bytes(data[fanout + 4 * 255 : fanout + 4 * 256], "big")
+    if names + count * hlen > len(data):
+        raise StoreIO(f"{path}: its OID lookup chunk is cut short")
+    return fanout, names, count
+
+
+def _graph_oids(path: Path, hlen: int) -> set[bytes]:
+    """The commit ids one commit-graph file names (its OIDF/OIDL chunks)."""
+    data = path.read_bytes()
+    _fanout, names, count = _graph_chunks(data, path, hlen)
     return {data[names + i * hlen : names + (i + 1) * hlen] for i in range(count)}
+
+
+class GraphLookup:
+    """Whether a commit-graph layer of a set names a commit, found by fan-out and
+    bisection in each layer's mapped file (nothing is loaded: a set of a million commits
+    is looked up as cheaply as one of ten). A context manager: `close` unmaps them."""
+
+    def __init__(self, gen: Generation) -> None:
+        self.hlen = FORMATS[gen.fmt].digest_len
+        self._layers: list[tuple[mmap.mmap, int, int]] = []
+        graphs = "info/commit-graphs/"
+        rels = [r for r in sorted(gen.files) if r.startswith(graphs) and r.endswith(".graph")]
+        if graphs + "commit-graph-chain" in gen.files:  # (the layers git reads: the chain's)
+            chain = (gen.root / graphs / "commit-graph-chain").read_text().split()
+            rels = [f"{graphs}graph-{h}.graph" for h in chain]
+        try:
+            for rel in rels:
+                path = gen.root / rel
+                with open(path, "rb") as f:
+                    data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+                try:
+                    fanout, names, _count = _graph_chunks(data, path, self.hlen)
+                except BaseException:
+                    data.close()
+                    raise
+                self._layers.append((data, fanout, names))
+        except BaseException:
+            self.close()
+            raise
+
+    def __contains__(self, digest: bytes) -> bool:
+        h = self.hlen
+        b = digest[0]
+        for data, fanout, names in self._layers:
+            lo = int.from_bytes(data[fanout + 4 * (b - 1) : fanout + 4 * b], "big") if b else 0
+            hi = int.from_bytes(data[fanout + 4 * b : fanout + 4 * b + 4], "big")
+            while lo < hi:
+                mid = (lo + hi) // 2
+                probe = data[names + mid * h : names + mid * h + h]
+                if probe < digest:
+                    lo = mid + 1
+                elif probe > digest:
+                    hi = mid
+                else:
+                    return True
+        return False
+
+    def close(self) -> None:
+        for data, _f, _n in self._layers:
+            data.close()
+        self._layers = []
+
+    def __enter__(self) -> GraphLookup:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def _left_out_record(digests: set[bytes]) -> list[str] | None:
@@ -770,7 +859,11 @@ class Derived:
         commits (when it fails, `if_not` is logged: a set without a new layer is still
         whole; git reads those commits from the packs)."""
         self._git(repo, "multi-pack-index", "write", objdir=out)
+        graphs = out / "info" / "commit-graphs"
         if graph:
+            had = set(os.listdir(graphs)) if graphs.is_dir() else None
+            chain = graphs / "commit-graph-chain"
+            chain_text = chain.read_bytes() if had and chain.name in had else None
             try:
                 self._git(
                     repo,
@@ -784,8 +877,24 @@ class Derived:
                 )
             except StoreIO as exc:
                 log.error("derived %s: %s: %s", self.fmt, if_not, exc)
-        for stale in (out / "info" / "commit-graphs").glob("*.lock"):
-            stale.unlink()
+                self._graphs_as_they_were(graphs, had, chain_text)
+        if graphs.is_dir():
+            for stale in graphs.glob("*.lock"):
+                stale.unlink()
+
+    @staticmethod
+    def _graphs_as_they_were(graphs: Path, had: set[str] | None, chain: bytes | None) -> None:
+        """After a failed `commit-graph write`: the layers as they were before it (what
+        it left, a temporary graph file for one, would fail the set's check)."""
+        if had is None:
+            shutil.rmtree(graphs, ignore_errors=True)
+            return
+        for name in os.listdir(graphs):
+            if name not in had:
+                (graphs / name).unlink()
+        path = graphs / "commit-graph-chain"
+        if chain is not None and (not path.is_file() or path.read_bytes() != chain):
+            path.write_bytes(chain)
 
     def _pack_objects(
         self, repo: Path, out: Path, order: Iterable[tuple[bytes, bytes]], *args: str
@@ -964,13 +1073,24 @@ class Derived:
         order, graph = ordered_objects(objects, blobs, self.fmt)
         return order, graph, top, None, seen
 
-    def _intake_plan(self, prev: Generation) -> tuple[dict[bytes, bytes], int, list[bytes]] | None:
+    def _intake_plan(
+        self, prev: Generation
+    ) -> tuple[dict[bytes, bytes], int, list[bytes], list[bytes]] | None:
         """The objects an intake pack beside the previous set's packs would hold (verified
-        bytes), the top row id and the arrivals it leaves out (staged or corrupt); None
-        when the set must be consolidated instead: it
-        holds objects now staged for deletion, it has MAX_PACKS packs, or the intake packs
-        would hold more than half as many objects as the largest (geometric, factor 2)."""
+        bytes), the top row id, the arrivals it leaves out (staged or corrupt) and what
+        it withholds (see Generation.withheld); None when the set must be consolidated
+        instead: it holds objects now staged for deletion, it has MAX_PACKS packs, the
+        intake packs would hold more than half as many objects as the largest
+        (geometric, factor 2), or it recorded no `withheld`.
+
+        The objects it holds are the arrivals since the previous set was built, and what
+        that set withheld that is still stored and staged no more: a candidate a sweep
+        left out (or dropped with the staged pack) whose deletion arbitration then
+        cancelled (made live again), packed by the next intake, not left loose for good."""
         if not prev.indexes or len(prev.indexes) >= MAX_PACKS:
+            return None
+        withheld = prev.withheld()
+        if withheld is None:
             return None
         staged = self._staged()
         if any(prev.main_holds(d) for d in staged):
@@ -981,14 +1101,27 @@ class Derived:
         after = int(prev.meta.get("max_rowid", 0))
         new: dict[bytes, bytes] = {}
         left: list[bytes] = []
+        still: list[bytes] = []  # withheld: staged (or arrived staged)
+        if withheld:
+            tag = bytes([self.algo.value])
+            have = kv.present([tag + d for d in withheld])
+            back: list[bytes] = []
+            for d in withheld:
+                if tag + d not in have or d in prev:
+                    continue  # (deleted since, or packed again)
+                (still if d in staged else back).append(d)
+            if len(back) > LOOSE_NEW_MAX:
+                return None
+            new.update(self._read_many(back))  # (one corrupt or gone meanwhile: logged, out)
         with kv.db.snapshot() as conn:
             top = kv.high_water(conn)
             for key, value in kv.arrived_values(lo, hi, after, conn):
                 d = key[1:]
-                if d in prev:
+                if d in prev or d in new:
                     continue
                 if d in staged:
                     left.append(d)
+                    still.append(d)
                     continue
                 if digest(value).digest() != d:
                     log.error("derived %s: corrupt object %s left out", self.fmt, d.hex())
@@ -1000,7 +1133,7 @@ class Derived:
         counts = sorted(idx.count for idx in prev.indexes if idx is not prev.staged_index)
         if not counts or 2 * (sum(counts[:-1]) + len(new)) > counts[-1]:
             return None
-        return new, top, left
+        return new, top, left, sorted(set(still))
 
     def _build(self, exclude: set[bytes]) -> BuildResult:
         prev = self._current
@@ -1009,7 +1142,10 @@ class Derived:
             if plan is not None:
                 return self._build_intake(prev, *plan)
         if exclude and prev is not None and self._only_staged(prev, exclude):
-            return self._build_intake(prev, {}, int(prev.meta.get("max_rowid", 0)), [], True)
+            # (what it withheld stays withheld: none of it is packed by this set either)
+            held = prev.withheld()
+            top = int(prev.meta.get("max_rowid", 0))
+            return self._build_intake(prev, {}, top, [], held, True)
         staged = self._staged()
         order, graph_commits, top, fresh, seen = self._plan(prev, exclude | staged)
         number = self._next_number()
@@ -1048,7 +1184,10 @@ class Derived:
             if self._records_left_out:
                 left = _left_out_record(seen.difference(d for d, _p in order) - in_staged)
             objects = len(order) + len(in_staged)
-            return self._finish(out, number, top, objects, mode, left, new, staged_idx)
+            # (staged objects are in its staged pack; what it left out for a sweep about
+            # to delete it is withheld: one whose deletion is cancelled is packed again)
+            withheld = _left_out_record(exclude & seen)
+            return self._finish(out, number, top, objects, mode, left, new, staged_idx, withheld)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
 
@@ -1061,11 +1200,11 @@ class Derived:
         if any(prev.main_holds(d) for d in exclude):
             return False
         try:
-            named = prev.graph_commits()
-        except (OSError, StoreIO) as exc:
+            with GraphLookup(prev) as named:
+                return not any(d in named for d in exclude)
+        except (OSError, StoreIO, ValueError) as exc:
             log.warning("derived %s: cannot read the commit-graph (%s): rebuilding", self.fmt, exc)
             return False
-        return named.isdisjoint(exclude)
 
     def _pack_staged(self, tmp: Path, out: Path, digests: list[bytes]) -> tuple[set[bytes], str]:
         """A pack of its own in `out` for the kv objects staged for deletion (verified;
@@ -1073,8 +1212,9 @@ class Derived:
         fan-out listings, for their window, yet none is in a main pack, so the sweep that
         deletes them publishes the set without this pack (`_build_intake` with `drop`:
         links and a multi-pack-index) instead of rewriting one. No commit-graph layer names them
-        (a build's graph leaves staged commits out; an intake's leaves out commits with a
-        parent in this pack). Returns (what it holds, its idx's name) or (empty, "")."""
+        (a build's graph leaves staged commits out; an intake's leaves out commits with an
+        ancestor in this pack: _intake_graph). Returns (what it holds, its idx's name) or
+        (empty, "")."""
         if not digests:
             return set(), ""
         repo = tmp / "staged"
@@ -1104,10 +1244,12 @@ class Derived:
         left_out: list[str] | None,
         new: int,
         staged_pack: str = "",
+        withheld: list[str] | None = None,
     ) -> BuildResult:
         """Record what the checked set in `out` covers, rename it into place as
         generation `number` (durably), check it holds `objects`, and publish it.
-        `staged_pack`: the idx name of its pack of staged objects (see _pack_staged)."""
+        `staged_pack`: the idx name of its pack of staged objects (see _pack_staged);
+        `withheld`: see Generation.withheld (None: not recorded, too many)."""
         meta = {
             "generation": number,
             "max_rowid": top,
@@ -1116,6 +1258,7 @@ class Derived:
             "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "left_out": left_out,
             "staged_pack": staged_pack or None,
+            "withheld": withheld,
         }
         (out / "alkfs.json").write_text(json.dumps(meta) + "\n")
         _fsync_tree(out)
@@ -1137,13 +1280,16 @@ class Derived:
         new: dict[bytes, bytes],
         top: int,
         left: list[bytes],
+        withheld: list[bytes] | None,
         drop: bool = False,
     ) -> BuildResult:
         """A set of the previous set's files (hard links: the same immutable files) plus
         one intake pack of `new`, a new multi-pack-index and one more commit-graph layer.
         It leaves out what the previous set did and `left` (none recorded if that did not
-        record its own). `drop`: without the previous set's pack of staged objects (a
-        sweep deletes them: see _pack_staged); what it held is served loose."""
+        record its own), less what `new` packs again, and withholds `withheld` (None: it
+        records none). `drop`: without the previous set's pack of staged objects (a
+        sweep deletes them: see _pack_staged); what it held is served loose, and withheld
+        (a deletion arbitration cancels is packed by the next intake)."""
         n = FORMATS[self.fmt].digest_len
         number = self._next_number()
         tmp = self.root / f"tmp-{self._who}-{number}-{uuid.uuid4().hex[:8]}"
@@ -1195,13 +1341,7 @@ class Derived:
                 for p in (out / "pack").glob("*.idx"):
                     if p not in linked:
                         p.with_suffix(".keep").write_bytes(KEEP_TEXT)
-                # parents in the previous set are in its graph (or git adds them: it
-                # reads them from the packs); one in the staged pack keeps its children
-                # out of the graph (see _pack_staged)
-                old_parents = {
-                    p: prev.main_holds(p) for c in commits for p in commits[c][1] if p in prev
-                }
-                graph = _graphable(commits, old_parents)
+                graph = self._intake_graph(prev, commits)
                 self._index_files(repo, out, graph, "the commit-graph keeps its layers")
             else:
                 self._git(repo, "init", "-q", "--bare", f"--object-format={self.fmt}", str(repo))
@@ -1212,13 +1352,68 @@ class Derived:
                 tag = bytes([self.algo.value])
                 have = self._kv().present([tag + d for d in before])
                 before = [d for d in before if tag + d in have]
-            record = None if before is None else _left_out_record({*before, *left, *dropped})
+            record = None
+            if before is not None:
+                record = _left_out_record({*before, *left, *dropped}.difference(new))
+            held = None if withheld is None else _left_out_record({*withheld, *dropped})
             objects = prev.objects + len(new) - len(dropped)
             mode = "drop" if drop else "intake"
             kept = "" if drop or staged is None else staged.path.name
-            return self._finish(out, number, top, objects, mode, record, len(new), kept)
+            return self._finish(out, number, top, objects, mode, record, len(new), kept, held)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
+
+    def _intake_graph(
+        self, prev: Generation, commits: dict[bytes, tuple[bytes | None, list[bytes], int]]
+    ) -> list[bytes]:
+        """The new `commits` an intake's commit-graph layer may hold: those whose every
+        ancestor is named by a layer of `prev`, or is a new commit, or is in a main pack
+        of `prev` (not its staged pack: see _pack_staged) with the same holding for its
+        own parents. `git commit-graph write --split` adds an ancestor no layer names
+        by reading it from the set's packs, and refuses the whole layer when one is not
+        there ("could not read"): a commit packed without a layer (an ancestor of it was
+        staged, or in no pack) must not let its children in. Such old commits are read
+        from the store (up to GRAPH_WALK_MAX; past that, the rest count as missing)."""
+        try:
+            layers = GraphLookup(prev)
+        except (OSError, StoreIO, ValueError) as exc:
+            log.warning(
+                "derived %s: cannot read the commit-graph (%s): no new layer", self.fmt, exc
+            )
+            return []
+        known: dict[bytes, bool] = {}
+        walked: dict[bytes, tuple[bytes | None, list[bytes], int]] = dict(commits)
+        budget = GRAPH_WALK_MAX
+        n = FORMATS[self.fmt].digest_len
+        with layers:
+            todo = {p for info in commits.values() for p in info[1]}
+            while todo:
+                read: list[bytes] = []
+                for p in todo:
+                    if p in walked or p in known:
+                        continue
+                    if p in layers:
+                        known[p] = True
+                    elif budget > 0 and prev.main_holds(p):
+                        read.append(p)
+                        budget -= 1
+                    else:
+                        known[p] = False
+                todo = set()
+                if not read:
+                    break
+                fetched = dict(self._read_many(read))
+                for p in read:
+                    if p not in fetched:  # (corrupt, logged, or gone)
+                        known[p] = False
+                found = _parse_commits(fetched, 2 * n)
+                for p in read:
+                    if p in fetched and p not in found:  # (not a commit)
+                        known[p] = False
+                walked.update(found)
+                todo = {q for info in found.values() for q in info[1]}
+        ok = set(_graphable(walked, known))
+        return sorted(c for c in commits if c in ok)
 
     def _check(self, out: Path, skip: set[Path] = frozenset()) -> None:  # type: ignore[assignment]
         """Every file's trailer checksum, and each idx's copy of its pack's checksum
