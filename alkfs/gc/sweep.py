@@ -22,6 +22,7 @@ from ..durations import MAX_WINDOW_S
 from ..errors import AlkfsError, Interrupted, SourceFailed
 from ..keys import Key
 from .arbiter import raw
+from .window import TAKE_BATCH
 
 if TYPE_CHECKING:
     from ..store import Store
@@ -31,6 +32,7 @@ DELETE_TX = 512  # deletions a transaction (a put of one of them waits for its c
 MAX_WINDOW_NS = int(MAX_WINDOW_S * 1e9)  # (a staged deadline is never later than this)
 END_OF_TIME = (1 << 63) - 1  # (a take at this instant takes every staged candidate)
 DRY_RUN_LIST = 10_000  # candidates a dry run lists (it counts them all)
+DUE_PAGE = 10_000  # window rows read at a time to find the candidates due (nothing taken)
 SCAN_CHUNK = 65_536  # keys taken from the mark scan at a time (set operations run in C)
 
 
@@ -85,10 +87,17 @@ def _protected_set(store: Store) -> set[bytes]:
     return out
 
 
-def sweep(store: Store, window_ns: int | None = None, *, expire_now: bool = False) -> SweepReport:
+def sweep(
+    store: Store,
+    window_ns: int | None = None,
+    *,
+    expire_now: bool = False,
+    batch: int | None = None,
+) -> SweepReport:
     """Run one sweep over `store` with the given window (default: the store's).
     `expire_now`: every staged candidate is taken whatever its deadline (each is still
-    re-arbitrated at its delete)."""
+    re-arbitrated at its delete). `batch`: candidates taken from the window at a time
+    (default TAKE_BATCH)."""
     report = SweepReport()
     t0 = time.monotonic()
     arbiter = store.arbiter
@@ -103,7 +112,13 @@ def sweep(store: Store, window_ns: int | None = None, *, expire_now: bool = Fals
                 report.started_at = _now()
                 t0 = time.monotonic()
                 window = store.window_ns if window_ns is None else window_ns
-                _run(store, report, max(0, min(window, MAX_WINDOW_NS)), expire_now)
+                _run(
+                    store,
+                    report,
+                    max(0, min(window, MAX_WINDOW_NS)),
+                    expire_now,
+                    TAKE_BATCH if batch is None else max(1, batch),
+                )
             else:
                 report.aborted = AbortCause.SWEEPER_LOCK.value  # (another daemon's sweep)
     except Interrupted:
@@ -200,37 +215,51 @@ def _live(store: Store, report: SweepReport) -> set[bytes] | None:
     return live
 
 
-def _run(store: Store, report: SweepReport, window_ns: int, expire_now: bool = False) -> None:
+def _run(
+    store: Store,
+    report: SweepReport,
+    window_ns: int,
+    expire_now: bool = False,
+    batch_size: int = TAKE_BATCH,
+) -> None:
     epoch = None if store.fleet is None else store.fleet.epoch()  # (before what is live)
     live = _live(store, report)
     if live is None:
         return
 
     # Execute: overdue candidates (every staged one with `expire_now`), re-arbitrated
-    # one by one at delete time.
-    window = store.window
-    while True:
-        store.check_stopping()  # (between batches: each batch is whole or not taken)
-        batch = window.take(END_OF_TIME if expire_now else now_ns())
-        if not batch:
-            break
-        report.taken += len(batch)
-        # e.g. derived packs: none published after these deletes lists them (git/packs.py)
-        with contextlib.ExitStack() as guards:
-            raws = [key for key, _ in batch]
-            kept: set[bytes] = set()
-            for guard in store.delete_guards:
-                more = guards.enter_context(guard(raws))  # (keys it must keep, if any)
-                if more:
-                    kept |= more
-            try:
-                protected_now = _protected_set(store) | kept
-            except Exception:
-                store.log.exception("sweep: protect failed at delete time; batch cancelled")
-                report.cancelled_by_arbitration += len(batch)
-                continue
-            for i in range(0, len(batch), DELETE_TX):
-                _delete(store, report, batch[i : i + DELETE_TX], protected_now, epoch)
+    # one by one at delete time. The delete guards (e.g. derived packs: no set published
+    # after these deletes lists them, git/packs.py) are entered once, over every candidate
+    # due now, and held until the last batch is done: a guard that must publish a set
+    # without them publishes one for the whole sweep, not one a batch.
+    cutoff = END_OF_TIME if expire_now else now_ns()
+    with contextlib.ExitStack() as guards:
+        guarded: set[bytes] = set()
+        kept: set[bytes] = set()
+        if store.delete_guards:
+            guarded = _due(store, cutoff)
+            if guarded:
+                kept = _enter_guards(store, guards, sorted(guarded))
+        while True:
+            store.check_stopping()  # (between batches: each batch is whole or not taken)
+            batch = store.window.take(cutoff, batch_size)
+            if not batch:
+                break
+            report.taken += len(batch)
+            with contextlib.ExitStack() as late:
+                # (one due after the guards were entered: guarded for its own batch)
+                unguarded = [key for key, _ in batch if key not in guarded]
+                kept_now = kept
+                if unguarded and store.delete_guards:
+                    kept_now = kept | _enter_guards(store, late, unguarded)
+                try:
+                    protected_now = _protected_set(store) | kept_now
+                except Exception:
+                    store.log.exception("sweep: protect failed at delete time; batch cancelled")
+                    report.cancelled_by_arbitration += len(batch)
+                    continue
+                for i in range(0, len(batch), DELETE_TX):
+                    _delete(store, report, batch[i : i + DELETE_TX], protected_now, epoch)
 
     # Mark and stage. It makes no reference cycles, so the cyclic collector is paused
     # meanwhile: the window's row tuples would otherwise trigger collections that walk
@@ -242,6 +271,31 @@ def _run(store: Store, report: SweepReport, window_ns: int, expire_now: bool = F
     finally:
         if collecting:
             gc.enable()
+
+
+def _due(store: Store, cutoff: int) -> set[bytes]:
+    """The staged candidates due at `cutoff` (the keys alone, read page by page; nothing
+    is taken): what this sweep's batches will take, unless a deadline moves meanwhile."""
+    out: set[bytes] = set()
+    after = b""
+    while True:
+        store.check_stopping()
+        page = store.window.page(after, DUE_PAGE)
+        if not page:
+            return out
+        out.update(key for key, visible_after in page if visible_after <= cutoff)
+        after = page[-1][0]
+
+
+def _enter_guards(store: Store, stack: contextlib.ExitStack, raws: list[bytes]) -> set[bytes]:
+    """Enter every delete guard of the store for `raws` on `stack`; the keys they say
+    must be kept (e.g. a fleet member still serves them in an older set)."""
+    kept: set[bytes] = set()
+    for guard in store.delete_guards:
+        more = stack.enter_context(guard(raws))
+        if more:
+            kept |= more
+    return kept
 
 
 def _mark_and_stage(store: Store, report: SweepReport, live: set[bytes], window_ns: int) -> None:

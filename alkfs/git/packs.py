@@ -51,8 +51,10 @@ Publishing never changes a file: a new set gets a new generation directory. A re
 generation stays on disk until `prune` is told nobody holds it (the daemon counts its open
 handles; a process without a mount prunes at once).
 
-Deletion safety: `guard_deletes` is held by the sweep around each batch of deletions. If
-any key of the batch is in the published set, a set without them is published first:
+Deletion safety: `guard_deletes` is held by the sweep once, around all of its deletions
+(every candidate due when it starts, taken and deleted batch by batch under it, each
+re-arbitrated at its delete). If any of those keys is in the published set, one set
+without them all is published first, once a sweep however many batches it takes:
 when the staged pack is the only pack that holds any of them (and no commit-graph layer
 names one), the set without that pack (hard links and a new multi-pack-index: the sweep
 waits for no pack rewrite; what else it held is served loose); otherwise a set built
@@ -1587,8 +1589,11 @@ def verify_sets(store: Store) -> list[str]:
 @contextlib.contextmanager
 def guard_deletes(store: Store, raws: Iterable[bytes]) -> Iterator[set[bytes]]:
     """Held around the deletion of these keys (raw): afterwards no published set lists
-    them (see the module docstring). Yields the keys to keep instead: in a fleet, those
-    a member still serves in an older set after SERVE_WAIT_S (shared_packs.py)."""
+    them (see the module docstring). The sweep holds it once around all of its deletions,
+    with every candidate it will take: one set is published without them all, not one
+    a batch (a set published meanwhile would wait for the lock). Yields the keys to keep
+    instead: in a fleet, those a member still serves in an older set after SERVE_WAIT_S
+    (shared_packs.py)."""
     keep: set[bytes] = set()
     if store.path is None or not (store.path / DERIVED_DIR).exists():
         yield keep
