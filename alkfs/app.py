@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import os
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from . import __version__, intents, privacy
@@ -94,7 +95,8 @@ class Alkfs:
             "fleet": None
             if store.fleet is None
             else {"self": store.fleet.node, "nodes": store.fleet.nodes()},
-            "objects": store.counts(),
+            "objects": (counts := store.counts()),
+            "disk": self.disk(counts),
             "pins": len(self.pins.list()),
             "repos": len(self.refs.repos()),
             "roots": len(self.roots),
@@ -102,6 +104,25 @@ class Alkfs:
             "sweeping": store.arbiter.sweeping,
             "last_sweep": None if last is None else last.to_dict(),
             "corrupt": sorted(str(Key(k)) for k in list(store.corrupt)),
+        }
+
+    def disk(self, counts: dict[str, dict[str, int]]) -> dict[str, Any]:
+        """Bytes on disk by part: the sqlite file (with its WAL; None on PostgreSQL) and
+        its free pages, the large tier's objects, the git packs' files (each once)."""
+        store = self.store
+        database = spare = None
+        db = store.db
+        if db is not None and db.engine == "sqlite" and store.path is not None:
+            database = sum(
+                _allocated(store.path / f"{DB_NAME}{ext}") for ext in ("", "-wal", "-shm")
+            )
+            spare = db.spare_bytes()
+        packs = 0 if store.path is None else _tree_allocated(store.path / "derived")
+        return {
+            "database": database,
+            "database_free": spare,
+            "large": sum(c["large_bytes"] for c in counts.values()),
+            "packs": packs,
         }
 
     def staged(self) -> dict[str, Any]:
@@ -127,3 +148,27 @@ class Alkfs:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _allocated(path: Path) -> int:
+    """Bytes a file holds on disk (0 if missing)."""
+    try:
+        return os.stat(path).st_blocks * 512
+    except OSError:
+        return 0
+
+
+def _tree_allocated(root: Path) -> int:
+    """Bytes the files under `root` hold on disk, a file with many links counted once."""
+    seen: set[tuple[int, int]] = set()
+    total = 0
+    for top, _dirs, names in os.walk(root):
+        for name in names:
+            try:
+                st = os.lstat(os.path.join(top, name))
+            except OSError:
+                continue  # (removed meanwhile)
+            if (st.st_dev, st.st_ino) not in seen:
+                seen.add((st.st_dev, st.st_ino))
+                total += st.st_blocks * 512
+    return total

@@ -740,6 +740,22 @@ def cmd_migrate(t: Target, a: argparse.Namespace) -> int:
     raise Usage("migrate works on a store directory: give --store DIR")  # (see main)
 
 
+def cmd_compact(t: Target, a: argparse.Namespace) -> int:
+    if not isinstance(t, StoreTarget):
+        raise Usage("compact works on a store no daemon holds: give --store DIR, not --mount")
+    db = t.store.db
+    if db is None or db.engine != "sqlite":
+        print("nothing to compact: the database is PostgreSQL's (its autovacuum reuses space)")
+        return 0
+    t0 = time.monotonic()
+    shrunk = db.compact()
+    print(
+        f"compacted {t.root / 'store.db'}: {max(0, shrunk):,} bytes given back "
+        f"in {time.monotonic() - t0:.1f} s"
+    )
+    return 0
+
+
 def run_migrate(path: str, database: str | None, a: argparse.Namespace) -> int:
     """`migrate`: sqlite -> PostgreSQL (`--database URI`), or back (`--to-sqlite`)."""
     from . import migrate
@@ -792,6 +808,7 @@ EXAMPLES = {
     "sweep": "alkfs --mount /mnt/alk sweep --dry-run",
     "migrate": "alkfs --store /srv/alk migrate --database postgresql://alkfs@db/alkfs",
     "verify": "alkfs --store /srv/alk verify",
+    "compact": "alkfs --store /srv/alk compact",
     "status": "alkfs --mount /mnt/alk status",
 }
 
@@ -912,6 +929,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     command(sub, "verify", cmd_verify, "re-hash every object; list corrupt ones")
+    command(
+        sub,
+        "compact",
+        cmd_compact,
+        "rewrite the sqlite file to give all its free space back (the daemon stopped)",
+    )
     command(sub, "status", cmd_status, "the store's status as JSON")
     return p
 
@@ -967,8 +990,10 @@ def main(argv: list[str] | None = None) -> int:
         kind, path = resolve_target(a)
         if kind == "mount" and getattr(a, "database", None):
             raise Usage("--database goes with --store (a mount's daemon has its own)")
-        if kind == "mount" and a.command == "migrate":
-            raise Usage("migrate works on a store no daemon holds: give --store DIR, not --mount")
+        if kind == "mount" and a.command in ("migrate", "compact"):
+            raise Usage(
+                f"{a.command} works on a store no daemon holds: give --store DIR, not --mount"
+            )
     except Usage as exc:
         usage(str(exc))
     target: Target | None = None

@@ -175,8 +175,8 @@ class Store:
         # called (in the calling thread) after every put ends and every deletion: what a
         # listing of the store shows may have changed (the daemon's cached listings)
         self.changed_hooks: list[Callable[[], None]] = []
-        # Held around each batch of a sweep's deletions (the layers above register them:
-        # alkfs/app.py adds the derived packs' guard).
+        # Held once around all of a sweep's deletions, with the keys due at its start (the
+        # layers above register them: alkfs/app.py adds the derived packs' guard).
         self.delete_guards: list[
             Callable[[list[bytes]], AbstractContextManager[set[bytes] | None]]
         ] = []
@@ -614,13 +614,18 @@ class Store:
             yield from self.large.iter_keys()
 
     def counts(self) -> dict[str, dict[str, int]]:
-        out = {a.label: {"count": 0, "bytes": 0, "kv": 0, "large": 0} for a in Algorithm}
+        """Per algorithm: objects and their bytes, in all and per tier."""
+        out = {
+            a.label: {"count": 0, "bytes": 0, "kv": 0, "large": 0, "kv_bytes": 0, "large_bytes": 0}
+            for a in Algorithm
+        }
         if isinstance(self.kv, SqlTier):
             for b, n, size in self.kv.counts():
                 c = out[Algorithm(b).label]
                 c["count"] += n
                 c["bytes"] += size
                 c["kv"] += n
+                c["kv_bytes"] += size
         else:
             for k in self.kv.keys():
                 c = out[Algorithm(k[0]).label]
@@ -628,6 +633,7 @@ class Store:
                 c["count"] += 1
                 c["kv"] += 1
                 c["bytes"] += e.size if e else 0
+                c["kv_bytes"] += e.size if e else 0
         if self.large is not None:
             after = b""
             while page := self.large.scan(after, b"\xff", 4096):
@@ -636,6 +642,7 @@ class Store:
                     c["count"] += 1
                     c["large"] += 1
                     c["bytes"] += e.size
+                    c["large_bytes"] += e.size
                 after = page[-1].key
         return out
 
@@ -918,6 +925,11 @@ class Store:
                     self.reap_inert_rows()
                 except AlkfsError as exc:  # (the next sweep tries again)
                     self.log.warning("sweep: inert catalog rows not looked at: %s", exc)
+            if report.deleted and self.db is not None:
+                try:  # the pages the deleted rows held go back to the filesystem
+                    self.db.give_back(self.stopping.is_set)
+                except AlkfsError as exc:  # (the next sweep's deletions try again)
+                    self.log.warning("sweep: the database kept its free pages: %s", exc)
             return report
         finally:
             if self.reserve is not None:

@@ -86,6 +86,24 @@ class _Figures:
             size.add_metric([algo], c["bytes"])
         yield count
         yield size
+        disk = GaugeMetricFamily(
+            "alkfs_disk_bytes", "Bytes on disk by part of the store", labels=["part"]
+        )
+        for part, value in fig["disk"].items():
+            if value is not None:
+                disk.add_metric([part], value)
+        yield disk
+        pack_objects = GaugeMetricFamily(
+            "alkfs_pack_objects", "Objects in the published packs", labels=["format"]
+        )
+        pack_bytes = GaugeMetricFamily(
+            "alkfs_pack_bytes", "Bytes of the published packs' files", labels=["format"]
+        )
+        for fmt, p in (fig.get("packs") or {}).items():
+            pack_objects.add_metric([fmt], p["objects"])
+            pack_bytes.add_metric([fmt], p["bytes"])
+        yield pack_objects
+        yield pack_bytes
         yield GaugeMetricFamily("alkfs_pins", "Durable pins", value=fig["pins"])
         yield GaugeMetricFamily("alkfs_repos", "Repositories", value=fig["repos"])
         yield GaugeMetricFamily("alkfs_roots", "Registered borrowers", value=fig["roots"])

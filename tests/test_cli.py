@@ -411,13 +411,20 @@ def test_status_has_the_spec_shape_with_exact_counts(store, files):
     ok("--store", store, "pin", "p", f"sha256/{sha256sum(files['small'])}")
     ok("--store", store, "repo", "create", "r")
     status = json.loads(ok("--store", store, "status"))
-    empty = {"count": 0, "bytes": 0, "kv": 0, "large": 0}
+    empty = {"count": 0, "bytes": 0, "kv": 0, "large": 0, "kv_bytes": 0, "large_bytes": 0}
     uri = database_for(store)
     if uri is None:
         database, fleet = {"engine": "sqlite", "name": str(store / "store.db")}, None
     else:  # the CLI on a PostgreSQL store is a fleet member, its only one here (README)
         database, fleet = {"engine": "postgresql", "name": redact(uri)}, status["fleet"]
         assert [node["id"] for node in fleet["nodes"]] == [fleet["self"]]
+    disk = status["disk"]  # (bytes on disk: the database's vary with sqlite's pages)
+    if uri is None:
+        assert disk["database"] >= (store / "store.db").stat().st_size > 0
+        assert disk["database_free"] >= 0
+    else:
+        assert (disk["database"], disk["database_free"]) == (None, None)
+    assert (disk["large"], disk["packs"]) == (300_000, 0)
     assert status == {
         "version": "0.1.0",
         "store": {
@@ -429,11 +436,26 @@ def test_status_has_the_spec_shape_with_exact_counts(store, files):
         "database": database,
         "fleet": fleet,
         "objects": {
-            "sha256": {"count": 2, "bytes": 300_012, "kv": 1, "large": 1},
-            "blake3": {"count": 1, "bytes": 12, "kv": 1, "large": 0},
+            "sha256": {
+                "count": 2,
+                "bytes": 300_012,
+                "kv": 1,
+                "large": 1,
+                "kv_bytes": 12,
+                "large_bytes": 300_000,
+            },
+            "blake3": {
+                "count": 1,
+                "bytes": 12,
+                "kv": 1,
+                "large": 0,
+                "kv_bytes": 12,
+                "large_bytes": 0,
+            },
             "git-sha1": empty,
             "git-sha256": empty,
         },
+        "disk": disk,
         "pins": 1,
         "repos": 1,
         "roots": 0,

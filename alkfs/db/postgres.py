@@ -448,6 +448,12 @@ class PostgresDatabase:
     def backfill(self) -> None:
         pass  # (no log of ours to copy: the server checkpoints)
 
+    def give_back(self, stop: Callable[[], bool] = lambda: False) -> int:
+        return 0  # (the server's autovacuum reuses the space of deleted rows)
+
+    def compact(self) -> int:
+        return 0  # (VACUUM FULL is the server administrator's: it locks the tables)
+
     def tune_bulk_writer(self) -> None:
         pass
 

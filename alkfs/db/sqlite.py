@@ -19,6 +19,7 @@ import pysqlite3.dbapi2 as sqlite3
 from ..errors import Busy, Invalid, NoSpace, StoreIO, WouldWait
 
 BUSY_TIMEOUT_MS = 5000
+GIVE_BACK_PAGES = 2048  # pages a step of give_back frees (8 MiB of 4 KiB pages)
 WRITER_CACHE_KIB = 65536  # a bulk writer's page cache (see tune_bulk_writer)
 WRITER_CHECKPOINT_PAGES = 2048  # 8 MiB of WAL at the default page size
 # A transaction that must not wait (tx(wait=False)) never checkpoints: its connection's
@@ -113,6 +114,9 @@ class SqliteDatabase:
         except sqlite3.Error as exc:
             raise StoreIO(f"sqlite: cannot open {self.path}: {exc}") from exc
         try:
+            # a new file gives deleted rows' pages back (`give_back`); an existing one
+            # keeps its mode until `compact` (the pragma does nothing once tables exist)
+            conn.execute("PRAGMA auto_vacuum = INCREMENTAL")
             mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
         except sqlite3.Error as exc:
             conn.close()
@@ -330,6 +334,41 @@ class SqliteDatabase:
         """Checkpoint the WAL and truncate it (deletions grew it; the pages they freed
         are already part of the file, so this needs no new space)."""
         self.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+
+    def incremental(self) -> bool:
+        """Whether the file gives free pages back (auto_vacuum = INCREMENTAL)."""
+        return int(self.execute("PRAGMA auto_vacuum").fetchone()[0]) == 2
+
+    def give_back(self, stop: Callable[[], bool] = lambda: False) -> int:
+        """Return the file's free pages to the filesystem (after a sweep's deletions):
+        `incremental_vacuum` in steps of GIVE_BACK_PAGES, each its own short write
+        transaction (writers wait one step at most), then the WAL truncated. A file made
+        before auto_vacuum keeps its pages for new rows until `compact`. Bytes given."""
+        if not self.incremental():
+            return 0
+        page = int(self.execute("PRAGMA page_size").fetchone()[0])
+        given = 0
+        while not stop():
+            free = int(self.execute("PRAGMA freelist_count").fetchone()[0])
+            if free == 0:
+                break
+            step = min(free, GIVE_BACK_PAGES)
+            with self.tx():
+                self.execute(f"PRAGMA incremental_vacuum({step})").fetchall()
+            given += step * page
+        with contextlib.suppress(StoreIO):  # (a reader in the WAL: the next time)
+            self.reclaim()
+        return given
+
+    def compact(self) -> int:
+        """Rewrite the file whole (VACUUM, with auto_vacuum = INCREMENTAL from now on):
+        every free page goes back, whatever mode the file was made in. Needs the store
+        unheld and free space of the file's size. Bytes the file shrank by."""
+        before = self.path.stat().st_size
+        self.execute("PRAGMA auto_vacuum = INCREMENTAL")
+        self.execute("VACUUM")
+        self.reclaim()
+        return before - self.path.stat().st_size
 
     def backfill(self) -> None:
         """Copy the WAL's committed frames into the database file (a PASSIVE checkpoint:

@@ -239,20 +239,33 @@ def test_status_is_json_of_the_documented_shape_and_fresh_on_each_open(served, t
             "bytes": len(SAMPLES[0][0]) + len(SAMPLES[1][0]),
             "kv": 1,
             "large": 1,
+            "kv_bytes": len(SAMPLES[0][0]),
+            "large_bytes": len(SAMPLES[1][0]),
         },
         "blake3": {
             "count": 2,
             "bytes": len(SAMPLES[2][0]) + len(SAMPLES[3][0]),
             "kv": 1,
             "large": 1,
+            "kv_bytes": len(SAMPLES[2][0]),
+            "large_bytes": len(SAMPLES[3][0]),
         },
         "git-sha1": {
             "count": 2,
             "bytes": len(SAMPLES[4][0]) + len(SAMPLES[5][0]),
             "kv": 1,
             "large": 1,
+            "kv_bytes": len(SAMPLES[4][0]),
+            "large_bytes": len(SAMPLES[5][0]),
         },
-        "git-sha256": {"count": 1, "bytes": len(SAMPLES[6][0]), "kv": 1, "large": 0},
+        "git-sha256": {
+            "count": 1,
+            "bytes": len(SAMPLES[6][0]),
+            "kv": 1,
+            "large": 0,
+            "kv_bytes": len(SAMPLES[6][0]),
+            "large_bytes": 0,
+        },
     }
     assert (status["pins"], status["repos"], status["sweeping"]) == (1, 0, False)
     assert status["last_sweep"] is None and status["corrupt"] == []

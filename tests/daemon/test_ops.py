@@ -488,8 +488,22 @@ async def test_status_has_the_documented_shape(h, keys, app, tmp_path):
         "threshold": 131072,
         "window_s": 0,
     }
-    assert status["objects"]["sha256"] == {"count": 2, "bytes": 6 + LARGE, "kv": 1, "large": 1}
-    assert status["objects"]["git-sha256"] == {"count": 1, "bytes": 7, "kv": 1, "large": 0}
+    assert status["objects"]["sha256"] == {
+        "count": 2,
+        "bytes": 6 + LARGE,
+        "kv": 1,
+        "large": 1,
+        "kv_bytes": 6,
+        "large_bytes": LARGE,
+    }
+    assert status["objects"]["git-sha256"] == {
+        "count": 1,
+        "bytes": 7,
+        "kv": 1,
+        "large": 0,
+        "kv_bytes": 7,
+        "large_bytes": 0,
+    }
     assert (status["pins"], status["repos"], status["sweeping"]) == (1, 0, False)
     assert (status["last_sweep"], status["corrupt"]) == (None, [])
     fi = await h.ops.open(await h.ino("/.alkfs/status"), os.O_RDONLY, None)
