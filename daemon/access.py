@@ -6,7 +6,10 @@ nodes show) and sets the times of objects (`times_by_anyone`: a freshen), and is
 every other change with EACCES (without --allow-other, with --owner only, such a user is
 refused everything). No one creates a name a directory lists in `never_written` (EPERM).
 Users but root have per-uid bounds: open write handles (EMFILE past
-`max_write_handles`) and bytes written through them (ENOSPC past `max_spool_bytes`).
+`max_write_handles`), bytes written through them (ENOSPC past `max_spool_bytes`) and
+open read handles (EMFILE past `max_read_handles`); and the users other than root and the
+`--owner` user together hold at most half the daemon's descriptor limit (EMFILE past
+it), the rest being root's, the owner's and the daemon's own.
 The dispatch (fs.py) asks here before it calls a node.
 """
 
@@ -14,6 +17,7 @@ from __future__ import annotations
 
 import errno
 import os
+import resource
 from typing import TYPE_CHECKING
 
 from pyfuse3 import RequestContext
@@ -36,6 +40,10 @@ class Access:
         self.bound: dict[int, list[int]] = {}  # fh -> [uid, bytes counted] (bounded users)
         self.open_writes: dict[int, int] = {}  # uid -> open write handles
         self.spooled: dict[int, int] = {}  # uid -> bytes counted for its open handles
+        self.reading: dict[int, int] = {}  # fh -> uid (bounded users' read handles)
+        self.open_reads: dict[int, int] = {}  # uid -> open read handles
+        self.others_open = 0  # the open handles of users other than root and the owner
+        self.others: set[int] = set()  # (their fhs)
 
     # -- who may do what (a shared mount only; see the module docstring) ------------------
     def who(self, req: RequestContext) -> int:
@@ -98,12 +106,64 @@ class Access:
         cap = self.ctx.options.max_write_handles
         if self.open_writes.get(uid, 0) >= cap:
             fail(errno.EMFILE, f"uid {uid} holds {cap} open write handles (the per-user bound)")
+        self._others_room(req, uid)
         return uid
+
+    @staticmethod
+    def others_cap() -> int:
+        """Half the daemon's descriptor limit (as it is now: `prlimit` may change it)."""
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        return max(32, (soft if soft != resource.RLIM_INFINITY else 1 << 20) // 2)
+
+    def _others_room(self, req: RequestContext, uid: int) -> None:
+        if self.who(req) == OTHER and self.others_open >= (cap := self.others_cap()):
+            fail(
+                errno.EMFILE,
+                f"uid {uid}: the users other than root and the owner hold {cap} "
+                "open files (half the daemon's descriptor limit)",
+            )
+
+    def _count_other(self, fh: int, uid: int) -> None:
+        if uid != self.ctx.options.owner_uid:
+            self.others.add(fh)
+            self.others_open += 1
+
+    def _uncount_other(self, fh: int) -> None:
+        if fh in self.others:
+            self.others.discard(fh)
+            self.others_open -= 1
 
     def count_open(self, fh: int, uid: int | None) -> None:
         if uid is not None:
             self.bound[fh] = [uid, 0]
             self.open_writes[uid] = self.open_writes.get(uid, 0) + 1
+            self._count_other(fh, uid)
+
+    def bounded_reader(self, req: RequestContext) -> int | None:
+        """The uid a new read handle counts against (None: root, or a private mount);
+        EMFILE when that uid holds max_read_handles already."""
+        if not self.shared or self.who(req) == ROOT:
+            return None
+        uid = int(req.uid)
+        cap = self.ctx.options.max_read_handles
+        if self.open_reads.get(uid, 0) >= cap:
+            fail(errno.EMFILE, f"uid {uid} holds {cap} open read handles (the per-user bound)")
+        self._others_room(req, uid)
+        return uid
+
+    def count_read(self, fh: int, uid: int | None) -> None:
+        if uid is not None:
+            self.reading[fh] = uid
+            self.open_reads[uid] = self.open_reads.get(uid, 0) + 1
+            self._count_other(fh, uid)
+
+    def uncount_read(self, fh: int) -> None:
+        uid = self.reading.pop(fh, None)
+        if uid is not None:
+            self._uncount_other(fh)
+            self.open_reads[uid] -= 1
+            if not self.open_reads[uid]:
+                del self.open_reads[uid]
 
     def count_bytes(self, fh: int, off: int, n: int) -> None:
         b = self.bound.get(fh)
@@ -124,6 +184,7 @@ class Access:
         b = self.bound.pop(fh, None)
         if b is not None:
             uid = b[0]
+            self._uncount_other(fh)
             self.open_writes[uid] -= 1
             self.spooled[uid] = self.spooled.get(uid, 0) - b[1]
             if not self.open_writes[uid]:

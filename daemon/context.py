@@ -49,6 +49,10 @@ DeletionView = Callable[[Key], Iterable[tuple[int, bytes, int]]]
 # bytes written through them not yet released, per uid other than root's (fs.py).
 MAX_WRITE_HANDLES = 64
 MAX_SPOOL_BYTES = 1 << 30
+# ... and open read handles (each may hold a descriptor of the daemon's: a large object,
+# a pack); all users but root together hold at most half the daemon's descriptor limit,
+# so root's, the owner's and the daemon's own work always have the other half
+MAX_READ_HANDLES = 1024
 
 
 def _env_int(name: str, default: int) -> int:
@@ -74,6 +78,9 @@ class Options:
     )
     max_spool_bytes: int = field(
         default_factory=lambda: _env_int("ALKFS_MAX_SPOOL_BYTES", MAX_SPOOL_BYTES)
+    )
+    max_read_handles: int = field(
+        default_factory=lambda: _env_int("ALKFS_MAX_READ_HANDLES", MAX_READ_HANDLES)
     )
 
     @property

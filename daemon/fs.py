@@ -253,17 +253,20 @@ class Operations(pyfuse3.Operations):
     @fuse_op(of_ino)
     async def open(self, inode: int, flags: int, req: RequestContext) -> pyfuse3.FileInfo:
         node = self.node(inode)
-        uid = None
+        uid = reader = None
         if wants_write(flags):
             self._mutating(node)
             self.guard.may_change(req, node)
             uid = self.guard.bounded_uid(req)
+        else:
+            reader = self.guard.bounded_reader(req)
         if (flags & os.O_ACCMODE) != os.O_WRONLY:
             self.guard.may_read(req, node)
         handle = await node.open(flags, req)
         fh = self._fh_for()
         self.handles[fh] = handle
         self.guard.count_open(fh, uid)
+        self.guard.count_read(fh, reader)
         return file_info(fh, handle)
 
     @fuse_op(of_child)
@@ -321,6 +324,8 @@ class Operations(pyfuse3.Operations):
     async def release(self, fh: int) -> None:
         if self.guard.bound:
             self.guard.uncount(fh)
+        if self.guard.reading:
+            self.guard.uncount_read(fh)
         h = self.handles.get(fh)
         if h is not None and type(h).release is Handle.release:
             del self.handles[fh]

@@ -26,6 +26,7 @@ import errno
 import gc
 import logging
 import os
+import resource
 import signal
 import socket
 import subprocess
@@ -53,6 +54,7 @@ from .status import serve_metrics
 log = logging.getLogger("alkfsd")
 
 MAX_TASKS = 64
+FD_LIMIT_MAX = 1 << 20  # (raise_fd_limit)
 # what a mount whose daemon is gone answers (ECONNABORTED: its connection was aborted,
 # by fusectl or our death guard, daemon/deathguard.py)
 DEAD_MOUNT = (errno.ENOTCONN, errno.ECONNABORTED)
@@ -296,8 +298,19 @@ def keep_freed_memory() -> bool:
     )
 
 
+def raise_fd_limit() -> None:
+    """The soft descriptor limit up to the hard one (at most FD_LIMIT_MAX): every open
+    large object or pack holds one of the daemon's (the users' bounds: access.py)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = FD_LIMIT_MAX if hard == resource.RLIM_INFINITY else min(hard, FD_LIMIT_MAX)
+    if soft != resource.RLIM_INFINITY and soft < want:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+
+
 def main(argv: list[str] | None = None) -> int:
     keep_freed_memory()
+    raise_fd_limit()
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(ClipFormatter("%(asctime)s alkfsd[%(process)d] %(levelname)s %(message)s"))
     logging.basicConfig(level=logging.INFO, handlers=[handler])

@@ -610,6 +610,115 @@ def test_a_user_past_the_per_user_bounds_is_refused_while_root_keeps_working(
     assert "Traceback" not in d.log()
 
 
+READ_HOG = r"""
+import errno, os, sys
+path, n = sys.argv[1], int(sys.argv[2])
+fds, out = [], []
+for i in range(n):
+    try:
+        fds.append(os.open(path, os.O_RDONLY))
+        out.append("ok")
+    except OSError as exc:
+        out.append(errno.errorcode[exc.errno])
+print(" ".join(out), flush=True)
+sys.stdin.readline()  # hold the handles until told
+for fd in fds:
+    os.close(fd)
+"""
+
+
+def hold_reads(user: pwd.struct_passwd, path: Path, n: int) -> tuple[subprocess.Popen, list]:
+    """`user` opens `path` for reading `n` times and holds what it got; its outcomes."""
+    hog = subprocess.Popen(
+        [
+            "runuser",
+            "-u",
+            user.pw_name,
+            "--",
+            "/usr/bin/python3",
+            "-c",
+            READ_HOG,
+            str(path),
+            str(n),
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert hog.stdout is not None
+    return hog, hog.stdout.readline().split()
+
+
+def test_read_handles_are_bounded_per_user_and_others_share_half_the_daemons_descriptors(
+    base: Path, daemon, users
+):
+    """SPEC §5 / issue 40 row 3: a user holding read handles gets EMFILE past
+    ALKFS_MAX_READ_HANDLES (the others and root go on); users other than root and the
+    owner together hold at most half the daemon's descriptor limit."""
+    first, second, owner = users(), users(), users()
+    cap = 6
+    d = daemon("--allow-other", "--owner", owner.pw_name, env={"ALKFS_MAX_READ_HANDLES": str(cap)})
+    big = put(d.mnt, os.urandom(300_000))  # (a large object: each open holds a descriptor)
+    hogs = []
+    try:
+        hog, got = hold_reads(first, big, cap + 2)
+        hogs.append(hog)
+        assert got == ["ok"] * cap + ["EMFILE"] * 2, got
+        hog, got = hold_reads(second, big, cap)  # another user: its own bound
+        hogs.append(hog)
+        assert got == ["ok"] * cap, got
+        fds = [os.open(big, os.O_RDONLY) for _ in range(cap * 4)]  # root: no per-user bound
+        try:
+            assert all(len(os.pread(fd, 100, 0)) == 100 for fd in fds)
+        finally:
+            for fd in fds:
+                os.close(fd)
+        assert probe(owner, ("read", str(big))) == [300_000]
+    finally:
+        for hog in hogs:
+            assert hog.stdin is not None
+            hog.stdin.write("\n")
+            hog.stdin.flush()
+            assert hog.wait(timeout=60) == 0, hog.stderr.read() if hog.stderr else ""
+    # released: counted back
+    hog, got = hold_reads(first, big, cap)
+    assert got == ["ok"] * cap, got
+    assert hog.stdin is not None
+    hog.stdin.write("\n")
+    hog.stdin.flush()
+    assert hog.wait(timeout=60) == 0
+    log = d.log()
+    assert f"holds {cap} open read handles (the per-user bound)" in log and "Traceback" not in log
+
+
+def test_users_other_than_root_and_the_owner_share_half_the_descriptors(base: Path, daemon, users):
+    first, second, owner = users(), users(), users()
+    d = daemon("--allow-other", "--owner", owner.pw_name, env={"ALKFS_MAX_READ_HANDLES": "80"})
+    big = put(d.mnt, os.urandom(300_000))
+    assert d.proc is not None  # (its descriptor limit made 200: the others' half is 100)
+    subprocess.run(["prlimit", f"--pid={d.proc.pid}", "--nofile=200:200"], check=True)
+    hogs = []
+    try:
+        hog, got = hold_reads(first, big, 80)
+        hogs.append(hog)
+        assert got == ["ok"] * 80, got
+        hog, got = hold_reads(second, big, 30)
+        hogs.append(hog)
+        assert got == ["ok"] * 20 + ["EMFILE"] * 10, got
+        hog, got = hold_reads(owner, big, 40)  # the owner's room is not the others'
+        hogs.append(hog)
+        assert got == ["ok"] * 40, got
+        with open(big, "rb") as f:  # nor root's
+            assert len(f.read()) == 300_000
+    finally:
+        for hog in hogs:
+            assert hog.stdin is not None
+            hog.stdin.write("\n")
+            hog.stdin.flush()
+            hog.wait(timeout=60)
+
+
 def test_nothing_the_owner_makes_resolves_outside_the_mount(base: Path, daemon, users):
     owner = users()
     d = daemon("--owner", owner.pw_name)
