@@ -84,6 +84,11 @@ class Options:
     )
 
     @property
+    def owner_only(self) -> bool:
+        """--owner without --allow-other: root and that user alone."""
+        return self.owner_uid is not None and not self.allow_other
+
+    @property
     def shared(self) -> bool:
         """Other users reach the mount (the kernel is given allow_other): the daemon
         makes every permission decision itself (fs.py)."""
@@ -148,6 +153,10 @@ class Context:
         o = self.options
         self.uid = o.owner_uid if o.owner_uid is not None else self.daemon_uid  # shown
         self.gid = o.owner_gid if o.owner_gid is not None else self.daemon_gid
+        # --owner without --allow-other: the kernel checks the modes (default_permissions:
+        # daemon/main.py) and the tree shows the owner's bits only, so that no other user
+        # sees anything, not even what the kernel has cached (entries, attributes)
+        self.mode_mask = ~0o077 if o.owner_only else ~0
         store.deleted_hooks.append(self._on_deleted)
 
     @functools.cached_property

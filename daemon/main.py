@@ -388,6 +388,11 @@ def main(argv: list[str] | None = None) -> int:
         fuse_options.discard("default_permissions")
         if options.shared:  # other users reach it
             fuse_options.add("allow_other")
+        if options.owner_only:
+            # ... but with --owner alone the kernel keeps every other user out itself,
+            # cached entries included: the tree's modes show the owner's bits only
+            # (Context.mode_mask), checked by the kernel (one GETATTR more per create)
+            fuse_options.add("default_permissions")
         if options.read_only:  # (`mount` shows ro; statvfs has ST_RDONLY)
             fuse_options.add("ro")
         try:

@@ -170,7 +170,7 @@ class Node:
         a.generation = 0
         a.entry_timeout = self.entry_timeout
         a.attr_timeout = self.attr_timeout
-        a.st_mode = self.mode()
+        a.st_mode = self.mode() & self.ctx.mode_mask
         a.st_nlink = self.nlink()
         a.st_uid = self.ctx.uid
         a.st_gid = self.ctx.gid

@@ -126,7 +126,7 @@ class ObjectFile(File):
         a = pyfuse3.EntryAttributes()
         a.st_ino = self.ino
         a.entry_timeout = a.attr_timeout = self.entry_timeout
-        a.st_mode = OBJECT_MODE
+        a.st_mode = OBJECT_MODE & self.ctx.mode_mask
         a.st_nlink = 1
         a.st_uid = self.ctx.uid
         a.st_gid = self.ctx.gid

@@ -404,6 +404,30 @@ def test_without_allow_other_another_user_gets_nothing(base: Path, daemon, users
     assert probe(owner, ("read", str(obj))) == [6]
 
 
+def test_with_owner_alone_nothing_the_kernel_cached_shows_to_another_user(
+    base: Path, daemon, users
+):
+    """Issue 40 row 4: the owner's lookups leave the kernel entries and attributes (an
+    object's for 3,600 s); another user's stat of the same paths is still EACCES, and so
+    is a listing; root and the owner see the owner's bits only."""
+    owner, other = users(), users()
+    d = daemon("--owner", owner.pw_name)
+    obj = put(d.mnt, b"cached for an hour\n")
+    os.symlink(f"../objects/sha256/{obj.name}", d.mnt / "pins" / "p")
+    paths = [obj, d.mnt / "pins" / "p", d.mnt / "objects" / "sha256"]
+    got = probe(owner, *(("stat", str(p)) for p in paths), ("read", str(obj)))
+    assert all(isinstance(g, list) and g[0] == owner.pw_uid for g in got[:-1]), got
+    assert got[-1] == len(b"cached for an hour\n")
+    eacces = errno.errorcode[errno.EACCES]
+    assert probe(other, *(("stat", str(p)) for p in paths)) == [eacces] * len(paths)
+    assert probe(other, ("read", str(obj))) == [eacces]
+    r = as_user(other, "ls", str(d.mnt / "pins"))
+    assert r.returncode != 0 and "Permission denied" in r.stderr
+    st = os.stat(obj)
+    assert (st.st_uid, st.st_mode & 0o777) == (owner.pw_uid, 0o400)
+    assert os.stat(d.mnt).st_mode & 0o077 == 0
+
+
 def test_opens_answered_in_c_let_in_no_user_the_mount_keeps_out(base: Path, daemon, users):
     """--owner alone: once root's opens of a fan-out directory are answered inside pyfuse3
     (pyfuse3-cacheddirs.patch), the owner's are too, and another user's still come to the
