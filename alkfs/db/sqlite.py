@@ -115,8 +115,10 @@ class SqliteDatabase:
             raise StoreIO(f"sqlite: cannot open {self.path}: {exc}") from exc
         try:
             # a new file gives deleted rows' pages back (`give_back`); an existing one
-            # keeps its mode until `compact` (the pragma does nothing once tables exist)
-            conn.execute("PRAGMA auto_vacuum = INCREMENTAL")
+            # keeps its mode until `compact` (asked only of an empty file: on another
+            # the pragma waits for the write lock, to do nothing)
+            if conn.execute("PRAGMA page_count").fetchone()[0] == 0:
+                conn.execute("PRAGMA auto_vacuum = INCREMENTAL")
             mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
         except sqlite3.Error as exc:
             conn.close()
