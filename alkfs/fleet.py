@@ -68,6 +68,8 @@ class Fleet:
         self.store = store
         self.db = db
         self.ttl_ns = int(ttl_s * 1e9)
+        # a member that stops answering holds the store's write lock no longer than this
+        db.write_bound_s = ttl_s
         self.host = socket.gethostname()
         self.pid = os.getpid()
         self._tokens = itertools.count(1)

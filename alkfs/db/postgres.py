@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import select
 import threading
 import weakref
@@ -34,6 +35,7 @@ from ..errors import Busy, Invalid, NoSpace, StoreIO, StoreLocked, WouldWait
 from .uri import redact
 
 WRITER_LOCK = 0x616C6B66_73777274  # "alkfswrt": every write transaction takes it
+WRITE_BOUND_S = 60.0  # how long a stalled writer may hold WRITER_LOCK (a fleet: its TTL)
 STORE_LOCK = 0x616C6B66_73746F72  # "alkfstor": held by the one daemon (or CLI) of the store
 POOL_MAX = 24  # above the daemon's 16 worker threads, the importer's writer and the sweep
 CONNECT_TIMEOUT_S = 10
@@ -142,6 +144,7 @@ class PostgresDatabase:
         self._lock_mutex = threading.Lock()
         self.on_full = None  # (the server's disk is not the store's: nothing to tell)
         self.on_backfill: Callable[[], None] | None = None  # (never called: see backfill)
+        self.write_bound_s = WRITE_BOUND_S  # (a fleet's TTL: alkfs/fleet.py)
         # A connection of its own first: a server that is not there (or refuses) fails
         # at once with its own reason, not after the pool's timeout as "incomplete".
         if lock:
@@ -154,7 +157,12 @@ class PostgresDatabase:
                 uri,
                 min_size=1,
                 max_size=pool_max,
-                kwargs={"autocommit": True, "connect_timeout": CONNECT_TIMEOUT_S},
+                kwargs={
+                    "autocommit": True,
+                    "connect_timeout": CONNECT_TIMEOUT_S,
+                    # which process a session is (pg_stat_activity): one line per member
+                    "application_name": f"alkfs[{os.getpid()}]",
+                },
                 timeout=CONNECT_TIMEOUT_S,
                 open=False,
                 name="alkfs",
@@ -352,7 +360,18 @@ class PostgresDatabase:
         try:
             with self._connection() as raw, raw.transaction():
                 if write:
-                    raw.execute("SELECT pg_advisory_xact_lock(%s)", (WRITER_LOCK,))
+                    # A writer that stops answering (SIGSTOP, a lost network) must not
+                    # hold the lock every member writes under: the server ends its
+                    # statement (a COPY waiting for rows) or its idle transaction after
+                    # the bound, which releases the lock; and nobody waits longer than
+                    # twice the bound for it (Busy, EBUSY through a mount).
+                    ms = str(int(self.write_bound_s * 1000))
+                    raw.execute(
+                        "SELECT set_config('statement_timeout', %s, true),"
+                        " set_config('idle_in_transaction_session_timeout', %s, true),"
+                        " set_config('lock_timeout', %s, true), pg_advisory_xact_lock(%s)",
+                        (ms, ms, str(2 * int(ms)), WRITER_LOCK),
+                    )
                 else:
                     raw.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
                 conn = _Conn(raw, named=not write)

@@ -17,6 +17,7 @@ them yet.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import signal
@@ -372,3 +373,79 @@ def test_a_daemon_killed_mid_push_is_collected_and_what_it_published_stays(fleet
     assert out("-C", clone, "rev-parse", "HEAD") == published
     assert out("-C", clone, "rev-list", "--count", "HEAD") == "6"
     assert m2.tracebacks() == [], m2.all_logs()
+
+
+# -- a member stopped while it holds the store's write lock (issue 40 row 1) -------------------
+WRITER_LOCK = 0x616C6B66_73777274  # (alkfs/db/postgres.py)
+
+
+def test_a_member_stopped_holding_the_write_lock_blocks_the_others_no_longer_than_its_ttl(
+    start_pg_mount, tmp_path
+):
+    """Member B writes without pause and is SIGSTOPped at a moment its session holds the
+    write lock (pg_locks says so); a write through member A then lands within the bound
+    (the server ends B's statement or idle transaction after the TTL, 3 s here), where it
+    used to hang until B was continued."""
+    import psycopg
+
+    store, env = tmp_path / "store", {"ALKFS_FLEET_TTL": "3"}
+    a = start_pg_mount(store, "--window", "1h", mnt=tmp_path / "a", env=env)
+    b = start_pg_mount(store, "--window", "1h", mnt=tmp_path / "b", env=env)
+    src = tmp_path / "files"
+    src.mkdir()
+    for i in range(40):
+        (src / f"f{i}").write_bytes(os.urandom(2000) + b"%d" % i)
+    loop = subprocess.Popen(  # B's writes: pins of new content, without end
+        [
+            "sh",
+            "-c",
+            f"i=0; while :; do i=$((i+1)); for f in {src}/f*; do "
+            f'printf "$i" | cat "$f" - > {b.mnt}/pins/w-$i-$(basename $f); done; done',
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    holder_sql = (
+        "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity s USING (pid) "
+        "WHERE l.locktype = 'advisory' AND l.granted AND l.classid = %s AND l.objid = %s "
+        "AND s.application_name = %s"
+    )
+    lock_args = (WRITER_LOCK >> 32, WRITER_LOCK & 0xFFFFFFFF, f"alkfs[{b.pid}]")
+    caught = False
+    try:
+        with psycopg.connect(start_pg_mount.uri, autocommit=True) as conn:
+            deadline = time.monotonic() + 60
+            rng = random.Random(3)
+            while not caught and time.monotonic() < deadline:
+                time.sleep(rng.random() * 0.02)
+                os.kill(b.pid, signal.SIGSTOP)
+                if conn.execute(holder_sql, lock_args).fetchone()[0]:
+                    caught = True
+                    break
+                os.kill(b.pid, signal.SIGCONT)
+        assert caught, "B never caught holding the write lock"
+        t0 = time.monotonic()
+        cp = subprocess.Popen(["cp", str(src / "f0"), str(a.mnt / "pins" / "from-a")])
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            cp.wait(timeout=25)  # (a cp blocked in the kernel cannot be killed: waited)
+        took = time.monotonic() - t0
+    finally:
+        if caught:
+            os.kill(b.pid, signal.SIGCONT)
+        loop.kill()
+        loop.wait(timeout=60)
+    assert cp.wait(timeout=60) == 0
+    assert took < 3 * 2 + 5, took  # (within twice the TTL and a beat)
+    assert (a.mnt / "pins" / "from-a").read_bytes() == (src / "f0").read_bytes()
+    # B, continued, finds its session ended and writes again
+    wait_for(
+        "B to write again",
+        lambda: (
+            subprocess.run(
+                ["cp", str(src / "f1"), str(b.mnt / "pins" / "after")], capture_output=True
+            ).returncode
+            == 0
+        ),
+        bound=60,
+        every=0.5,
+    )
