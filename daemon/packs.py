@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
 
-from alkfs.errors import AlkfsError
+from alkfs.errors import AlkfsError, Interrupted
 from alkfs.git.packs import FORMATS, Derived, Generation, derived_for
 from alkfs.keys import Key
 from alkfs.store import ObjectStat
@@ -500,6 +500,9 @@ async def run(ctx: Context) -> None:
                 since = since_built(s.last_built.get(fmt), gen)
                 if gen is None or new >= batch or since >= every:
                     await s.build(fmt, wait=False)
+            except Interrupted:
+                log.info("derived %s: the build in progress stopped (the daemon stops)", fmt)
+                return
             except Exception:
                 log.exception("derived %s: the intake build failed", fmt)
                 s.last_built[fmt] = time.monotonic()  # not again before `every`

@@ -76,6 +76,7 @@ import mmap
 import os
 import re
 import shutil
+import signal
 import subprocess
 import threading
 import time
@@ -87,7 +88,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..errors import NoSpace, StoreIO
+from ..errors import Interrupted, NoSpace, StoreIO
 from ..keys import Algorithm
 from ..tiers.local import fsync_dir
 from ..tiers.sql import SqlTier
@@ -102,6 +103,7 @@ DERIVED_DIR = "derived"
 CURRENT = "CURRENT"
 FORMATS = {"sha1": Algorithm.GIT_SHA1, "sha256": Algorithm.GIT_SHA256}
 TYPE_CODES = {b"commit": 1, b"tree": 2, b"blob": 3, b"tag": 4}
+STOP_POLL_S = 0.25  # how often a running git is looked at for the store's stop
 LOOSE_NEW_MAX = 20_000  # new objects written loose for an incremental build (else a raw pack)
 MAX_PACKS = 12  # packs in a set before an intake consolidates them into one
 # A set records the kv objects (row id <= its max_rowid) it left out, so that the mount's
@@ -848,7 +850,8 @@ class Derived:
         """(digest, verified canonical bytes) for these kv objects (corrupt/absent skipped)."""
         prefix = bytes([self.algo.value])
         digest = _hash(self.fmt)
-        for key, value in self._kv().values([prefix + d for d in digests]):
+        for n, (key, value) in enumerate(self._kv().values([prefix + d for d in digests])):
+            self.store.check_stopping(n)
             d = key[1:]
             if digest(value).digest() == d:
                 yield d, value
@@ -939,14 +942,34 @@ class Derived:
         if shutil.which("nice"):
             cmd = ["nice", "-n", "10", *cmd]
         t0 = time.monotonic()
-        proc = subprocess.run(cmd, input=input, capture_output=True, env=env, check=False)
+        # its own process group, looked at every STOP_POLL_S: when the store's owner
+        # stops (SIGTERM, unmount), git and its children are killed and the build ends
+        # Interrupted (what it left in tmp-* is removed at the next open)
+        proc = subprocess.Popen(
+            cmd,
+            stdin=subprocess.DEVNULL if input is None else subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=env,
+            start_new_session=True,
+        )
+        while True:
+            try:
+                out, err = proc.communicate(input, timeout=STOP_POLL_S)
+                break
+            except subprocess.TimeoutExpired:
+                if self.store.stopping.is_set():
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(proc.pid, signal.SIGKILL)
+                    proc.communicate()
+                    raise Interrupted(f"git {args[0]} stopped: the store is closing") from None
         log.debug("derived %s: git %s took %.3f s", self.fmt, args[0], time.monotonic() - t0)
         if proc.returncode != 0:
             raise StoreIO(
                 f"git {args[0]} failed ({proc.returncode}): "
-                + proc.stderr.decode(errors="replace").strip()[-500:]
+                + err.decode(errors="replace").strip()[-500:]
             )
-        return proc.stdout
+        return out
 
     def _write_raw_pack(self, path: Path, items: Iterable[tuple[bytes, bytes]]) -> int:
         """An undeltified pack of (digest, canonical) items; returns the object count."""
@@ -983,6 +1006,7 @@ class Derived:
         n = 0
         made: set[str] = set()
         for d, data in items:
+            self.store.check_stopping(n)
             hx = d.hex()
             sub = objdir / hx[:2]
             if hx[:2] not in made:

@@ -70,3 +70,80 @@ def test_a_signal_ends_a_long_sweep_and_the_daemon_within_seconds(start_mount, t
         ["pgrep", "-f", f"--git-dir {tmp_path / 'stalled' / '.git'}"], capture_output=True
     )
     assert stray.stdout == b"", "the borrower's git outlived the sweep"
+
+
+SLOW_GIT = """#!/bin/sh
+# git, but a pack-objects (the derived packs' build) first waits: a long build
+for a in "$@"; do
+  if [ "$a" = pack-objects ]; then
+    touch "{marker}"
+    sleep 300
+    break
+  fi
+done
+exec {git} "$@"
+"""
+
+
+def _running_with(path: Path) -> list[int]:
+    """The processes whose environment names `path` (the slow git's PATH)."""
+    out = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                if str(path).encode() in f.read():
+                    out.append(int(pid))
+        except OSError:
+            continue
+    return out
+
+
+def test_sigterm_ends_a_long_pack_build_and_the_daemon_within_seconds(start_mount, tmp_path):
+    """A pack build whose git runs long (a `git` on the daemon's PATH whose pack-objects
+    waits 300 s first): SIGTERM kills that git and its process group, the build ends, the
+    daemon exits 0 within the bound; the next daemon builds the set."""
+    import shutil
+
+    bin_dir, marker = tmp_path / "bin", tmp_path / "pack-objects-started"
+    bin_dir.mkdir()
+    wrapper = bin_dir / "git"
+    wrapper.write_text(SLOW_GIT.format(marker=marker, git=shutil.which("git")))
+    wrapper.chmod(0o755)
+    env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "ALKFS_PACK_EVERY": "3600"}
+    m = start_mount(None, "--window", "1h", env=env)
+    src = tmp_path / "src"
+    git("init", "-q", "-b", "main", src)
+    for i in range(3):
+        (src / f"f{i}").write_text(f"file {i}\n" * 50)
+        git("-C", src, "add", ".")
+        git("-C", src, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", f"{i}")
+    m.path("repos", "r").mkdir()
+    git("-C", src, "push", "-q", m.path("repos", "r"), "main")
+    errors: list[BaseException] = []
+
+    def repack() -> None:
+        try:
+            m.path(".alkfs", "control").write_text("repack\n")
+        except OSError as exc:
+            errors.append(exc)
+
+    builder = threading.Thread(target=repack, daemon=True)
+    builder.start()
+    deadline = time.monotonic() + BOUND_S * 3
+    while not marker.exists():
+        assert time.monotonic() < deadline, "the build never reached pack-objects"
+        time.sleep(0.05)
+    t0 = time.monotonic()
+    assert m.stop(signal.SIGTERM, timeout=BOUND_S) == 0
+    took = time.monotonic() - t0
+    print(f"SIGTERM during a pack build: the daemon exited in {took:.2f} s")
+    assert took < BOUND_S
+    builder.join(timeout=BOUND_S)
+    assert not builder.is_alive()
+    assert not _running_with(bin_dir), "the build's git outlived the daemon"
+    assert "Traceback" not in m.log()
+    m.env = None  # (the real git from here)
+    m.start()
+    m.path(".alkfs", "control").write_text("repack\n")
+    st = status(m)["packs"]["sha1"]
+    assert st["objects"] >= 9 and st["last_error"] is None, st
