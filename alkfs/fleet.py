@@ -38,6 +38,7 @@ import os
 import shutil
 import socket
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -82,6 +83,7 @@ class Fleet:
         self.on_roots: list[Callable[[str | None], None]] = []  # (a sweep asks for a read)
         self.machine = machine_id()
         self._stop = threading.Event()
+        self._wake = threading.Event()  # (unpin: the beat thread flushes now)
         self.node = node  # (also the name of its in-flight directories)
         self._join()
         self.last_seq = self._max_seq()
@@ -162,15 +164,21 @@ class Fleet:
                 log.error("fleet: cannot make %s again: %s", d, exc)
 
     def _beat(self) -> None:
+        """Released pins' rows go at once (`unpin` wakes this thread: a put's pin row
+        must not outlive its close by more than a round trip, or a sweep right after
+        would find it; issue 40 row 7); the session is renewed every third of the TTL."""
         every = max(0.05, self.ttl_ns / 3e9)
-        waited = 0.0
+        renewed = time.monotonic()
         failing = False
-        while not self._stop.wait(UNPIN_EVERY_S):
-            waited += UNPIN_EVERY_S
+        while not self._stop.is_set():
+            self._wake.wait(UNPIN_EVERY_S)
+            self._wake.clear()
+            if self._stop.is_set():
+                break
             try:
                 self.flush_unpins()
-                if waited >= every:
-                    waited = 0.0
+                if time.monotonic() - renewed >= every:
+                    renewed = time.monotonic()
                     self.renew()
                 if failing:
                     failing = False
@@ -206,6 +214,7 @@ class Fleet:
             gone = {k for k, _ in rows}
             if self.tainted & gone:
                 self.tainted -= gone
+        self._wake.set()
 
     def flush_unpins(self) -> None:
         with self._lock:
@@ -444,6 +453,7 @@ class Fleet:
     def close(self) -> None:
         """Leave the fleet: stop the threads, drop this session's rows."""
         self._stop.set()
+        self._wake.set()
         for t in self._threads:
             t.join(timeout=5)
         with contextlib.suppress(Exception):

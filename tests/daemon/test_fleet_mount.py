@@ -182,6 +182,22 @@ def test_an_object_swept_through_mount_2_is_enoent_through_mount_1(fleet):
     assert cat(m2.path("pins", "keep")) == keep
 
 
+def test_an_orphan_written_through_one_member_goes_in_two_sweeps_of_the_other(fleet):
+    """Issue 40 row 7 (SPEC §1, --window 0): a 300 KB object written through mount 1 (its
+    close returned), then at once two sweeps through mount 2: the second deletes it. The
+    put's pin row goes when its pin is released (the heartbeat is woken), not at the next
+    beat (before: the second sweep's delete was cancelled_by_arbitration)."""
+    m1, m2 = fleet
+    for i in range(3):
+        orphan = put(m1, b"%d" % i + b"O" * 300_000)
+        first = sweep(m2)
+        second = sweep(m2)
+        assert (first["candidates_staged"], second["deleted"]) == (1, 1), (i, first, second)
+        assert second["cancelled_by_arbitration"] == 0, second
+        with pytest.raises(FileNotFoundError):
+            os.stat(m2.path("objects", "sha256", orphan))
+
+
 # -- d: a ref moved through mount 2 reads new through mount 1 ----------------------------------
 def test_a_ref_moved_through_mount_2_reads_new_through_mount_1(fleet, tmp_path):
     m1, m2 = fleet
