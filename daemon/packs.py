@@ -57,7 +57,14 @@ RETIRED_MAX = 3
 
 
 class Revocable(Protocol):
+    number: int  # the generation it holds
+
     def revoke(self) -> None: ...
+
+    def shared_rel(self) -> str | None:
+        """Its file's path in a set, if another set can have the same file (hard-linked:
+        a pack, an idx, a graph layer); None for a name every set has anew."""
+        ...
 
 
 def _names(path: str) -> list[str]:
@@ -346,13 +353,13 @@ class Served:
         with self._lock:
             keep, revoked = self._keep(fmt, time.monotonic())
             cur = d.current()
-            doomed = {
-                n
-                for n in d.generations_on_disk()
-                if n not in keep and (cur is None or n != cur.number)
-            }
+            # (only older than the published set: a newer one may be on its way in, or
+            # published by another member and not seen here yet)
+            newest = 0 if cur is None else cur.number
+            handles = self._move_to(fmt, cur, revoked)
+            revoked = {n for n in revoked if self._holds.get((fmt, n), 0) > 0}
+            doomed = {n for n in d.generations_on_disk() if n < newest and n not in keep}
             self._removing |= {(fmt, n) for n in doomed}
-            handles = [h for n in revoked for h in self._handles.pop((fmt, n), set())]
         for handle in handles:
             handle.revoke()
         if handles:
@@ -371,12 +378,33 @@ class Served:
             gone = d.prune(on_disk - doomed, mine=mine)
             if gone:
                 log.info("derived %s: removed retired generation(s) %s", fmt, gone)
-            with self._lock:
-                for n in gone:
-                    self._retired.pop((fmt, n), None)
-                    self._retired_gens.pop((fmt, n), None)
+            left = set(d.generations_on_disk())
+            with self._lock:  # (in a fleet another member may have removed them)
+                for key in [k for k in self._retired if k[0] == fmt and k[1] not in left]:
+                    self._retired.pop(key, None)
+                    self._retired_gens.pop(key, None)
+                    self._removing.discard(key)
         except OSError as exc:
             log.warning("derived %s: could not remove retired generations: %s", fmt, exc)
+
+    def _move_to(self, fmt: str, cur: Generation | None, revoked: set[int]) -> list[Revocable]:
+        """(under the lock) The handles of `revoked` generations whose file the published
+        set `cur` has too (the same inode: an intake hard-links the packs it keeps) now
+        hold `cur` instead; the others are returned, to be revoked."""
+        out: list[Revocable] = []
+        for n in revoked:
+            for handle in self._handles.pop((fmt, n), set()):
+                rel = handle.shared_rel()
+                if cur is not None and rel is not None and rel in cur.files:
+                    self._holds[(fmt, n)] -= 1
+                    if self._holds[(fmt, n)] <= 0:
+                        del self._holds[(fmt, n)]
+                    self._holds[(fmt, cur.number)] += 1
+                    self._handles[(fmt, cur.number)].add(handle)
+                    handle.number = cur.number
+                else:
+                    out.append(handle)
+        return out
 
     def grace_over(self, grace_s: float | None = None) -> set[str]:
         """The formats with a retired generation kept longer than `grace_s` (default:

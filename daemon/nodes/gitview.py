@@ -375,6 +375,11 @@ class DerivedHandle(Handle):
         self.revoked = False
         self._fd_lock = threading.Lock()  # revoke (a thread) against release's close
 
+    def shared_rel(self) -> str | None:
+        node = self.node
+        assert isinstance(node, DerivedFile)
+        return None if node.name in REUSED_NAMES else node.rel
+
     def revoke(self) -> None:
         """(any thread) Stop serving this handle: its generation goes."""
         self.revoked = True

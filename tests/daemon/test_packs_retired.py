@@ -91,6 +91,11 @@ def test_readers_holding_retired_sets_cannot_keep_more_than_the_bound(start_moun
     mnt = m.mnt
     midx = mnt / "git" / "sha1" / "pack" / "multi-pack-index"
     held: list[tuple[int, int, bytes]] = []  # (generation, fd, its bytes)
+    # and the main pack, opened in the first set: every intake keeps it (hard-linked),
+    # so its handle moves to the published set and keeps reading
+    packs = [n for n in listing(mnt, "sha1") if n.endswith(".pack")]
+    main = max(packs, key=lambda n: os.stat(mnt / "git" / "sha1" / "pack" / n).st_size)
+    main_fd = os.open(mnt / "git" / "sha1" / "pack" / main, os.O_RDONLY)
     try:
         for i in range(7):
             wait_for("no build in flight", lambda: current(store) == max(generations(store)))
@@ -117,9 +122,19 @@ def test_readers_holding_retired_sets_cannot_keep_more_than_the_bound(start_moun
                 with pytest.raises(OSError) as e:
                     os.pread(fd, 4096, 0)
                 assert e.value.errno == errno.EIO, number
-        gone = [store / f"derived/sha1/gen-{n}" for n, _fd, _b in held[:-3]]
-        assert not any(t.startswith(tuple(map(str, gone))) for t in daemon_fds_under(m.pid, store))
+        gone = [f"{store}/derived/sha1/gen-{n}/" for n, _fd, _b in held[:-3]]
+        held_gone = [
+            t
+            for t in daemon_fds_under(m.pid, store)
+            if t.startswith(tuple(gone)) and f"/pack/{main}" not in t  # (its inode lives on)
+        ]
+        assert held_gone == [], held_gone
+        assert main in listing(mnt, "sha1")
+        data = (store / f"derived/sha1/gen-{last}/pack/{main}").read_bytes()
+        os.posix_fadvise(main_fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        assert os.pread(main_fd, len(data) + 10, 0) == data
     finally:
+        os.close(main_fd)
         for _number, fd, _data in held:
             os.close(fd)
     wait_for("the released ones to go", lambda: generations(store) == {current(store)})
@@ -127,7 +142,7 @@ def test_readers_holding_retired_sets_cannot_keep_more_than_the_bound(start_moun
 
 def test_a_held_retired_set_goes_when_its_hold_ends(start_mount, tmp_path):
     store, _src = imported_store(tmp_path)
-    env = {**FAST_INTAKE, "ALKFS_PACK_RETIRE_GRACE": "0.5", "ALKFS_PACK_RETIRE_HOLD": "3"}
+    env = {**FAST_INTAKE, "ALKFS_PACK_RETIRE_GRACE": "0.5", "ALKFS_PACK_RETIRE_HOLD": "6"}
     m = start_mount(store, env=env)
     mnt = m.mnt
     number = current(store)
