@@ -509,7 +509,10 @@ def _gone(conn: psycopg.Connection) -> bool:
     if conn.closed:
         return True
     try:
-        return bool(select.select([conn.fileno()], [], [], 0)[0])
+        # (poll, not select: the daemon raises its descriptor limit past FD_SETSIZE)
+        poller = select.poll()
+        poller.register(conn.fileno(), select.POLLIN | select.POLLERR | select.POLLHUP)
+        return bool(poller.poll(0))
     except (OSError, ValueError, psycopg.Error):
         return True
 

@@ -358,9 +358,20 @@ class SqliteDatabase:
             with self.tx():
                 self.execute(f"PRAGMA incremental_vacuum({step})").fetchall()
             given += step * page
-        with contextlib.suppress(StoreIO):  # (a reader in the WAL: the next time)
-            self.reclaim()
+        self._truncate_wal_if_free()
         return given
+
+    def _truncate_wal_if_free(self) -> None:
+        """Checkpoint and truncate the WAL only if no reader is in it now: a TRUNCATE
+        that waits (busy_timeout) would hold every writer meanwhile."""
+        conn = self.conn()
+        try:
+            conn.execute("PRAGMA busy_timeout = 0")
+            conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+        except sqlite3.Error:
+            pass  # (busy: the next time)
+        finally:
+            conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
 
     def compact(self) -> int:
         """Rewrite the file whole (VACUUM, with auto_vacuum = INCREMENTAL from now on):

@@ -23,7 +23,11 @@ def noop_setattr(node: Node, attr: Any, fields: Any) -> bool:
     if fields.update_size and asks("st_size") != a.st_size:
         fail(errno.EPERM, f"{node.describe()}: its size cannot change")
     mode = asks("st_mode")
-    if fields.update_mode and (mode is None or stat.S_IMODE(mode) != stat.S_IMODE(a.st_mode)):
+    # (the mode as shown, or before an --owner-only mount masked it: `cp -a`/`rsync -a`
+    # of a tree whose directories are 0755 set that)
+    if fields.update_mode and (
+        mode is None or stat.S_IMODE(mode) not in (stat.S_IMODE(a.st_mode), node.mode() & 0o7777)
+    ):
         fail(errno.EPERM, f"{node.describe()}: its mode is {stat.S_IMODE(a.st_mode):o}")
     if (fields.update_uid and asks("st_uid") != a.st_uid) or (
         fields.update_gid and asks("st_gid") != a.st_gid

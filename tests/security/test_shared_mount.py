@@ -426,6 +426,13 @@ def test_with_owner_alone_nothing_the_kernel_cached_shows_to_another_user(
     st = os.stat(obj)
     assert (st.st_uid, st.st_mode & 0o777) == (owner.pw_uid, 0o400)
     assert os.stat(d.mnt).st_mode & 0o077 == 0
+    # `cp -a`/`rsync -a` of a tree set the modes it has (0755, 0444): still no-ops
+    assert probe(owner, ("chmod", str(d.mnt / "pins"), "755"), ("chmod", str(obj), "444")) == [
+        "ok",
+        "ok",
+    ]
+    r = as_user(owner, "rsync", "-a", "/etc/hostname", str(d.mnt / "pins" / "host"))
+    assert r.returncode == 0, r.stderr
 
 
 def test_opens_answered_in_c_let_in_no_user_the_mount_keeps_out(base: Path, daemon, users):
