@@ -21,28 +21,59 @@ from ..errors import Missing, StoreIO
 
 REFS_ASKED = 64  # refs walked one by one to name one that reaches the missing object
 _OID = re.compile(rb"\b([0-9a-f]{64}|[0-9a-f]{40})\b")
+_BAD_REF = re.compile(rb"bad object (\S+)")
 # no lazy fetch from a promisor remote (git >= 2.44 reads this; --missing suffices before)
 _ENV = {**os.environ, "GIT_NO_LAZY_FETCH": "1", "GIT_TERMINAL_PROMPT": "0"}
 
 
-def _walk(gitdir: str, *tips: str) -> tuple[bytes | None, str]:
-    """The first missing object the walk from `tips` meets (hex), and git's error text."""
-    proc = subprocess.run(
+def _walk(gitdir: str, *tips: str, want: bytes | None = None) -> tuple[bytes | None, str]:
+    """The first missing object the walk from `tips` meets (hex; with `want`, `want` if
+    the walk meets it, else None), and git's error text. The output is read as it comes
+    and the walk stopped at the answer: a partial clone lacks many objects."""
+    proc = subprocess.Popen(
         ["git", f"--git-dir={gitdir}", "rev-list", "--objects", "--missing=print", "--quiet"]
         + list(tips),
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         stdin=subprocess.DEVNULL,
         env=_ENV,
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    found: bytes | None = None
+    try:
+        for line in proc.stdout:
+            if line.startswith(b"?") and (want is None or line[1:].strip() == want):
+                found = line[1:].strip()
+                break
+    finally:
+        if found is not None:
+            proc.kill()
+        err = proc.stderr.read(64 << 10)
+        proc.wait()
+    if found is not None:
+        return found, ""
+    text = err.decode(errors="replace").strip()
+    if proc.returncode != 0:
+        m = _OID.search(err)
+        if m:
+            return m.group(1), text
+        bad = _BAD_REF.search(err)  # a ref naming an object that is not there
+        if bad:
+            oid = _resolve(gitdir, bad.group(1).decode(errors="replace"))
+            return (oid or b""), text
+        return b"", text
+    return None, text
+
+
+def _resolve(gitdir: str, ref: str) -> bytes | None:
+    """The id a ref names, read without looking the object up."""
+    proc = subprocess.run(
+        ["git", f"--git-dir={gitdir}", "for-each-ref", "--format=%(objectname)", ref],
+        capture_output=True,
         check=False,
     )
-    for line in proc.stdout.splitlines():
-        if line.startswith(b"?"):
-            return line[1:].strip(), ""
-    err = proc.stderr.decode(errors="replace").strip()
-    if proc.returncode != 0:
-        m = _OID.search(proc.stderr)
-        return (m.group(1) if m else b""), err
-    return None, err
+    out = proc.stdout.split()
+    return out[0] if out else None
 
 
 def _refs(gitdir: str) -> list[str]:
@@ -79,10 +110,13 @@ def check_connected(gitdir: str) -> None:
     if missing is None:
         return
     if not missing:
-        raise StoreIO(f"git rev-list could not walk {gitdir}: {err.splitlines()[-1:]}")
+        last = err.splitlines()[-1] if err else "no reason given"
+        raise StoreIO(f"git rev-list could not walk {gitdir}: {last[:200]}")
     oid = missing.decode()
     refs = _refs(gitdir)
-    reached = next((r for r in refs[:REFS_ASKED] if _walk(gitdir, r)[0] == missing), None)
+    reached = next(
+        (r for r in refs[:REFS_ASKED] if _walk(gitdir, r, want=missing)[0] == missing), None
+    )
     via = f" (reached from {reached})" if reached else ""
     why = (
         "; the source is a partial clone: fetch what it lacks first "

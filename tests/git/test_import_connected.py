@@ -129,3 +129,18 @@ def test_a_whole_repository_still_imports(app, make_repo):
     result = import_repo(app, src.gitdir, "whole", progress=False)
     assert result.objects == len(src.all_object_keys()) == result.stored
     assert set(result.refs) == {"refs/heads/main", "refs/heads/side"}
+
+
+def test_a_ref_naming_a_missing_object_is_named_with_that_ref(app, make_repo):
+    src = make_repo()
+    revs = _history(src)
+    objects = _loose(src)
+    src.git("update-ref", "refs/heads/gone", revs["third"])
+    src.write("d.txt", "four\n")
+    fourth = src.commit("fourth")
+    src.git("update-ref", "refs/heads/gone", fourth)
+    src.git("reset", "-q", "--hard", revs["third"])
+    _remove(objects, fourth)
+    with pytest.raises(Missing, match=f"lacks object {fourth} \\(reached from refs/heads/gone\\)"):
+        import_repo(app, src.gitdir, "holed", progress=False)
+    assert stored_keys(app) == set()
