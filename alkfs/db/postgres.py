@@ -360,18 +360,7 @@ class PostgresDatabase:
         try:
             with self._connection() as raw, raw.transaction():
                 if write:
-                    # A writer that stops answering (SIGSTOP, a lost network) must not
-                    # hold the lock every member writes under: the server ends its
-                    # statement (a COPY waiting for rows) or its idle transaction after
-                    # the bound, which releases the lock; and nobody waits longer than
-                    # twice the bound for it (Busy, EBUSY through a mount).
-                    ms = str(int(self.write_bound_s * 1000))
-                    raw.execute(
-                        "SELECT set_config('statement_timeout', %s, true),"
-                        " set_config('idle_in_transaction_session_timeout', %s, true),"
-                        " set_config('lock_timeout', %s, true), pg_advisory_xact_lock(%s)",
-                        (ms, ms, str(2 * int(ms)), WRITER_LOCK),
-                    )
+                    self._lock_writer(raw)
                 else:
                     raw.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
                 conn = _Conn(raw, named=not write)
@@ -383,6 +372,58 @@ class PostgresDatabase:
                     conn.close_cursors()
         except (psycopg.Error, psycopg_pool.PoolTimeout) as exc:
             self._raise(exc)
+
+    def _lock_writer(self, raw: psycopg.Connection) -> None:
+        """Take the store's write lock in this transaction, bounded. A writer that stops
+        answering (SIGSTOP, a lost network) must not hold it for everyone: the server
+        ends an idle transaction after the bound (idle_in_transaction_session_timeout:
+        the session goes, and the lock with it) and a statement running past it
+        (statement_timeout). A COPY waiting for rows from a stopped client hears no
+        cancel, so a writer that waited the bound (lock_timeout) ends the session of a
+        holder stalled that long on its client's data (`_end_stalled_writer`) and asks
+        once more; otherwise it gives up (Busy: EBUSY through a mount)."""
+        ms = str(int(self.write_bound_s * 1000))
+        sql = (
+            "SELECT set_config('statement_timeout', %s, true),"
+            " set_config('idle_in_transaction_session_timeout', %s, true),"
+            " set_config('lock_timeout', %s, true), pg_advisory_xact_lock(%s)"
+        )
+        try:
+            with raw.transaction():  # (a savepoint: a lock wait that ends is undone alone)
+                raw.execute(sql, (ms, ms, ms, WRITER_LOCK))
+        except pgerrors.LockNotAvailable:
+            if not self._end_stalled_writer():
+                raise
+            raw.execute(sql, (ms, ms, ms, WRITER_LOCK))
+
+    def _end_stalled_writer(self) -> bool:
+        """End the session holding the write lock if it has waited longer than the
+        bound for its client's data (a COPY of a member that stopped); whether one was."""
+        conn = self._connect()
+        try:
+            rows = conn.execute(
+                "SELECT a.pid, a.application_name, pg_terminate_backend(a.pid)"
+                " FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid"
+                " WHERE l.locktype = 'advisory' AND l.granted AND l.classid = %s"
+                " AND l.objid = %s AND a.pid <> pg_backend_pid() AND a.state = 'active'"
+                " AND a.wait_event = 'ClientRead'"
+                " AND a.state_change < now() - make_interval(secs => %s)",
+                (WRITER_LOCK >> 32, WRITER_LOCK & 0xFFFFFFFF, self.write_bound_s),
+            ).fetchall()
+        except psycopg.Error as exc:
+            log.warning("postgresql: could not look at the write lock's holder: %s", _why(exc))
+            return False
+        finally:
+            conn.close()
+        for pid, app, _ended in rows:
+            log.error(
+                "postgresql: ended session %s (%s): it held the store's write lock while "
+                "waiting %g s and more for its client's data",
+                pid,
+                app,
+                self.write_bound_s,
+            )
+        return bool(rows)
 
     def tx(self, wait: bool = True) -> contextlib.AbstractContextManager[_Conn]:
         """One write transaction: all of it commits or none; one at a time per store.

@@ -405,16 +405,19 @@ def test_a_member_stopped_holding_the_write_lock_blocks_the_others_no_longer_tha
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
+    # (caught waiting for its own client's data: a COPY FROM STDIN, which hears no
+    # statement_timeout, the hardest case; idle in its transaction is the other)
     holder_sql = (
         "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity s USING (pid) "
         "WHERE l.locktype = 'advisory' AND l.granted AND l.classid = %s AND l.objid = %s "
-        "AND s.application_name = %s"
+        "AND s.application_name = %s AND s.wait_event = 'ClientRead' "
+        "AND s.query ILIKE 'COPY%%'"
     )
     lock_args = (WRITER_LOCK >> 32, WRITER_LOCK & 0xFFFFFFFF, f"alkfs[{b.pid}]")
     caught = False
     try:
         with psycopg.connect(start_pg_mount.uri, autocommit=True) as conn:
-            deadline = time.monotonic() + 60
+            deadline = time.monotonic() + 120
             rng = random.Random(3)
             while not caught and time.monotonic() < deadline:
                 time.sleep(rng.random() * 0.02)
