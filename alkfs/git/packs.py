@@ -78,6 +78,7 @@ import re
 import shutil
 import signal
 import subprocess
+import tempfile
 import threading
 import time
 import uuid
@@ -86,7 +87,7 @@ import zlib
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import IO, TYPE_CHECKING
 
 from ..errors import Interrupted, NoSpace, StoreIO
 from ..keys import Algorithm
@@ -944,18 +945,29 @@ class Derived:
         t0 = time.monotonic()
         # its own process group, looked at every STOP_POLL_S: when the store's owner
         # stops (SIGTERM, unmount), git and its children are killed and the build ends
-        # Interrupted (what it left in tmp-* is removed at the next open)
-        proc = subprocess.Popen(
-            cmd,
-            stdin=subprocess.DEVNULL if input is None else subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            env=env,
-            start_new_session=True,
-        )
+        # Interrupted (what it left in tmp-* is removed at the next open). Its input is
+        # read from an unlinked file, not a pipe: `communicate` cannot go on feeding a
+        # pipe after a timeout (given the input again it raises ValueError; without it,
+        # it never writes the rest), and pack-objects, fed every build's object list,
+        # often outlasts one look.
+        with contextlib.ExitStack() as stack:
+            stdin: int | IO[bytes] = subprocess.DEVNULL
+            if input is not None:
+                where = repo if repo.is_dir() else None  # (on the store's disk: the build's)
+                stdin = stack.enter_context(tempfile.TemporaryFile(dir=where))
+                stdin.write(input)
+                stdin.seek(0)
+            proc = subprocess.Popen(
+                cmd,
+                stdin=stdin,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                env=env,
+                start_new_session=True,
+            )
         while True:
             try:
-                out, err = proc.communicate(input, timeout=STOP_POLL_S)
+                out, err = proc.communicate(timeout=STOP_POLL_S)
                 break
             except subprocess.TimeoutExpired:
                 if self.store.stopping.is_set():

@@ -77,7 +77,7 @@ SLOW_GIT = """#!/bin/sh
 for a in "$@"; do
   if [ "$a" = pack-objects ]; then
     touch "{marker}"
-    sleep 300
+    sleep {sleep}
     break
   fi
 done
@@ -107,7 +107,7 @@ def test_sigterm_ends_a_long_pack_build_and_the_daemon_within_seconds(start_moun
     bin_dir, marker = tmp_path / "bin", tmp_path / "pack-objects-started"
     bin_dir.mkdir()
     wrapper = bin_dir / "git"
-    wrapper.write_text(SLOW_GIT.format(marker=marker, git=shutil.which("git")))
+    wrapper.write_text(SLOW_GIT.format(marker=marker, git=shutil.which("git"), sleep=300))
     wrapper.chmod(0o755)
     env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "ALKFS_PACK_EVERY": "3600"}
     m = start_mount(None, "--window", "1h", env=env)
@@ -147,3 +147,30 @@ def test_sigterm_ends_a_long_pack_build_and_the_daemon_within_seconds(start_moun
     m.path(".alkfs", "control").write_text("repack\n")
     st = status(m)["packs"]["sha1"]
     assert st["objects"] >= 9 and st["last_error"] is None, st
+
+
+def test_a_build_whose_git_outlasts_a_look_at_the_stop_still_gets_its_input(start_mount, tmp_path):
+    """pack-objects reads the build's object list on stdin and here starts a second late
+    (longer than the 0.25 s between two looks at the store's stop): the build succeeds."""
+    import shutil
+
+    bin_dir, marker = tmp_path / "bin", tmp_path / "started"
+    bin_dir.mkdir()
+    wrapper = bin_dir / "git"
+    wrapper.write_text(SLOW_GIT.format(marker=marker, git=shutil.which("git"), sleep=1))
+    wrapper.chmod(0o755)
+    env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "ALKFS_PACK_EVERY": "3600"}
+    m = start_mount(None, "--window", "1h", env=env)
+    src = tmp_path / "src"
+    git("init", "-q", "-b", "main", src)
+    for i in range(3):
+        (src / f"f{i}").write_text(f"file {i}\n" * 50)
+        git("-C", src, "add", ".")
+        git("-C", src, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", f"{i}")
+    m.path("repos", "r").mkdir()
+    git("-C", src, "push", "-q", m.path("repos", "r"), "main")
+    m.path(".alkfs", "control").write_text("repack\n")
+    assert marker.exists()
+    st = status(m)["packs"]["sha1"]
+    assert st["objects"] >= 9 and st["last_error"] is None, st
+    assert "Traceback" not in m.log()
