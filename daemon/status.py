@@ -99,11 +99,16 @@ class _Figures:
         pack_bytes = GaugeMetricFamily(
             "alkfs_pack_bytes", "Bytes of the published packs' files", labels=["format"]
         )
+        pack_gen = GaugeMetricFamily(
+            "alkfs_pack_generation", "The published pack set's generation", labels=["format"]
+        )
         for fmt, p in (fig.get("packs") or {}).items():
             pack_objects.add_metric([fmt], p["objects"])
             pack_bytes.add_metric([fmt], p["bytes"])
+            pack_gen.add_metric([fmt], p["generation"] or 0)
         yield pack_objects
         yield pack_bytes
+        yield pack_gen
         yield GaugeMetricFamily("alkfs_pins", "Durable pins", value=fig["pins"])
         yield GaugeMetricFamily("alkfs_repos", "Repositories", value=fig["repos"])
         yield GaugeMetricFamily("alkfs_roots", "Registered borrowers", value=fig["roots"])

@@ -64,6 +64,12 @@ def test_the_metrics_scraped_over_http_count_what_the_mount_did(start_mount):
     assert value(text, "alkfs_staged_objects") == 2
     assert value(text, "alkfs_staged_bytes") == 201_000
     assert value(text, "alkfs_last_sweep_candidates_staged") == 2
+    # bytes on disk by part: the large object's file, the database's, the packs' (none)
+    assert value(text, "alkfs_disk_bytes", part="large") == 200_000
+    assert value(text, "alkfs_disk_bytes", part="database") > 1000
+    assert value(text, "alkfs_disk_bytes", part="packs") == 0
+    assert value(text, "alkfs_pack_objects", format="sha1") == 0
+    assert value(text, "alkfs_pack_generation", format="sha1") >= 0
     # the file says the same
     assert value(m.path(".alkfs", "metrics").read_text(), "alkfs_staged_bytes") == 201_000
     m.stop()
