@@ -16,6 +16,9 @@ invalidated (`pyfuse3.invalidate_inode`, attributes only, through the invalidato
 awaited), so the getdents that follows fetches the attributes, sees another mtime and
 resets the cache (fs/fuse/readdir.c, fuse_readdir_cached) — the only way to drop a cached
 empty listing, which has no pages to invalidate; the reply also lacks FOPEN_KEEP_CACHE.
+Every fill is recorded with when it came (`_filled`: a READDIR from the start, or an empty
+listing whose READDIRs pyfuse3 answers), and a drop forgets only what was filled before
+it began: a fill while it was on its way (two opens dropping at once) is of the new mtime.
 While an open handle holds another listing than the current one, a new open is not cached
 at all (no FOPEN_CACHE_DIR: its READDIRs come here), so a reply still in flight for an
 older listing cannot be read back by it; if the invalidation does not reach the kernel in
@@ -87,6 +90,9 @@ def fingerprint(entries: list[Entry]) -> Print:
 class _Inode:
     cached: set[Print] = field(default_factory=set)  # may be in the kernel's cache
     open: dict[int, Print] = field(default_factory=dict)  # fh -> snapshot of a caching open
+    # each listing the kernel's cache may have been filled with since the last drop, and
+    # when (Listings.fills): a drop keeps those filled after it began (see `open`)
+    filled: dict[Print, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -120,6 +126,7 @@ class Listings:
         self._held: dict[int, list[int]] = {}
         self._entry_of: dict[int, tuple[int, bytes]] = {}
         self.reads = 0  # READDIRs of opens answered in C, served here
+        self.fills = 0  # listings recorded as filled into the kernel's cache (`_filled`)
         self.lookups = 0  # LOOKUPs of caching nodes answered here (not in C)
         if self.in_c:
             assert ctx is not None and store is not None
@@ -175,11 +182,19 @@ class Listings:
             keep = cache = True
         else:
             keep = False
+            since = self.fills
             cache = others <= {mark} and await self._drop(ino, node)
             others = set(st.open.values())  # (the await: others may have opened)
             cache = cache and others <= {mark}
             if cache:
-                st.cached = set()  # dropped: this open fills it
+                # Dropped: this open fills it, unless the cache was filled again while
+                # the drop was on its way (another open's READDIR, after the mtime
+                # moved): the kernel then serves that listing to this open and no
+                # READDIR comes, so what was filled since the drop began stays known as
+                # cached (forgotten, every later open kept that listing, whatever the
+                # directory came to hold)
+                st.filled = {m: n for m, n in st.filled.items() if n > since}
+                st.cached = set(st.filled)
             else:  # an open handle may still fill the cache with another listing
                 st.cached |= others
         fi = pyfuse3.FileInfo(fh=fh, keep_cache=keep)
@@ -188,7 +203,10 @@ class Listings:
             st.open[fh] = mark
             self.snapshots[fh] = _snapshot(ino, entries, mark)
         if keep and self.in_c:  # the same answer, until something changes: given in C
-            pyfuse3.cached_dirs_add(ino, epoch, not entries)
+            if pyfuse3.cached_dirs_add(ino, epoch, not entries) and not entries:
+                # (the READDIRs pyfuse3 answers fill the kernel's cache with it, unheard
+                # here: after a drop, nothing else would say it may be cached)
+                self._filled(st, ())
         return fi
 
     def looked_up(self, ino: int, node: Node, epoch: int) -> None:
@@ -210,7 +228,7 @@ class Listings:
             return
         empty = node.listing_known_empty()
         if pyfuse3.cached_dirs_add(ino, epoch, empty) and empty:
-            st.cached.add(())  # (the READDIRs pyfuse3 answers fill the kernel's cache)
+            self._filled(st, ())  # (the READDIRs pyfuse3 answers fill the kernel's cache)
 
     def status(self) -> dict[str, int | bool]:
         """`status.listings`: whether opens are answered in C, how many directories are
@@ -285,7 +303,7 @@ class Listings:
             entries = self.entries_after(snap, start) if snap is not None else None
             if entries is None:  # an offset no listing here gave: the node lists itself
                 pyfuse3.cached_dirs_discard(ino)
-                st.cached.add(UNKNOWN)
+                self._filled(st, UNKNOWN)
                 await node.readdir(DirHandle(node), start, emit)
                 return
         else:
@@ -293,7 +311,7 @@ class Listings:
             snap = self._read[ino] = _snapshot(ino, entries, fingerprint(entries))
             if not st.cached <= {snap.mark}:
                 pyfuse3.cached_dirs_discard(ino)
-            st.cached.add(snap.mark)
+            self._filled(st, snap.mark)
         for name, child, next_id in entries:
             if not emit(name, child, next_id):
                 break
@@ -302,7 +320,13 @@ class Listings:
         """A READDIR from the start: the kernel may cache this snapshot's listing."""
         st = self._inodes.get(snap.ino)
         if st is not None:
-            st.cached.add(snap.mark)
+            self._filled(st, snap.mark)
+
+    def _filled(self, st: _Inode, mark: Print) -> None:
+        """The kernel's cache of `st`'s inode may hold `mark` from now on."""
+        self.fills += 1
+        st.cached.add(mark)
+        st.filled[mark] = self.fills
 
     def release(self, fh: int) -> None:
         snap = self.snapshots.pop(fh, None)
