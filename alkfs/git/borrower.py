@@ -27,6 +27,7 @@ written, is `Unreadable`: the caller must not judge the borrower from a part of 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -37,6 +38,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO
 
 from ..errors import AlkfsError, Interrupted
 from .objects import FORMATS
@@ -422,20 +424,24 @@ def _cat_file(
     Interrupted (git killed) as soon as `stop` is set."""
     cmd = ["git", "--git-dir", str(layout.common), "cat-file", *args]
     deadline = time.monotonic() + GIT_TIMEOUT_S
-    with subprocess.Popen(
-        cmd,
-        stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        env=env,
-    ) as proc:
-        feed = stdin
+    # git's input from an unlinked file, not a pipe: after a timeout `communicate`
+    # neither takes the input again (ValueError) nor goes on writing the rest of it
+    with contextlib.ExitStack() as stack:
+        source: int | IO[bytes] = subprocess.DEVNULL
+        if stdin is not None:
+            source = stack.enter_context(tempfile.TemporaryFile())
+            source.write(stdin)
+            source.seek(0)
+        proc = stack.enter_context(
+            subprocess.Popen(
+                cmd, stdin=source, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env
+            )
+        )
         while True:
             try:
-                out, err = proc.communicate(feed, timeout=STOP_POLL_S)
+                out, err = proc.communicate(timeout=STOP_POLL_S)
                 break
             except subprocess.TimeoutExpired:
-                feed = None  # (communicate keeps what it has not written yet)
                 if stop is not None and stop.is_set():
                     proc.kill()
                     proc.communicate()

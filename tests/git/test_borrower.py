@@ -768,3 +768,28 @@ def test_the_roots_commands_on_a_store(tmp_path, store_database):
         assert [(r.name, r.path) for r in app.roots.list()] == [("b", str(tmp_path / "b"))]
     finally:
         app.close()
+
+
+def test_a_long_input_reaches_git_whole_however_slowly_it_reads(tmp_path):
+    """git cat-file fed 8 MB of ids (more than a pipe takes before the first look at the
+    stop event): every id gets its line back, in bounded time (before: the rest of the
+    input was never written, and the read hung until its 600 s timeout)."""
+    import threading as _threading
+
+    from alkfs.git.borrower import Layout, _cat_file, _git_env
+
+    repo = tmp_path / "r"
+    subprocess.run(["git", "init", "-q", "--bare", str(repo)], check=True)
+    home = tmp_path / "home"
+    (home / "objects").mkdir(parents=True)
+    env = _git_env(home)
+    ids = b"".join(b"%040x\n" % i for i in range(200_000))
+    out: list[bytes] = []
+    t = _threading.Thread(
+        target=lambda: out.append(_cat_file(Layout(repo, repo), env, ["--batch-check"], ids)),
+        daemon=True,
+    )
+    t.start()
+    t.join(timeout=120)
+    assert not t.is_alive(), "the read hung"
+    assert out[0].count(b" missing\n") == 200_000
