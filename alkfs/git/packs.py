@@ -127,6 +127,21 @@ def _hash(fmt: str):
 
 
 # -- reading published files ----------------------------------------------------------------
+def _bisect(buf, base: int, lo: int, hi: int, h: int, digest: bytes) -> bool:
+    """Whether `digest` is among the names [lo, hi) of the sorted table of `h`-byte names
+    at `base` in `buf` (an idx's or a commit-graph's, within one fan-out bucket)."""
+    while lo < hi:
+        mid = (lo + hi) // 2
+        probe = buf[base + mid * h : base + mid * h + h]
+        if probe < digest:
+            lo = mid + 1
+        elif probe > digest:
+            hi = mid
+        else:
+            return True
+    return False
+
+
 class PackIndex:
     """One idx v2 file: its object ids (sorted), found by fan-out and bisection."""
 
@@ -165,18 +180,7 @@ class PackIndex:
     def __contains__(self, digest: bytes) -> bool:
         b = digest[0]
         lo = self.fanout[b - 1] if b else 0
-        hi = self.fanout[b]
-        names, h = self._names, self.hlen
-        while lo < hi:
-            mid = (lo + hi) // 2
-            probe = names[mid * h : mid * h + h]
-            if probe < digest:
-                lo = mid + 1
-            elif probe > digest:
-                hi = mid
-            else:
-                return True
-        return False
+        return _bisect(self._names, 0, lo, self.fanout[b], self.hlen, digest)
 
     def digests(self) -> Iterator[bytes]:
         for i in range(self.count):
@@ -354,15 +358,8 @@ class GraphLookup:
         for data, fanout, names in self._layers:
             lo = int.from_bytes(data[fanout + 4 * (b - 1) : fanout + 4 * b], "big") if b else 0
             hi = int.from_bytes(data[fanout + 4 * b : fanout + 4 * b + 4], "big")
-            while lo < hi:
-                mid = (lo + hi) // 2
-                probe = data[names + mid * h : names + mid * h + h]
-                if probe < digest:
-                    lo = mid + 1
-                elif probe > digest:
-                    hi = mid
-                else:
-                    return True
+            if _bisect(data, names, lo, hi, h, digest):
+                return True
         return False
 
     def close(self) -> None:
