@@ -42,8 +42,7 @@ class Access:
         self.spooled: dict[int, int] = {}  # uid -> bytes counted for its open handles
         self.reading: dict[int, int] = {}  # fh -> uid (bounded users' read handles)
         self.open_reads: dict[int, int] = {}  # uid -> open read handles
-        self.others_open = 0  # the open handles of users other than root and the owner
-        self.others: set[int] = set()  # (their fhs)
+        self.others: set[int] = set()  # fhs of users other than root and the owner
 
     # -- who may do what (a shared mount only; see the module docstring) ------------------
     def who(self, req: RequestContext) -> int:
@@ -100,13 +99,30 @@ class Access:
     def bounded_uid(self, req: RequestContext) -> int | None:
         """The uid a new write handle counts against (None: root, or a private mount);
         EMFILE when that uid holds max_write_handles already."""
-        if not self.shared or self.who(req) == ROOT:
+        return self._bounded(req, self.open_writes, self.ctx.options.max_write_handles, "write")
+
+    def bounded_reader(self, req: RequestContext) -> int | None:
+        """The uid a new read handle counts against (None: root, or a private mount);
+        EMFILE when that uid holds max_read_handles already."""
+        return self._bounded(req, self.open_reads, self.ctx.options.max_read_handles, "read")
+
+    def _bounded(
+        self, req: RequestContext, held: dict[int, int], cap: int, kind: str
+    ) -> int | None:
+        if not self.shared:
+            return None
+        who = self.who(req)
+        if who == ROOT:
             return None
         uid = int(req.uid)
-        cap = self.ctx.options.max_write_handles
-        if self.open_writes.get(uid, 0) >= cap:
-            fail(errno.EMFILE, f"uid {uid} holds {cap} open write handles (the per-user bound)")
-        self._others_room(req, uid)
+        if held.get(uid, 0) >= cap:
+            fail(errno.EMFILE, f"uid {uid} holds {cap} open {kind} handles (the per-user bound)")
+        if who == OTHER and len(self.others) >= (room := self.others_cap()):
+            fail(
+                errno.EMFILE,
+                f"uid {uid}: the users other than root and the owner hold {room} "
+                "open files (half the daemon's descriptor limit)",
+            )
         return uid
 
     @staticmethod
@@ -115,41 +131,15 @@ class Access:
         soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
         return max(32, (soft if soft != resource.RLIM_INFINITY else 1 << 20) // 2)
 
-    def _others_room(self, req: RequestContext, uid: int) -> None:
-        if self.who(req) == OTHER and self.others_open >= (cap := self.others_cap()):
-            fail(
-                errno.EMFILE,
-                f"uid {uid}: the users other than root and the owner hold {cap} "
-                "open files (half the daemon's descriptor limit)",
-            )
-
     def _count_other(self, fh: int, uid: int) -> None:
         if uid != self.ctx.options.owner_uid:
             self.others.add(fh)
-            self.others_open += 1
-
-    def _uncount_other(self, fh: int) -> None:
-        if fh in self.others:
-            self.others.discard(fh)
-            self.others_open -= 1
 
     def count_open(self, fh: int, uid: int | None) -> None:
         if uid is not None:
             self.bound[fh] = [uid, 0]
             self.open_writes[uid] = self.open_writes.get(uid, 0) + 1
             self._count_other(fh, uid)
-
-    def bounded_reader(self, req: RequestContext) -> int | None:
-        """The uid a new read handle counts against (None: root, or a private mount);
-        EMFILE when that uid holds max_read_handles already."""
-        if not self.shared or self.who(req) == ROOT:
-            return None
-        uid = int(req.uid)
-        cap = self.ctx.options.max_read_handles
-        if self.open_reads.get(uid, 0) >= cap:
-            fail(errno.EMFILE, f"uid {uid} holds {cap} open read handles (the per-user bound)")
-        self._others_room(req, uid)
-        return uid
 
     def count_read(self, fh: int, uid: int | None) -> None:
         if uid is not None:
@@ -160,7 +150,7 @@ class Access:
     def uncount_read(self, fh: int) -> None:
         uid = self.reading.pop(fh, None)
         if uid is not None:
-            self._uncount_other(fh)
+            self.others.discard(fh)
             self.open_reads[uid] -= 1
             if not self.open_reads[uid]:
                 del self.open_reads[uid]
@@ -184,7 +174,7 @@ class Access:
         b = self.bound.pop(fh, None)
         if b is not None:
             uid = b[0]
-            self._uncount_other(fh)
+            self.others.discard(fh)
             self.open_writes[uid] -= 1
             self.spooled[uid] = self.spooled.get(uid, 0) - b[1]
             if not self.open_writes[uid]:
