@@ -98,16 +98,16 @@ def _running_with(path: Path) -> list[int]:
     return out
 
 
-def test_sigterm_ends_a_long_pack_build_and_the_daemon_within_seconds(start_mount, tmp_path):
-    """A pack build whose git runs long (a `git` on the daemon's PATH whose pack-objects
-    waits 300 s first): SIGTERM kills that git and its process group, the build ends, the
-    daemon exits 0 within the bound; the next daemon builds the set."""
+def slow_git_mount(start_mount, tmp_path: Path, sleep: int):
+    """A mount whose daemon finds on its PATH a git whose pack-objects touches a marker
+    and waits `sleep` s first, holding a pushed repository of 3 commits (9 objects):
+    (mount, the wrapper's directory, the marker)."""
     import shutil
 
     bin_dir, marker = tmp_path / "bin", tmp_path / "pack-objects-started"
     bin_dir.mkdir()
     wrapper = bin_dir / "git"
-    wrapper.write_text(SLOW_GIT.format(marker=marker, git=shutil.which("git"), sleep=300))
+    wrapper.write_text(SLOW_GIT.format(marker=marker, git=shutil.which("git"), sleep=sleep))
     wrapper.chmod(0o755)
     env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "ALKFS_PACK_EVERY": "3600"}
     m = start_mount(None, "--window", "1h", env=env)
@@ -119,6 +119,14 @@ def test_sigterm_ends_a_long_pack_build_and_the_daemon_within_seconds(start_moun
         git("-C", src, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", f"{i}")
     m.path("repos", "r").mkdir()
     git("-C", src, "push", "-q", m.path("repos", "r"), "main")
+    return m, bin_dir, marker
+
+
+def test_sigterm_ends_a_long_pack_build_and_the_daemon_within_seconds(start_mount, tmp_path):
+    """A pack build whose git runs long (a `git` on the daemon's PATH whose pack-objects
+    waits 300 s first): SIGTERM kills that git and its process group, the build ends, the
+    daemon exits 0 within the bound; the next daemon builds the set."""
+    m, bin_dir, marker = slow_git_mount(start_mount, tmp_path, 300)
     errors: list[BaseException] = []
 
     def repack() -> None:
@@ -152,23 +160,7 @@ def test_sigterm_ends_a_long_pack_build_and_the_daemon_within_seconds(start_moun
 def test_a_build_whose_git_outlasts_a_look_at_the_stop_still_gets_its_input(start_mount, tmp_path):
     """pack-objects reads the build's object list on stdin and here starts a second late
     (longer than the 0.25 s between two looks at the store's stop): the build succeeds."""
-    import shutil
-
-    bin_dir, marker = tmp_path / "bin", tmp_path / "started"
-    bin_dir.mkdir()
-    wrapper = bin_dir / "git"
-    wrapper.write_text(SLOW_GIT.format(marker=marker, git=shutil.which("git"), sleep=1))
-    wrapper.chmod(0o755)
-    env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "ALKFS_PACK_EVERY": "3600"}
-    m = start_mount(None, "--window", "1h", env=env)
-    src = tmp_path / "src"
-    git("init", "-q", "-b", "main", src)
-    for i in range(3):
-        (src / f"f{i}").write_text(f"file {i}\n" * 50)
-        git("-C", src, "add", ".")
-        git("-C", src, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", f"{i}")
-    m.path("repos", "r").mkdir()
-    git("-C", src, "push", "-q", m.path("repos", "r"), "main")
+    m, _bin_dir, marker = slow_git_mount(start_mount, tmp_path, 1)
     m.path(".alkfs", "control").write_text("repack\n")
     assert marker.exists()
     st = status(m)["packs"]["sha1"]

@@ -4,9 +4,9 @@ each batch whose keys the published set held: a rebuild, then a drop, ...)."""
 
 from __future__ import annotations
 
-import os
-import subprocess
 from pathlib import Path
+
+from helpers import git as run_git
 
 from alkfs.app import Alkfs
 from alkfs.gc import sweep as gc_sweep
@@ -15,22 +15,12 @@ from alkfs.git.importer import import_repo
 from alkfs.git.refs import RefUpdate
 from alkfs.keys import Algorithm
 
-from .conftest import GIT_ENV
-
 COMMITS = 700  # a commit, a root tree, a subtree and a blob each: ~2,800 objects
 BATCH = 500  # the sweep's take batch here: its deletions span at least 3 batches
 
 
 def git(*args: str | Path, input: bytes | None = None) -> str:
-    proc = subprocess.run(
-        ["git", *map(str, args)],
-        input=input,
-        capture_output=True,
-        env={**os.environ, **GIT_ENV},
-        check=False,
-    )
-    assert proc.returncode == 0, (args, proc.stderr.decode())
-    return proc.stdout.decode()
+    return run_git(*args, input=input).stdout.decode()
 
 
 def bare_repo(path: Path, name: str, commits: int) -> Path:
