@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import logging
+import sys
+
 
 class AlkfsError(Exception):
     """Base of every error the library raises on purpose."""
@@ -73,3 +76,13 @@ class SourceFailed(AlkfsError):
 class Interrupted(AlkfsError):
     """Long work (a sweep, a verify) ended early because the store is closing (SIGTERM,
     an unmount): what it did stays done, the rest is for the next run."""
+
+
+def log_failure(logger: logging.Logger, what: str, *args: object) -> None:
+    """In an `except` block of background work: an error of ours (the database away, the
+    disk full, a source refused) as one short line; anything else with its traceback."""
+    exc = sys.exc_info()[1]
+    if isinstance(exc, AlkfsError):
+        logger.error(what + ": %.300s", *args, exc)
+    else:
+        logger.exception(what, *args)

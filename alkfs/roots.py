@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING
 
 from .db import now_ns
 from .durations import format_duration, parse_duration
-from .errors import Exists, Invalid, Missing, SourceFailed
+from .errors import Exists, Invalid, Missing, SourceFailed, log_failure
 from .git import borrower
 from .git.closure import RefClosure, Walker
 from .git.tables import Tables
@@ -323,7 +323,7 @@ class Roots:
         try:
             self.answer()
         except Exception:
-            log.exception("roots: answering a sweep's read failed")
+            log_failure(log, "roots: answering a sweep's read failed")
 
     def _read(self, rec: RootRecord, problems: builtins.list[str]) -> borrower.Reach | None:
         try:

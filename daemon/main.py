@@ -39,7 +39,7 @@ import trio
 
 from alkfs.app import Alkfs, store_exists
 from alkfs.durations import format_duration
-from alkfs.errors import AlkfsError, StoreLocked
+from alkfs.errors import AlkfsError, StoreLocked, log_failure
 from alkfs.store import Store
 
 from . import deathguard, packs
@@ -245,7 +245,7 @@ async def _sweeper(ctx: Context, every: float) -> None:
         try:
             await ctx.sweep(scheduled=True)
         except Exception:
-            log.exception("periodic sweep failed")
+            log_failure(log, "periodic sweep failed")
 
 
 async def _backfill(ctx: Context) -> None:

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
 
-from alkfs.errors import AlkfsError, Interrupted
+from alkfs.errors import AlkfsError, Interrupted, log_failure
 from alkfs.git.packs import FORMATS, Derived, Generation, derived_for
 from alkfs.keys import Key
 from alkfs.store import ObjectStat
@@ -143,7 +143,7 @@ class Served:
             try:
                 d = derived_for(ctx.store, fmt)
             except Exception:
-                log.exception("derived %s: cannot open the derived packs", fmt)
+                log_failure(log, "derived %s: cannot open the derived packs", fmt)
                 d = None
             if d is not None:
                 self.derived[fmt] = d
@@ -532,7 +532,7 @@ async def run(ctx: Context) -> None:
                 log.info("derived %s: the build in progress stopped (the daemon stops)", fmt)
                 return
             except Exception:
-                log.exception("derived %s: the intake build failed", fmt)
+                log_failure(log, "derived %s: the intake build failed", fmt)
                 s.last_built[fmt] = time.monotonic()  # not again before `every`
         for fmt in s.grace_over():  # retired sets past their grace: removable, if let go
             await ctx.run_sync(s.prune, fmt)

@@ -21,6 +21,8 @@ from typing import Any
 
 import trio
 
+from alkfs.errors import log_failure
+
 log = logging.getLogger("alkfsd")
 
 Task = Callable[..., Awaitable[Any]]
@@ -71,7 +73,7 @@ class Workers:
         try:
             await w.fn(*w.args)
         except Exception:
-            log.exception("%s failed", w.name)
+            log_failure(log, "%s failed", w.name)
 
     async def start_soon(self, fn: Task, *args: Any, name: str) -> None:
         """Start a short-lived task of the mount (an error it raises is logged: it never

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 from ..db import Error as DatabaseError
 from ..db import now_ns
 from ..durations import MAX_WINDOW_S
-from ..errors import AlkfsError, Interrupted, SourceFailed
+from ..errors import AlkfsError, Interrupted, SourceFailed, log_failure
 from ..keys import Key
 from .arbiter import raw
 from .window import TAKE_BATCH
@@ -208,7 +208,7 @@ def _live(store: Store, report: SweepReport) -> set[bytes] | None:
         report.aborted = AbortCause.PROTECT_FAILED.value
         return None
     except Exception:
-        store.log.exception("sweep: a liveness or protect source failed; nothing deleted")
+        log_failure(store.log, "sweep: a liveness or protect source failed; nothing deleted")
         report.aborted = AbortCause.PROTECT_FAILED.value
         return None
     live |= protected
@@ -255,7 +255,7 @@ def _run(
                 try:
                     protected_now = _protected_set(store) | kept_now
                 except Exception:
-                    store.log.exception("sweep: protect failed at delete time; batch cancelled")
+                    log_failure(store.log, "sweep: protect failed at delete time; batch cancelled")
                     report.cancelled_by_arbitration += len(batch)
                     continue
                 for i in range(0, len(batch), DELETE_TX):

@@ -49,6 +49,8 @@ def _walk(gitdir: str, *tips: str, want: bytes | None = None) -> tuple[bytes | N
         if found is not None:
             proc.kill()
         err = proc.stderr.read(64 << 10)
+        proc.stdout.close()
+        proc.stderr.close()
         proc.wait()
     if found is not None:
         return found, ""
