@@ -2,7 +2,7 @@
 VENV    := .venv
 PY      := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed
-APT_PKGS := fuse3 libfuse3-dev pkg-config attr git rsync bindfs patch postgresql pgbouncer
+APT_PKGS := fuse3 libfuse3-dev pkg-config attr git git-lfs rsync bindfs patch postgresql pgbouncer
 PYFUSE3 := 3.5.0
 DEMO    ?= $(CURDIR)/demo-store
 MNT     ?= $(CURDIR)/mnt
