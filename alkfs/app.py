@@ -13,6 +13,7 @@ from .binding import BINDING_NAME
 from .gc import staged
 from .git import packs
 from .git.closure import RefClosure
+from .git.lfs import LfsMedia
 from .git.refs import Refs
 from .keys import Key
 from .pins import Pins
@@ -34,10 +35,14 @@ class Alkfs:
         self.closure = RefClosure(store, self.refs)
         self.pins = Pins(store, closure=self.closure)
         self.roots = Roots(store, self.closure)  # borrowers (SPEC 3.8)
+        refs, roots = self.refs, self.roots
+        self.lfs = LfsMedia(store, (lambda: refs.write_counter, lambda: roots.write_counter))
         self._tokens = [
             store.register_source(self.closure),
             store.register_source(self.pins),
             store.register_source(self.roots),
+            store.register_source(self.lfs),  # (last: its media follow the others' keys)
+            store.arbiter.register_protect(self.lfs.protect),
         ]
         store.delete_guards.append(functools.partial(packs.guard_deletes, store))
         store.verify_hooks.append(functools.partial(packs.verify_sets, store))

@@ -309,10 +309,7 @@ class StoreTarget:
         from .git.importer import import_repo
 
         r = import_repo(self.app, gitdir, repo_id)  # its own progress bar, on a terminal only
-        return (
-            f"{len(r.refs)} refs, {r.objects} objects ({r.stored} stored, {r.present} "
-            "already present)"
-        )
+        return r.summary()
 
     def sweep(self, window_s: float | None, expire_now: bool = False) -> dict[str, Any]:
         return self.store.sweep(window_s, expire_now=expire_now).to_dict()

@@ -85,8 +85,9 @@ def ask_timeout_s() -> float:
 
 
 def _keys(found: borrower.Reach) -> list[Key]:
+    """The git objects it names, then the LFS media its own pointers name (sha256)."""
     prefix = bytes([_ALGO[found.object_format].value])
-    return [Key(prefix + x) for x in found.ids]
+    return [Key(prefix + x) for x in found.ids] + [Key(m) for m in found.media]
 
 
 def grace_s() -> float:
@@ -205,8 +206,11 @@ class Roots:
         tips += self._answers(asked, problems)
         if problems:
             raise SourceFailed("; ".join(problems))
+        media = {k.raw for k in tips if k.algo is Algorithm.SHA256}  # (LFS: not walked)
+        tips = [k for k in tips if k.algo is not Algorithm.SHA256]
         known = self.known() if tips else None
         live, _missing = self.walker.walk(tips, known) if tips else (set(), 0)
+        live |= media
         with self._lock:
             self._memo = (counter, live)
         return live

@@ -182,6 +182,20 @@ ROOT_TIPS = Table(
     engines=frozenset({"postgresql"}),
 )
 
+LFS_POINTERS = Table(
+    "lfs_pointers",
+    "Git LFS (SPEC 3.7): every stored git blob that is a git-lfs pointer, and the media "
+    "it names; a sweep keeps the media of every pointer blob it finds live "
+    "(alkfs/git/lfs.py). Filled by a scan of the kv tier in arrival order (meta "
+    "lfs_scanned: how far), so a store made before this table gets its rows too.",
+    (
+        Column("blob", "key", "the pointer blob's key (a git object)"),
+        Column("media", "key", "the sha256 key of the media the pointer names"),
+    ),
+    ("blob",),
+    rowid=False,
+)
+
 # -- the fleet (several daemons on one PostgreSQL store: alkfs/fleet.py) -----------------
 
 FLEET_NODES = Table(
@@ -285,6 +299,7 @@ TABLES = (
     REFS,
     PINS,
     ROOTS,
+    LFS_POINTERS,
     FLEET_NODES,
     FLEET_MACHINES,
     ROOT_TIPS,

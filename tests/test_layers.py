@@ -48,6 +48,8 @@ RANKS = {
     "alkfs.catalog": 3,
     "alkfs.git.objects": 3,
     "alkfs.git.borrower": 3,
+    "alkfs.git.lfs_pointer": 2,
+    "alkfs.git.lfs": 6,
     "alkfs.gc": 4,
     "alkfs.binding": 4,
     "alkfs.fleet": 4,

@@ -212,6 +212,18 @@ def _live(store: Store, report: SweepReport) -> set[bytes] | None:
         report.aborted = AbortCause.PROTECT_FAILED.value
         return None
     live |= protected
+    try:
+        # sources whose keys follow from what the others keep (LFS media: alkfs/git/lfs.py)
+        for source in sources:
+            live_from = getattr(source, "live_from", None)
+            if live_from is not None:
+                live.update(_raw_keys(live_from(live)))
+    except Interrupted:
+        raise
+    except Exception:
+        log_failure(store.log, "sweep: a liveness source failed; nothing deleted")
+        report.aborted = AbortCause.PROTECT_FAILED.value
+        return None
     return live
 
 

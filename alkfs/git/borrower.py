@@ -11,7 +11,9 @@ the store is every object reachable from
 - every index (the main one, each worktree's, a split index's shared part): the
   blobs of its entries and the trees of its cache-tree;
 - every object of its own object directory (what it reaches *through its own
-  objects*: an unpushed commit on top of a branch the server deleted).
+  objects*: an unpushed commit on top of a branch the server deleted);
+- the LFS media named by the git-lfs pointers among its own blobs (`Reach.media`: a
+  commit not pushed, or a file staged in its index, with `lfs.storage` in the mount).
 
 `tips` returns the ids those name; the caller walks their closure in the store. Git
 cannot do this walk itself here: `rev-list --objects` through the alternates would
@@ -41,6 +43,7 @@ from pathlib import Path
 from typing import IO
 
 from ..errors import AlkfsError, Interrupted
+from .lfs_pointer import POINTER_MAX, SHA256_TAG, pointer_oid
 from .objects import FORMATS
 
 GIT_TIMEOUT_S = 600.0
@@ -90,6 +93,7 @@ class Reach:
     ids: set[bytes] = field(default_factory=set)
     refs: int = 0
     own_objects: int = 0
+    media: set[bytes] = field(default_factory=set)  # raw sha256 keys its own pointers name
 
 
 def _read(path: Path) -> bytes:
@@ -468,16 +472,21 @@ def _own_objects(layout: Layout, reach: Reach, stop: threading.Event | None = No
         listing = _cat_file(
             layout,
             env,
-            ["--batch-all-objects", "--unordered", "--batch-check=%(objectname) %(objecttype)"],
+            [
+                "--batch-all-objects",
+                "--unordered",
+                "--batch-check=%(objectname) %(objecttype) %(objectsize)",
+            ],
             None,
             stop,
         )
         wanted: list[bytes] = []
         for line in listing.splitlines():
-            oid, _, kind = line.partition(b" ")
+            oid, kind, size = line.split(b" ")
             reach.own_objects += 1
             reach.ids.add(bytes.fromhex(oid.decode()))
-            if kind != b"blob":
+            # (a small blob may be an LFS pointer: a commit not pushed keeps its media)
+            if kind != b"blob" or int(size) < POINTER_MAX:
                 wanted.append(oid)
         if not wanted:
             return
@@ -501,7 +510,11 @@ def _named_by(stream: bytes, layout: Layout, reach: Reach) -> None:
         kind, size = header[1], int(header[2])
         body = stream[nl + 1 : nl + 1 + size]
         pos = nl + 1 + size + 1
-        if kind == b"tree":
+        if kind == b"blob":
+            media = pointer_oid(body)
+            if media is not None:
+                reach.media.add(SHA256_TAG + bytes.fromhex(media))
+        elif kind == b"tree":
             # (a gitlink names another repository's commit)
             reach.ids.update(x for mode, x in entry.findall(body) if mode != b"160000")
         elif kind in (b"commit", b"tag"):

@@ -25,11 +25,12 @@ import sys
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..errors import Exists, Invalid, Missing, Refused, Stale, StoreIO, Verification
 from ..keys import Algorithm, Key
 from ..tiers.sql import SqlTier
+from . import lfs
 from .connected import check_connected
 from .objects import FORMATS, MAX_HEADER
 from .refs import Outcome, RefUpdate, algo_of, valid_ref_name, valid_repo_id
@@ -60,6 +61,31 @@ class ImportResult:
     refs: dict[str, str] = field(default_factory=dict)  # the source's refs, as imported
     head: str | None = None  # the symbolic HEAD's target, if the source had one
     outcomes: list[Outcome] = field(default_factory=list)
+    media_stored: int = 0  # LFS media newly stored from the source's lfs/objects
+    media_present: int = 0  # LFS media its pointers name that the store already held
+    media_missing: list[str] = field(default_factory=list)  # named, found nowhere (oids)
+
+    def summary(self) -> str:
+        """One line for the command line."""
+        line = (
+            f"{len(self.refs)} refs, {self.objects} objects ({self.stored} stored, "
+            f"{self.present} already present)"
+        )
+        media = self.media_stored + self.media_present + len(self.media_missing)
+        if media:
+            line += (
+                f"; LFS media: {media} named by pointers ({self.media_stored} stored, "
+                f"{self.media_present} already present"
+            )
+            if self.media_missing:
+                shown = ", ".join(self.media_missing[:3])
+                more = len(self.media_missing) - 3
+                line += (
+                    f", {len(self.media_missing)} absent from the source and the store: "
+                    f"{shown}{f' and {more} more' if more > 0 else ''}"
+                )
+            line += ")"
+        return line
 
 
 _WRITER: concurrent.futures.ThreadPoolExecutor | None = None
@@ -203,6 +229,7 @@ def import_repo(
     stream: subprocess.Popen[bytes] | None = _cat_file(gitdir, True)
     lister: threading.Thread | None = None
     pinned: list[list[bytes]] = []  # keys pinned by this import, released once the refs commit
+    held: list[Any] = []  # the pins of the LFS media it stored, likewise
     result = ImportResult(repo_id, fmt, 0, 0, 0, 0)
     try:
         listing: concurrent.futures.Future[list[bytes]] = concurrent.futures.Future()
@@ -263,6 +290,10 @@ def import_repo(
                 everything = len(missing) == count
                 proc = _cat_file(gitdir, everything)
                 _store_objects(store, proc, algo, missing, everything, result, progress, pinned)
+        n_stored, n_present, absent, media_pins = lfs.import_media(store, gitdir)
+        held.extend(media_pins)
+        result.media_stored, result.media_present = n_stored, n_present
+        result.media_missing = absent
         if not _check_format(app, repo_id, fmt):
             try:
                 app.refs.create_repo(repo_id, fmt)
@@ -276,6 +307,9 @@ def import_repo(
             lister.join()
         for raws in pinned:
             store.unpin_raws(raws)
+        for pin in held:
+            pin.release()
+    app.lfs.scan()  # (its pointers recorded now, not at the next sweep)
     _pack(store, fmt)
     return result
 

@@ -164,7 +164,7 @@ def test_round_trip_sqlite_postgresql_sqlite(
     n = counts(before["tables"])
     assert len(before["objects"]) == n["blobs"] + n["catalog"]
     assert n == {
-        "meta": 4,  # mode, threshold, schema_version, store_id
+        "meta": 5,  # mode, threshold, schema_version, store_id, lfs_scanned
         "blobs": 21,  # 12 pinned, the orphan, the loose git blob, 7 small git objects
         "gc_window": 2,  # the orphan and the loose blob, staged
         "catalog": 5,  # 3 pinned large objects, 2 large git blobs
@@ -172,6 +172,7 @@ def test_round_trip_sqlite_postgresql_sqlite(
         "git_refs": 4,  # imported: main, side, v1; hand: main
         "pins": 15,
         "roots": 1,
+        "lfs_pointers": 0,
     }
     assert sum(1 for tier, _ in before["objects"].values() if tier == "large") == LARGE + 2
 
@@ -237,9 +238,9 @@ def test_interrupted_migration_resumes(
 
     with pytest.raises(KeyboardInterrupt):
         migrate.to_postgresql(root, pg_uri, progress=stop_after_three)
-    assert calls[1:] == [(4, calls[0][1]), (11, calls[0][1]), (18, calls[0][1])]
+    assert calls[1:] == [(5, calls[0][1]), (12, calls[0][1]), (19, calls[0][1])]
     rows = pg_rows(pg_uri)
-    assert (rows["meta"], rows["blobs"], rows["pins"]) == (4, 14, 0)
+    assert (rows["meta"], rows["blobs"], rows["pins"]) == (5, 14, 0)
     assert (root / DB_NAME).is_file() and read_binding(root) is None
 
     # the source stays usable, and changes made before the rerun are carried over

@@ -1,0 +1,299 @@
+"""Git LFS media kept alive by the pointers that name them (SPEC 3.7).
+
+A git-lfs pointer is a small blob (under POINTER_MAX bytes) of this exact shape:
+
+    version https://git-lfs.github.com/spec/v1
+    oid sha256:<64 lowercase hex>
+    size <decimal>
+
+(git-lfs's extension lines, `ext-<n>-<name> sha256:<hex>`, may come between version and
+oid; every line ends with a newline, keys after `version` in order). The media itself is
+stored by its sha256, which is this store's default key: `oid sha256:X` names the
+object `/objects/sha256/X`.
+
+`LfsMedia` is the liveness source of the media:
+
+- **Rows, not a walk.** The table `lfs_pointers` holds (pointer blob, media) for every
+  pointer blob stored. It is filled by `scan`: the kv tier's rows read in arrival order
+  from where the last scan stopped (`meta.lfs_scanned`), only those small enough to be a
+  pointer. The first scan of a store made before the table is the backfill; it is
+  resumable (the position moves with each page's rows, in one transaction). Every put
+  path is covered (import, push, loose writes, another fleet member's), whichever wrote
+  the blob.
+- **The mark** (`live_from`, run by the sweep after every other source): the media of
+  every row whose pointer blob is live (refs, pins, borrowers). One media named by many
+  pointers is one key; a row whose blob is no longer live stops protecting at that mark.
+  Borrowers' own pointer blobs (commits not pushed) are not in the store: `Roots` adds
+  the media they name itself (alkfs/git/borrower.py reads them).
+- **Arbitration** (`contains`, at each delete): a media key the mark found live is live;
+  one it did not find is live anyway when a ref or a root changed since the mark (a ref
+  may now reach an old pointer blob); and `protect` (a protect callback, called before
+  each delete batch) scans what arrived since the mark and keeps the media of every
+  pointer blob among it, live or not. A pointer pushed between a sweep's mark and its
+  delete therefore keeps its media.
+- A row whose pointer blob was deleted goes at the next mark.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import tempfile
+import threading
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ..errors import Verification
+from ..keys import Algorithm, Key
+from ..schema import LFS_POINTERS
+from .lfs_pointer import POINTER_MAX, SHA256_TAG, STORED_MAX, media_of, pointer_oid
+from .tables import Tables
+
+if TYPE_CHECKING:
+    from ..store import Store
+
+SCAN_PAGE = 50_000  # arrival numbers a scan reads per transaction
+SCANNED = "lfs_scanned"
+_SHA256 = SHA256_TAG
+_GIT_LO = bytes([Algorithm.GIT_SHA1.value])
+_GIT_HI = bytes([Algorithm.GIT_SHA256.value + 1])
+
+
+class LfsMedia:
+    """The media liveness source (see the module docstring). Register it with
+    `store.register_source` and its `protect` with `store.register_protect`; the sweep
+    calls `live_from` after the other sources."""
+
+    def __init__(self, store: Store, counters: Iterable[Callable[[], int]] = ()) -> None:
+        self.store = store
+        self.tables = Tables(store, (LFS_POINTERS,))
+        self.counters = tuple(counters)  # the refs' and roots' write counters
+        self._lock = threading.Lock()
+        self._scan_lock = threading.Lock()
+        self._memo: tuple[tuple[int, ...], set[bytes]] | None = None
+        self._since_mark: set[bytes] = set()
+        self._mem_seen: set[bytes] = set()  # (a memory store: the kv keys already scanned)
+        self.scanned_rows = 0  # rows the scans read (tests, status)
+
+    # -- rows -------------------------------------------------------------------------
+    def scan(self) -> list[tuple[bytes, bytes]]:
+        """Record the pointer blobs that arrived since the last scan; returns the
+        (blob, media) rows found by this one."""
+        with self._scan_lock:
+            if self.store.db is None:
+                return self._scan_memory()
+            return self._scan_db()
+
+    def _scan_db(self) -> list[tuple[bytes, bytes]]:
+        store = self.store
+        db = store.db
+        assert db is not None
+        a = db.arrival
+        top = store.kv.high_water()  # type: ignore[union-attr]
+        found: list[tuple[bytes, bytes]] = []
+        pos = self._position()
+        while pos < top:
+            store.check_stopping()
+            end = min(top, pos + SCAN_PAGE)
+            rows = db.execute(
+                f"SELECT key, value FROM blobs WHERE {a} > ? AND {a} <= ? AND size <= ? "
+                "AND key >= ? AND key < ?",
+                (pos, end, STORED_MAX, _GIT_LO, _GIT_HI),
+            ).fetchall()
+            page: list[tuple[bytes, bytes]] = []
+            for key, value in rows:
+                self.scanned_rows += 1
+                media = media_of(bytes(value))
+                if media is not None:
+                    page.append((bytes(key), media))
+            with self.tables.tx() as conn:
+                for row in page:
+                    conn.execute(
+                        "INSERT INTO lfs_pointers (blob, media) VALUES (?, ?) "
+                        "ON CONFLICT (blob) DO NOTHING",
+                        row,
+                    )
+                conn.execute(
+                    "INSERT INTO meta (name, value) VALUES (?, ?) ON CONFLICT (name) "
+                    "DO UPDATE SET value = excluded.value",
+                    (SCANNED, str(end)),
+                )
+            found += page
+            pos = end
+        return found
+
+    def _position(self) -> int:
+        rows = self.tables.read("SELECT value FROM meta WHERE name = ?", (SCANNED,))
+        try:
+            return int(rows[0][0]) if rows else 0
+        except (TypeError, ValueError):
+            return 0
+
+    def _scan_memory(self) -> list[tuple[bytes, bytes]]:
+        kv: Any = self.store.kv
+        found: list[tuple[bytes, bytes]] = []
+        for key in kv.keys():
+            if key in self._mem_seen or not _GIT_LO <= key[:1] < _GIT_HI:
+                continue
+            self._mem_seen.add(key)
+            value = kv.read(key)
+            media = None if value is None else media_of(value)
+            if media is not None:
+                found.append((key, media))
+        if found:
+            with self.tables.tx() as conn:
+                for row in found:
+                    conn.execute(
+                        "INSERT INTO lfs_pointers (blob, media) VALUES (?, ?) "
+                        "ON CONFLICT (blob) DO NOTHING",
+                        row,
+                    )
+        return found
+
+    def rows(self) -> list[tuple[bytes, bytes]]:
+        return [
+            (bytes(b), bytes(m))
+            for b, m in self.tables.read("SELECT blob, media FROM lfs_pointers")
+        ]
+
+    def pointers_to(self, media: Key) -> list[Key]:
+        """The stored pointer blobs that name `media` (after a scan)."""
+        self.scan()
+        rows = self.tables.read("SELECT blob FROM lfs_pointers WHERE media = ?", (media.raw,))
+        return sorted(Key(bytes(b)) for (b,) in rows)
+
+    def _drop_gone(self, rows: list[tuple[bytes, bytes]], live: set[bytes]) -> None:
+        """Rows whose pointer blob is no longer stored go (after the sweep deleted it)."""
+        has = self.store.has_raw
+        gone = [blob for blob, _media in rows if blob not in live and not has(blob)]
+        if gone:
+            with self.tables.tx() as conn:
+                for blob in gone:
+                    conn.execute("DELETE FROM lfs_pointers WHERE blob = ?", (blob,))
+            self._mem_seen.difference_update(gone)
+
+    # -- the liveness source ------------------------------------------------------------
+    def _epoch(self) -> tuple[int, ...]:
+        return tuple(c() for c in self.counters)
+
+    def live_keys(self) -> set[bytes]:
+        return set()  # (the media follow the other sources: see `live_from`)
+
+    def live_from(self, live: set[bytes]) -> set[bytes]:
+        """The media named by the pointer blobs in `live` (the other sources' keys)."""
+        epoch = self._epoch()  # (before the rows: a later change moves it)
+        with self._lock:
+            self._since_mark = set()
+        self.scan()
+        rows = self.rows()
+        keys = {media for blob, media in rows if blob in live}
+        self._drop_gone(rows, live)
+        with self._lock:
+            self._memo = (epoch, keys)
+        return keys
+
+    def protect(self) -> set[bytes]:
+        """The media of every pointer blob that arrived since the mark (live or not)."""
+        found = self.scan()
+        with self._lock:
+            self._since_mark |= {media for _blob, media in found}
+            return set(self._since_mark)
+
+    def contains(self, key: bytes) -> bool:
+        if key[:1] != _SHA256:
+            return False
+        memo = self._memo
+        if memo is None or key in memo[1]:
+            return True
+        return self._epoch() != memo[0]
+
+
+# -- import: the media a source repository holds ------------------------------------------
+def source_pointers(gitdir: str) -> dict[str, list[str]]:
+    """{media oid: [pointer blob ids]} of every pointer blob among the objects of the git
+    repository at `gitdir` (git reads them: every blob under POINTER_MAX bytes)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
+    check = subprocess.run(
+        [
+            "git",
+            f"--git-dir={gitdir}",
+            "cat-file",
+            "--batch-all-objects",
+            "--unordered",
+            "--batch-check=%(objectname) %(objecttype) %(objectsize)",
+        ],
+        capture_output=True,
+        check=True,
+        env=env,
+    ).stdout
+    small = [
+        oid
+        for oid, kind, size in (line.split() for line in check.splitlines())
+        if kind == b"blob" and int(size) < POINTER_MAX
+    ]
+    found: dict[str, list[str]] = {}
+    if not small:
+        return found
+    with tempfile.TemporaryFile() as ids:  # (git's input from a file: no pipe to deadlock)
+        ids.write(b"\n".join(small) + b"\n")
+        ids.seek(0)
+        out = subprocess.run(
+            ["git", f"--git-dir={gitdir}", "cat-file", "--batch"],
+            stdin=ids,
+            capture_output=True,
+            check=True,
+            env=env,
+        ).stdout
+    pos = 0
+    while pos < len(out):
+        nl = out.index(b"\n", pos)
+        oid, _kind, size = out[pos:nl].split()
+        body = out[nl + 1 : nl + 1 + int(size)]
+        pos = nl + 1 + int(size) + 1
+        media = pointer_oid(body)
+        if media is not None:
+            found.setdefault(media, []).append(oid.decode())
+    return found
+
+
+def media_dirs(gitdir: str) -> list[Path]:
+    """Where git-lfs keeps the media of the repository at `gitdir`: `lfs/objects` in its
+    git dir, and `lfs.storage`'s `objects` when that is configured."""
+    dirs = [Path(gitdir, "lfs", "objects")]
+    proc = subprocess.run(
+        ["git", f"--git-dir={gitdir}", "config", "--get", "lfs.storage"],
+        capture_output=True,
+        check=False,
+    )
+    storage = proc.stdout.decode(errors="replace").strip()
+    if storage:
+        dirs.append(Path(gitdir, storage, "objects"))  # (an absolute path stays itself)
+    return dirs
+
+
+def import_media(store: Store, gitdir: str) -> tuple[int, int, list[str], list[Any]]:
+    """Store the media the source's pointers name from its own LFS storage, each checked
+    against its oid: (stored, already present, oids of media found nowhere, the pins of
+    what was stored, for the caller to release once the refs commit)."""
+    stored, present, missing, pins = 0, 0, [], []
+    dirs = media_dirs(gitdir)
+    for oid in sorted(source_pointers(gitdir)):
+        key = Key.from_hex(Algorithm.SHA256, oid)
+        if store.has(key):
+            present += 1
+            continue
+        path = next((p for d in dirs if (p := d / oid[:2] / oid[2:4] / oid).is_file()), None)
+        if path is None:
+            missing.append(oid)
+            continue
+        try:
+            with open(path, "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                result = store.put(f, size, Algorithm.SHA256, expect=key)
+        except Verification:  # (a damaged file: its media is as good as absent)
+            missing.append(oid)
+            continue
+        pins.append(result.pin)
+        stored += 1
+    return stored, present, missing, pins
