@@ -85,16 +85,12 @@ def test_import_stores_the_media_records_the_pointers_and_names_what_is_absent(
     assert "LFS media: 3 named by pointers (2 stored, 0 already present, 1 absent" in r.summary()
     assert app.store.get(_key(one)) == one and app.store.get(_key(two)) == two
     assert not app.store.has(_key(gone))
-    assert sorted(m for _b, m in app.lfs.rows()) == sorted(
-        _key(x).raw for x in (one, two, gone)
-    )
+    assert sorted(m for _b, m in app.lfs.rows()) == sorted(_key(x).raw for x in (one, two, gone))
     again = import_repo(app, repo.gitdir, "r2")
     assert (again.media_stored, again.media_present) == (0, 2)
 
 
-def test_sweeps_keep_media_while_a_ref_reaches_its_pointer_and_drop_it_after(
-    make_repo, app: Alkfs
-):
+def test_sweeps_keep_media_while_a_ref_reaches_its_pointer_and_drop_it_after(make_repo, app: Alkfs):
     shared, own = os.urandom(3000), os.urandom(4000)
     a = _lfs_repo(make_repo, {"shared.bin": shared, "own.bin": own})
     b = _lfs_repo(make_repo, {"shared.bin": shared})
