@@ -106,6 +106,7 @@ DAEMON_RANKS = {
     "alkfsd.nodes.control": 31,
     "alkfsd.nodes.objects": 32,
     "alkfsd.nodes.loose": 32,
+    "alkfsd.nodes.lfs": 32,
     "alkfsd.nodes.pins": 32,
     "alkfsd.nodes.roots": 32,
     "alkfsd.nodes.gitview": 33,

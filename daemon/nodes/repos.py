@@ -56,6 +56,7 @@ from ..errors import fail
 from ..staging.writes import repo_key
 from .base import DYNAMIC_TIMEOUT, FIRST_OFFSET, OBJECT_TIMEOUT, Dir, Emit, File, Node
 from .handles import BytesHandle, DirHandle, Handle, wants_write
+from .lfs import LfsDir
 from .listing import Entries, readdir_snapshot, text_of
 from .refdir import FixedRefDir, HeadFile, RefDir, RepoFile
 from .refwrites import (
@@ -185,6 +186,8 @@ class RepoDir(Dir):
             return RepoObjectsDir(self.ctx, self)
         if name == b"refs":
             return FixedRefDir(self.ctx, self, self.repo, "refs")
+        if name == b"lfs":
+            return LfsDir(self.ctx, self, self.repo)
         return None
 
     async def lookup(self, name: bytes, req: RequestContext) -> Node:
@@ -296,7 +299,7 @@ class RepoDir(Dir):
         if start < FIRST_OFFSET or "entries" not in dh.state:
             packed = await packed_refs_node(self)
             out: Entries = [(b"packed-refs", packed)]
-            for name in (b"refs", b"HEAD", b"config", b"objects"):
+            for name in (b"refs", b"HEAD", b"config", b"objects", b"lfs"):
                 node = self._child(name)
                 assert node is not None
                 out.append((name, node))

@@ -22,6 +22,7 @@ TOP_LEVEL: dict[bytes, str] = {
     b"objects": "alkfsd.nodes.objects:ObjectsDir",
     b"git": "alkfsd.nodes.gitview:GitDir",
     b"repos": "alkfsd.nodes.repos:ReposDir",
+    b"lfs": "alkfsd.nodes.lfs:LfsDir",
     b"pins": "alkfsd.nodes.pins:PinsDir",
     b"roots": "alkfsd.nodes.roots:RootsDir",
     b".alkfs": "alkfsd.nodes.control:AlkfsDir",

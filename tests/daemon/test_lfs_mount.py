@@ -1,0 +1,240 @@
+"""Git LFS through a real mount with stock git and git-lfs (SPEC 3.7): media pushed to a
+`file://` remote in /repos/<id> are sha256 objects, clones pull them back, `lfs.storage`
+in /lfs is one deduplicated store that `git lfs prune` cannot empty, and sweeps keep
+exactly the media that a pointer reachable from some ref (or a borrower) names."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from helpers import GIT_ENV, status, sweep
+
+pytestmark = pytest.mark.skipif(shutil.which("git-lfs") is None, reason="needs git-lfs")
+
+MB5 = 5_000_000
+
+
+@pytest.fixture
+def lfs_env(tmp_path: Path) -> dict[str, str]:
+    """git with a global config of its own, where `git lfs install` writes its filters."""
+    home = tmp_path / "home"
+    home.mkdir()
+    env = {
+        **os.environ,
+        **GIT_ENV,
+        "HOME": str(home),
+        "GIT_CONFIG_GLOBAL": str(home / ".gitconfig"),
+        "GIT_TERMINAL_PROMPT": "0",
+    }
+    subprocess.run(["git", "lfs", "install"], env=env, check=True, capture_output=True)
+    return env
+
+
+def git(env: dict[str, str], *args, cwd: Path | None = None, check: bool = True) -> str:
+    done = subprocess.run(
+        ["git", *map(str, args)], cwd=cwd, env=env, capture_output=True, timeout=300
+    )
+    if check:
+        assert done.returncode == 0, (args, done.stdout.decode(), done.stderr.decode())
+    return done.stdout.decode() + done.stderr.decode()
+
+
+def work(env: dict[str, str], path: Path, media: dict[str, bytes]) -> Path:
+    """A work tree tracking *.bin with git-lfs, with `media` committed on main."""
+    git(env, "init", "-q", "-b", "main", path)
+    git(env, "lfs", "track", "*.bin", cwd=path)
+    for name, content in media.items():
+        (path / name).write_bytes(content)
+    git(env, "add", ".", cwd=path)
+    git(env, "commit", "-q", "-m", "media", cwd=path)
+    return path
+
+
+def oid(content: bytes) -> str:
+    return hashlib.sha256(content).hexdigest()
+
+
+def stored(m, content: bytes) -> bool:
+    return m.path("objects", "sha256", oid(content)).exists()
+
+
+def test_the_tour_push_clone_pull_and_fsck_through_the_mount(mount, tmp_path, lfs_env):
+    a, b = os.urandom(MB5), os.urandom(MB5)
+    w = work(lfs_env, tmp_path / "w", {"a.bin": a, "b.bin": b})
+    os.mkdir(mount.path("repos", "r"))
+    git(lfs_env, "push", f"file://{mount.path('repos', 'r')}", "main", cwd=w)
+    for content in (a, b):  # the media, byte for byte, as sha256 objects
+        assert mount.path("objects", "sha256", oid(content)).read_bytes() == content
+        lfs_path = mount.path("lfs", "objects", oid(content)[:2], oid(content)[2:4], oid(content))
+        assert lfs_path.stat().st_size == MB5
+    pointer = git(lfs_env, "cat-file", "-p", "HEAD:a.bin", cwd=w)  # the blob is the pointer
+    assert (
+        pointer == f"version https://git-lfs.github.com/spec/v1\noid sha256:{oid(a)}\nsize {MB5}\n"
+    )
+    clone = tmp_path / "clone"
+    git(lfs_env, "clone", "-q", mount.path("repos", "r"), clone)
+    git(lfs_env, "lfs", "pull", cwd=clone)
+    assert (clone / "a.bin").read_bytes() == a and (clone / "b.bin").read_bytes() == b
+    assert "Git LFS fsck OK" in git(lfs_env, "lfs", "fsck", cwd=clone)
+    assert "Git LFS fsck OK" in git(lfs_env, "lfs", "fsck", cwd=w)
+    assert os.listdir(mount.path("lfs", "objects")) == []  # resolves all, lists nothing
+    assert mount.tracebacks() == []
+
+
+def test_two_repositories_store_media_once_and_prune_in_shared_storage_deletes_nothing(
+    mount, tmp_path, lfs_env
+):
+    shared = os.urandom(300_000)
+    for name in ("one", "two"):
+        w = work(lfs_env, tmp_path / name, {"m.bin": shared})
+        os.mkdir(mount.path("repos", name))
+        git(lfs_env, "push", f"file://{mount.path('repos', name)}", "main", cwd=w)
+    assert status(mount)["objects"]["sha256"]["count"] == 1  # stored once
+    storage = mount.path("lfs")
+    own = {}
+    for i in range(3):  # three clones sharing lfs.storage in the mount
+        clone = tmp_path / f"c{i}"
+        git(lfs_env, "init", "-q", "-b", "main", clone)
+        git(lfs_env, "config", "lfs.storage", storage, cwd=clone)
+        git(lfs_env, "lfs", "track", "*.bin", cwd=clone)
+        own[i] = os.urandom(50_000 + i)
+        (clone / f"own{i}.bin").write_bytes(own[i])
+        (clone / "shared.bin").write_bytes(shared)
+        git(lfs_env, "add", ".", cwd=clone)
+        git(lfs_env, "commit", "-q", "-m", "x", cwd=clone)
+        assert stored(mount, own[i])  # `git add` wrote it through /lfs
+    for i in range(3):
+        out = git(lfs_env, "lfs", "prune", "--verbose", cwd=tmp_path / f"c{i}")
+        assert "0 local objects" in out, out
+    for content in [shared, *own.values()]:
+        assert stored(mount, content)
+    assert status(mount)["objects"]["sha256"]["count"] == 4
+
+
+def test_sweeps_keep_referenced_media_and_drop_it_after_its_last_branch(mount, tmp_path, lfs_env):
+    keep, drop, both = os.urandom(100_000), os.urandom(100_001), os.urandom(100_002)
+    w = work(lfs_env, tmp_path / "w", {"keep.bin": keep, "both.bin": both})
+    git(lfs_env, "checkout", "-q", "-b", "side", cwd=w)
+    (w / "drop.bin").write_bytes(drop)
+    git(lfs_env, "add", ".", cwd=w)
+    git(lfs_env, "commit", "-q", "-m", "side", cwd=w)
+    other = work(lfs_env, tmp_path / "other", {"both.bin": both})
+    for repo, src, refs in (("r", w, ("main", "side")), ("o", other, ("main",))):
+        os.mkdir(mount.path("repos", repo))
+        git(lfs_env, "push", f"file://{mount.path('repos', repo)}", *refs, cwd=src)
+    for _ in range(3):
+        assert sweep(mount)["aborted"] is None
+    assert all(stored(mount, c) for c in (keep, drop, both))
+    os.unlink(mount.path("repos", "r", "refs", "heads", "side"))  # the last branch reaching drop
+    first = sweep(mount)
+    assert stored(mount, drop), first  # staged, not yet deleted
+    second = sweep(mount)
+    assert not stored(mount, drop), second
+    assert stored(mount, keep) and stored(mount, both)
+    os.unlink(mount.path("repos", "r", "refs", "heads", "main"))
+    sweep(mount)
+    sweep(mount)
+    assert not stored(mount, keep)
+    assert mount.path("objects", "sha256", oid(both)).read_bytes() == both  # the other repo's
+
+
+def test_media_uploaded_before_the_push_survives_sweeps_within_the_push_grace(
+    mount, tmp_path, lfs_env
+):
+    content = os.urandom(200_000)
+    w = work(lfs_env, tmp_path / "w", {"m.bin": content})
+    os.mkdir(mount.path("repos", "r"))
+    remote = f"file://{mount.path('repos', 'r')}"
+    git(lfs_env, "lfs", "push", "--object-id", remote, oid(content), cwd=w)  # media only
+    assert stored(mount, content)
+    for _ in range(3):
+        sweep(mount)
+    assert stored(mount, content)  # (the window is 0: the push grace keeps it)
+    git(lfs_env, "push", remote, "main", cwd=w)
+    for _ in range(3):
+        sweep(mount)
+    assert mount.path("objects", "sha256", oid(content)).read_bytes() == content
+
+
+def test_media_of_an_unpushed_commit_in_a_registered_repository_survives(
+    start_mount, tmp_path, lfs_env
+):
+    mount = start_mount(None, "--window", "0", "--push-grace", "1s")
+    content = os.urandom(150_000)
+    repo = tmp_path / "borrower"
+    git(lfs_env, "init", "-q", "-b", "main", repo)
+    git(lfs_env, "config", "lfs.storage", mount.path("lfs"), cwd=repo)
+    os.symlink(str(repo), mount.path("roots", "b"))
+    git(lfs_env, "lfs", "track", "*.bin", cwd=repo)
+    (repo / "m.bin").write_bytes(content)
+    git(lfs_env, "add", ".", cwd=repo)
+    git(lfs_env, "commit", "-q", "-m", "not pushed", cwd=repo)
+    time.sleep(2.5)  # the push grace of what `git add` wrote through /lfs is over
+    for _ in range(3):
+        assert sweep(mount)["aborted"] is None
+    assert mount.path("objects", "sha256", oid(content)).read_bytes() == content
+    os.unlink(mount.path("roots", "b"))
+    sweep(mount)
+    sweep(mount)
+    assert not stored(mount, content)
+
+
+RACE_ROUNDS = 12
+
+
+def test_a_pointer_pushed_while_sweeps_run_keeps_its_media(start_mount, tmp_path, lfs_env):
+    """Pushes of new media (git-lfs uploads, then git pushes the pointer; the upload's pins
+    go when the push's ref commits) against a loop of sweeps with a zero window: every
+    pushed media stays."""
+    m = start_mount(None, "--window", "0")
+    w = work(lfs_env, tmp_path / "w", {"seed.bin": os.urandom(1000)})
+    os.mkdir(m.path("repos", "r"))
+    remote = f"file://{m.path('repos', 'r')}"
+    git(lfs_env, "push", remote, "main", cwd=w)
+    stop = threading.Event()
+    reports: list[dict] = []
+
+    def sweeper() -> None:
+        while not stop.is_set():
+            reports.append(sweep(m))
+
+    t = threading.Thread(target=sweeper)
+    t.start()
+    pushed: list[bytes] = []
+    try:
+        for i in range(RACE_ROUNDS):
+            content = os.urandom(20_000 + i)
+            (w / f"r{i}.bin").write_bytes(content)
+            git(lfs_env, "add", ".", cwd=w)
+            git(lfs_env, "commit", "-q", "-m", f"round {i}", cwd=w)
+            git(lfs_env, "push", remote, "main", cwd=w)
+            pushed.append(content)
+    finally:
+        stop.set()
+        t.join(timeout=120)
+    assert len(reports) >= 3, reports
+    for _ in range(3):
+        sweep(m)
+    missing = [i for i, c in enumerate(pushed) if not stored(m, c)]
+    assert missing == []
+    assert m.tracebacks() == []
+
+
+def test_a_rename_onto_the_wrong_oid_stores_nothing_and_fails_with_eio(mount):
+    tmp = mount.path("lfs", "tmp", "upload")
+    tmp.write_bytes(b"not what the name says\n")
+    wrong = oid(b"something else")
+    target = mount.path("lfs", "objects", wrong[:2], wrong[2:4], wrong)
+    with pytest.raises(OSError) as caught:
+        os.rename(tmp, target)
+    assert caught.value.errno == 5  # EIO
+    assert not mount.path("objects", "sha256", wrong).exists()
+    assert not mount.path("objects", "sha256", oid(b"not what the name says\n")).exists()
+    assert mount.proc.poll() is None
