@@ -522,7 +522,20 @@ class MountTarget:
         if not repo.is_dir():
             src_format = _git(gitdir, "rev-parse", "--show-object-format").strip()
             self.repo_create(repo_id, src_format)
-        cmd = ["git", f"--git-dir={gitdir}", "push", "--quiet", "--mirror", str(repo)]
+        from .git import lfs  # the media first, as git-lfs's pre-push does
+
+        media = lfs.copy_media_into(self.root, repo_id, resolve_gitdir(gitdir))
+        # (--no-verify: the source's hooks are not run; a git-lfs pre-push would refuse the
+        # bare path, and its media are already in)
+        cmd = [
+            "git",
+            f"--git-dir={gitdir}",
+            "push",
+            "--no-verify",
+            "--quiet",
+            "--mirror",
+            str(repo),
+        ]
         if sys.stderr.isatty():
             cmd.insert(4, "--progress")
         done = subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
@@ -536,7 +549,7 @@ class MountTarget:
         with through("the control file's repack"):
             (self.root / ".alkfs" / "control").write_text("repack\n")
         refs = _git(gitdir, "for-each-ref", "--format=%(refname)", check=False).split()
-        return f"{len(refs)} refs pushed through the mount"
+        return f"{len(refs)} refs pushed through the mount" + lfs.media_summary(*media)
 
     def control(self, command: str) -> None:
         with through(

@@ -71,20 +71,7 @@ class ImportResult:
             f"{len(self.refs)} refs, {self.objects} objects ({self.stored} stored, "
             f"{self.present} already present)"
         )
-        media = self.media_stored + self.media_present + len(self.media_missing)
-        if media:
-            line += (
-                f"; LFS media: {media} named by pointers ({self.media_stored} stored, "
-                f"{self.media_present} already present"
-            )
-            if self.media_missing:
-                shown = ", ".join(self.media_missing[:3])
-                more = len(self.media_missing) - 3
-                line += (
-                    f", {len(self.media_missing)} absent from the source and the store: "
-                    f"{shown}{f' and {more} more' if more > 0 else ''}"
-                )
-            line += ")"
+        line += lfs.media_summary(self.media_stored, self.media_present, self.media_missing)
         return line
 
 

@@ -36,6 +36,7 @@ object `/objects/sha256/X`.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import tempfile
@@ -297,3 +298,50 @@ def import_media(store: Store, gitdir: str) -> tuple[int, int, list[str], list[A
         pins.append(result.pin)
         stored += 1
     return stored, present, missing, pins
+
+
+def media_summary(stored: int, present: int, missing: list[str]) -> str:
+    """The import summary's LFS part ('' when the source names no media)."""
+    if not stored + present + len(missing):
+        return ""
+    line = (
+        f"; LFS media: {stored + present + len(missing)} named by pointers ({stored} "
+        f"stored, {present} already present"
+    )
+    if missing:
+        more = len(missing) - 3
+        line += (
+            f", {len(missing)} absent from the source and the store: "
+            f"{', '.join(missing[:3])}{f' and {more} more' if more > 0 else ''}"
+        )
+    return line + ")"
+
+
+def copy_media_into(mount: Path, repo_id: str, gitdir: str) -> tuple[int, int, list[str]]:
+    """`import_media` through a mount: each medium the source holds is written the way
+    git-lfs writes it (a temporary file in /repos/<id>/lfs/tmp, renamed to its oid, which
+    the daemon checks and stores): (stored, already present, oids found nowhere)."""
+    stored, present, missing = 0, 0, []
+    dirs = media_dirs(gitdir)
+    lfs_dir = mount / "repos" / repo_id / "lfs"
+    for oid in sorted(source_pointers(gitdir)):
+        if (mount / "objects" / "sha256" / oid).exists():
+            present += 1
+            continue
+        path = next((p for d in dirs if (p := d / oid[:2] / oid[2:4] / oid).is_file()), None)
+        if path is None:
+            missing.append(oid)
+            continue
+        tmp = lfs_dir / "tmp" / f"import-{os.getpid()}-{oid[:16]}"
+        try:
+            with open(path, "rb") as src, open(tmp, "wb") as dst:
+                while chunk := src.read(1 << 20):
+                    dst.write(chunk)
+            os.rename(tmp, lfs_dir / "objects" / oid[:2] / oid[2:4] / oid)
+        except OSError:  # (EIO: the file does not hash to its name: as good as absent)
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            missing.append(oid)
+            continue
+        stored += 1
+    return stored, present, missing

@@ -9,6 +9,7 @@ import hashlib
 import os
 import shutil
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -238,3 +239,60 @@ def test_a_rename_onto_the_wrong_oid_stores_nothing_and_fails_with_eio(mount):
     assert not mount.path("objects", "sha256", wrong).exists()
     assert not mount.path("objects", "sha256", oid(b"not what the name says\n")).exists()
     assert mount.proc.poll() is None
+
+
+ALKFS = Path(sys.executable).parent / "alkfs"
+
+
+def test_import_through_the_mount_stores_the_media_and_names_what_is_absent(
+    mount, tmp_path, lfs_env
+):
+    """A repository with LFS history: its media (in .git/lfs/objects) are stored as
+    sha256 objects with the pointers, a pointer whose media it lacks is named, and after
+    sweeps the imported refs keep them."""
+    a, b = os.urandom(120_000), os.urandom(130_000)
+    w = work(lfs_env, tmp_path / "w", {"a.bin": a, "b.bin": b})
+    lost = oid(b"never uploaded")  # a pointer committed as it is: git-lfs keeps it
+    pointer = f"version https://git-lfs.github.com/spec/v1\noid sha256:{lost}\nsize 14\n"
+    (w / "lost.bin").write_text(pointer)
+    git(lfs_env, "add", ".", cwd=w)
+    git(lfs_env, "commit", "-q", "-m", "more", cwd=w)
+    assert git(lfs_env, "cat-file", "-p", "HEAD:lost.bin", cwd=w) == pointer
+    done = subprocess.run(
+        [str(ALKFS), "--mount", mount.mnt, "git", "import", w / ".git", "--repo", "imp"],
+        capture_output=True,
+        env={k: v for k, v in lfs_env.items() if not k.startswith("ALKFS_")},
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    said = done.stdout.decode()
+    assert "LFS media: 3 named by pointers (2 stored, 0 already present, 1 absent" in said, said
+    for content in (a, b):
+        assert mount.path("objects", "sha256", oid(content)).read_bytes() == content
+    for _ in range(3):
+        sweep(mount)
+    assert stored(mount, a) and stored(mount, b)
+
+
+def test_a_fleet_media_pushed_through_one_member_swept_through_the_other(
+    start_pg_mount, tmp_path, lfs_env
+):
+    """Two daemons on one PostgreSQL store: the pointer rows are shared, so sweeps through
+    the member that did not see the push keep the media while a ref reaches it, and drop
+    it two sweeps after the branch is deleted through the first."""
+    store = tmp_path / "store"
+    m1 = start_pg_mount(store, "--window", "0", mnt=tmp_path / "mnt1")
+    m2 = start_pg_mount(store, "--window", "0", "--push-grace", "0", mnt=tmp_path / "mnt2")
+    content = os.urandom(250_000)
+    w = work(lfs_env, tmp_path / "w", {"m.bin": content})
+    os.mkdir(m1.path("repos", "r"))
+    git(lfs_env, "push", f"file://{m1.path('repos', 'r')}", "main", cwd=w)
+    for _ in range(3):
+        assert sweep(m2)["aborted"] is None
+    assert m2.path("objects", "sha256", oid(content)).read_bytes() == content
+    os.unlink(m1.path("repos", "r", "refs", "heads", "main"))
+    sweep(m2)
+    sweep(m2)
+    assert not stored(m2, content)
+    for m in (m1, m2):
+        assert m.tracebacks() == [], m.all_logs()
