@@ -99,8 +99,8 @@ class LfsMedia:
             end = min(top, pos + SCAN_PAGE)
             rows = db.execute(
                 f"SELECT key, value FROM blobs WHERE {a} > ? AND {a} <= ? AND size <= ? "
-                "AND key >= ? AND key < ?",
-                (pos, end, STORED_MAX, _GIT_LO, _GIT_HI),
+                "AND key >= ? AND key < ? AND substr(value, 1, 5) = ?",  # (blobs only)
+                (pos, end, STORED_MAX, _GIT_LO, _GIT_HI, b"blob "),
             ).fetchall()
             page: list[tuple[bytes, bytes]] = []
             for key, value in rows:
