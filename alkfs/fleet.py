@@ -16,8 +16,10 @@ family; `alkfs/schema.py` documents the tables):
   those transactions). Write transactions of the store run one at a time
   (alkfs/db/postgres.py), so a publish and a delete never interleave.
 - **Publishing a name** (`guard_publish`, inside the ref or pin transaction): refused
-  (Stale: write again) when this process's session is over, or when a pinning it held
-  when its session lapsed lost its object; the named objects must still be stored.
+  (Stale: write again) when this process's session is over, or when what it names
+  reaches an object that a pinning it held when its session lapsed lost (the closure of
+  the named objects is walked, only while such a loss is remembered: writes that do not
+  depend on a lost object go on at once); the named objects must still be stored.
 - **One sweep at a time** (`sweep_lease`): an advisory lock on a connection of its own
   that also runs the sweep's statements, so losing the lock ends the sweep as report
   data. The lease holder removes what dead sessions left.
@@ -77,6 +79,9 @@ class Fleet:
         self._lock = threading.Lock()
         self._unpins: list[tuple[bytes, int]] = []
         self.tainted: set[bytes] = set()  # pinned when the session lapsed, and gone since
+        # the closure of some keys (raw), set by alkfs/app.py: a publish is refused only
+        # when what it names reaches a tainted object (None: any taint refuses)
+        self.reaches: Callable[[list[bytes]], set[bytes]] | None = None
         self.lapses = 0
         self.on_refs: list[Callable[[str | None], None]] = []
         self.on_packs: list[Callable[[str | None], None]] = []  # (a format, None: any)
@@ -267,7 +272,10 @@ class Fleet:
     def guard_publish(self, conn: Any, keys: Iterable[bytes] = ()) -> None:
         """Inside a ref or pin transaction: this session is live and owes no lost
         object, the named objects are stored; then the epoch moves (Stale otherwise)."""
-        if self.tainted:
+        keys = list(keys)
+        with self._lock:
+            tainted = set(self.tainted)
+        if tainted and self._depends(keys, tainted):
             raise Stale(
                 "this daemon was paused past its session's TTL and objects it was "
                 "writing were collected meanwhile: write them again"
@@ -284,6 +292,18 @@ class Fleet:
             "INSERT INTO fleet_epoch (id, n) VALUES (1, 1) "
             "ON CONFLICT (id) DO UPDATE SET n = fleet_epoch.n + 1"
         )
+
+    def _depends(self, keys: list[bytes], tainted: set[bytes]) -> bool:
+        """Whether a publish of `keys` needs one of the `tainted` objects: one of them, or
+        (a git object) in its closure, walked whole (a rare path: only after a lapse).
+        Writes that reach none of them go on at once."""
+        if tainted.intersection(keys):
+            return True
+        if not keys:
+            return False  # (a root's registration names no object)
+        if self.reaches is None:
+            return True
+        return not tainted.isdisjoint(self.reaches(keys))
 
     def refs_changed(self, conn: Any, repo: str) -> None:
         conn.execute("SELECT pg_notify('alkfs_refs', ?)", (repo,))
