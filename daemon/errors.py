@@ -64,14 +64,44 @@ def clip(text: str, limit: int = LOG_VALUE_MAX) -> str:
     return f"{text[:limit]}...[{len(text) - limit} more chars]"
 
 
+# syslog priorities (sd-daemon(3)'s <N> prefixes) of the logging levels, most severe first;
+# below INFO: <7> (debug)
+SYSLOG_PRIORITY = (
+    (logging.CRITICAL, 2),
+    (logging.ERROR, 3),
+    (logging.WARNING, 4),
+    (logging.INFO, 6),
+)
+
+
+def syslog_priority(levelno: int) -> int:
+    for level, priority in SYSLOG_PRIORITY:
+        if levelno >= level:
+            return priority
+    return 7
+
+
 class ClipFormatter(logging.Formatter):
-    """Formats as usual, then cuts every physical line (tracebacks too) to LOG_LINE_MAX."""
+    """Formats as usual, the message on one line (its own line breaks written as \\n), then
+    cuts every physical line (tracebacks too) to LOG_LINE_MAX. With `journal`, every
+    physical line starts with the record's syslog priority (`<3>` error, `<4>` warning,
+    `<6>` info, `<7>` debug), which journald reads from a service's stderr."""
+
+    def __init__(self, fmt: str | None = None, *, journal: bool = False) -> None:
+        super().__init__(fmt)
+        self.journal = journal
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        return super().formatMessage(record).replace("\r", "\\r").replace("\n", "\\n")
 
     def format(self, record: logging.LogRecord) -> str:
         text = super().format(record)
-        if len(text) <= LOG_LINE_MAX:
+        if len(text) > LOG_LINE_MAX:
+            text = "\n".join(clip(line, LOG_LINE_MAX) for line in text.split("\n"))
+        if not self.journal:
             return text
-        return "\n".join(clip(line, LOG_LINE_MAX) for line in text.split("\n"))
+        prefix = f"<{syslog_priority(record.levelno)}>"
+        return "\n".join(prefix + line for line in text.split("\n"))
 
 
 class RateLimit:

@@ -32,7 +32,8 @@ import socket
 import subprocess
 import sys
 import time
-from typing import Any
+from collections.abc import Mapping
+from typing import IO, Any
 
 import pyfuse3
 import trio
@@ -52,6 +53,11 @@ from .staging.spool import clear_spool, spool_dir
 from .status import serve_metrics
 
 log = logging.getLogger("alkfsd")
+
+# One line per event: `TIME alkfsd[PID] LEVEL message`; in the journal, which stamps
+# each line with its own time, pid and identifier, `<PRIORITY>LEVEL message`.
+LOG_FORMAT = "%(asctime)s alkfsd[%(process)d] %(levelname)s %(message)s"
+JOURNAL_FORMAT = "%(levelname)s %(message)s"
 
 MAX_TASKS = 64
 FD_LIMIT_MAX = 1 << 20  # (raise_fd_limit)
@@ -308,12 +314,39 @@ def raise_fd_limit() -> None:
             resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
 
 
+def to_journal(stream: IO[str], environ: Mapping[str, str]) -> bool:
+    """Whether `stream` is journald's: systemd sets JOURNAL_STREAM=DEV:INO (decimal) for a
+    service whose stderr or stdout it connected to the journal (systemd.exec(5)); it is
+    ours only if `stream` is that very file (a child whose stderr is a pipe or a file
+    inherits the variable, not the stream)."""
+    dev, sep, ino = environ.get("JOURNAL_STREAM", "").partition(":")
+    if not (sep and dev.isdigit() and ino.isdigit()):
+        return False
+    try:
+        st = os.fstat(stream.fileno())
+    except (AttributeError, OSError, ValueError):  # (no descriptor: a test's capture)
+        return False
+    return (st.st_dev, st.st_ino) == (int(dev), int(ino))
+
+
+def log_handler(
+    stream: IO[str] | None = None, environ: Mapping[str, str] | None = None
+) -> logging.Handler:
+    """The daemon's one log handler, on `stream` (stderr): LOG_FORMAT, or JOURNAL_FORMAT
+    with a syslog priority prefix per line when `stream` is the journal (to_journal)."""
+    stream = sys.stderr if stream is None else stream
+    journal = to_journal(stream, os.environ if environ is None else environ)
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(
+        ClipFormatter(JOURNAL_FORMAT, journal=True) if journal else ClipFormatter(LOG_FORMAT)
+    )
+    return handler
+
+
 def main(argv: list[str] | None = None) -> int:
     keep_freed_memory()
     raise_fd_limit()
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(ClipFormatter("%(asctime)s alkfsd[%(process)d] %(levelname)s %(message)s"))
-    logging.basicConfig(level=logging.INFO, handlers=[handler])
+    logging.basicConfig(level=logging.INFO, handlers=[log_handler()])
     logging.getLogger("pyfuse3").setLevel(logging.WARNING)
     logging.getLogger("psycopg.pool").setLevel(logging.ERROR)  # (its retries: one line each)
     if argv is None:
