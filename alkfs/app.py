@@ -50,7 +50,7 @@ class Alkfs:
             store.reserve.shedders.append(functools.partial(packs.shed, store))
         if store.fleet is not None:  # another daemon's ref change: views made again
             walker = self.closure.walker
-            store.fleet.reaches = lambda raws: walker.walk(map(Key, raws))[0]
+            store.fleet.reaches = lambda raws: walker.walk(map(Key, raws))
             store.fleet.on_refs.append(self.refs.changed_elsewhere)
             store.fleet.on_roots.append(self.roots.asked)  # (a sweep elsewhere asks)
 

@@ -79,9 +79,10 @@ class Fleet:
         self._lock = threading.Lock()
         self._unpins: list[tuple[bytes, int]] = []
         self.tainted: set[bytes] = set()  # pinned when the session lapsed, and gone since
-        # the closure of some keys (raw), set by alkfs/app.py: a publish is refused only
-        # when what it names reaches a tainted object (None: any taint refuses)
-        self.reaches: Callable[[list[bytes]], set[bytes]] | None = None
+        # the closure of some keys (raw) and how many of its objects are missing, set by
+        # alkfs/app.py: a publish is refused only when what it names reaches a tainted
+        # object, or one that is gone (None: any taint refuses)
+        self.reaches: Callable[[list[bytes]], tuple[set[bytes], int]] | None = None
         self.lapses = 0
         self.on_refs: list[Callable[[str | None], None]] = []
         self.on_packs: list[Callable[[str | None], None]] = []  # (a format, None: any)
@@ -303,7 +304,8 @@ class Fleet:
             return False  # (a root's registration names no object)
         if self.reaches is None:
             return True
-        return not tainted.isdisjoint(self.reaches(keys))
+        reached, missing = self.reaches(keys)  # (a lost tree or commit is not read: missing)
+        return missing > 0 or not tainted.isdisjoint(reached)
 
     def refs_changed(self, conn: Any, repo: str) -> None:
         conn.execute("SELECT pg_notify('alkfs_refs', ?)", (repo,))

@@ -174,8 +174,17 @@ def test_a_member_paused_past_its_ttl_cannot_publish_what_was_collected(
         assert a.refs.refs("r") == {}
         assert a.store.fleet.renew() is False  # never renewed: a new session instead
         assert a.store.fleet.tainted == {result.key.raw}
-        with pytest.raises(Stale):  # (still: the lost object is still pinned by a)
-            a.store.fleet.guard_publish(a.store.db, [])
+        # while the lost object is still pinned by a: what names it or reaches it is
+        # refused, and only that (issue 40, row 2)
+        with pytest.raises(Stale):
+            a.store.fleet.guard_publish(a.store.db, [result.key.raw])
+        entry = b"100644 f\0" + result.key.digest
+        tree = a.store.add(b"tree %d\0" % len(entry) + entry, algo=Algorithm.GIT_SHA1)
+        with pytest.raises(Stale):  # (its closure holds the lost blob)
+            a.store.fleet.guard_publish(a.store.db, [tree.raw])
+        unrelated = a.store.add(b"blob 9\0unrelated", algo=Algorithm.GIT_SHA1)
+        [out] = a.refs.update("r", [RefUpdate("refs/heads/u", unrelated.hex, None)])
+        assert out.ok and a.store.fleet.tainted == {result.key.raw}
         result.pin.release()
         assert a.store.fleet.tainted == set()
         again = a.store.put(b"blob 4\0lost", algo=Algorithm.GIT_SHA1)  # written again
