@@ -22,7 +22,7 @@ HELPER  := sbin/mount_fuse_alkfs.py
 # what the installed package is made of (a change in one installs it again)
 SOURCES := pyproject.toml README.md $(shell find alkfs daemon -name '*.py' -not -path '*/__pycache__/*')
 
-.PHONY: test soak run setup apt install-apt install uninstall lint bench clean
+.PHONY: test soak run setup apt install-apt install uninstall lint check bench clean
 
 setup: $(STAMP)
 
@@ -134,6 +134,17 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
+
+# The quick gate (under 2 minutes; no FUSE mount, no PostgreSQL server): the lint, then the
+# tests that need neither: the library's (tests/store, tests/git), the layering rule, the
+# CLI on a store, the daemon's Operations and workers called directly. tests/helpers.py,
+# loaded as a plugin, marks the tests that take a mount or PostgreSQL fixture (deselected
+# here) and skips one that asks for either at run time.
+CHECK_TESTS := tests/store tests/git tests/test_layers.py tests/test_cli.py \
+               tests/daemon/test_ops.py tests/daemon/test_workers.py
+check: lint
+	PYTHONPATH=tests $(PY) -X dev -bb -m pytest -q -rfE -p helpers \
+	  -m "not mount and not postgres and not slow" $(CHECK_TESTS) $(PYTEST_ARGS)
 
 bench: $(STAMP)
 	$(PY) bench/store.py

@@ -68,12 +68,15 @@ def sweep(m) -> dict:
     return status(m)["last_sweep"]
 
 
-def git(*args, cwd=None, check=True, input=None, timeout=300.0) -> subprocess.CompletedProcess:
-    """The real git with GIT_ENV; asserts success unless `check` is False."""
+def git(
+    *args, cwd=None, env: dict[str, str] | None = None, check=True, input=None, timeout=300.0
+) -> subprocess.CompletedProcess:
+    """The real git with GIT_ENV (and `env` over it), its output bytes; asserts success
+    unless `check` is False."""
     done = subprocess.run(
         ["git", *map(str, args)],
         cwd=cwd,
-        env={**os.environ, **GIT_ENV},
+        env={**os.environ, **GIT_ENV, **(env or {})},
         capture_output=True,
         input=input,
         timeout=timeout,
@@ -81,6 +84,13 @@ def git(*args, cwd=None, check=True, input=None, timeout=300.0) -> subprocess.Co
     if check:
         assert done.returncode == 0, (args, done.stderr.decode(errors="replace"))
     return done
+
+
+def git_out(
+    *args, cwd=None, env: dict[str, str] | None = None, check=True, input=None, timeout=300.0
+) -> str:
+    """git(...)'s stdout as str (not stripped)."""
+    return git(*args, cwd=cwd, env=env, check=check, input=input, timeout=timeout).stdout.decode()
 
 
 def cp(src: Path, dst: Path) -> None:
@@ -120,3 +130,42 @@ def open_fds(pid: int) -> dict[int, str]:
 def fuse_fds(pid: int) -> list[int]:
     """The process's descriptors of /dev/fuse."""
     return [fd for fd, target in open_fds(pid).items() if target == "/dev/fuse"]
+
+
+# -- make check: the tests that need no FUSE mount and no PostgreSQL server -----------------
+# Hooks of a pytest plugin, used only when this module is loaded as one (`PYTHONPATH=tests
+# pytest -p helpers`, as `make check` does); an ordinary run never calls them.
+MOUNT_FIXTURES = frozenset({"mount", "start_mount", "pg_mount", "start_pg_mount"})
+POSTGRES_FIXTURES = frozenset({"pg_server", "pg_uri", "pg_mount", "start_pg_mount"})
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "postgres: needs the session's PostgreSQL server")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Marks `mount` each test that takes a mount fixture and `postgres` each that takes a
+    PostgreSQL one (for -m "not mount and not postgres")."""
+    for item in items:
+        names = set(getattr(item, "fixturenames", ()))
+        if names & MOUNT_FIXTURES:
+            item.add_marker(pytest.mark.mount)
+        if names & POSTGRES_FIXTURES:
+            item.add_marker(pytest.mark.postgres)
+
+
+SKIPPED_FIXTURES = {"pg_server": "no PostgreSQL server", "start_mount": "no FUSE mount"}
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_fixture_setup(fixturedef: pytest.FixtureDef, request: pytest.FixtureRequest) -> None:
+    """A test that asks for a server or a mount at run time (request.getfixturevalue: the
+    PostgreSQL columns of tests/store, ALKFS_TEST_DATABASE=postgresql) is skipped instead."""
+    why = SKIPPED_FIXTURES.get(fixturedef.argname)
+    if why is None:
+        return
+    try:
+        pytest.skip(f"make check: {why}")
+    except pytest.skip.Exception as e:  # cached as pytest caches a fixture's own skip
+        fixturedef.cached_result = (None, fixturedef.cache_key(request), (e, e.__traceback__))
+        raise

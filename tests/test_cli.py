@@ -14,6 +14,7 @@ from datetime import datetime
 from pathlib import Path
 
 import pytest
+from helpers import git, git_out
 
 from alkfs.db.uri import redact
 from alkfs.durations import format_duration, parse_duration
@@ -115,21 +116,6 @@ def files(tmp_path: Path) -> dict[str, Path]:
     return {"small": small, "big": big}
 
 
-def git(*args: str, cwd: Path | None = None) -> str:
-    env = {
-        **os.environ,
-        "GIT_AUTHOR_NAME": "t",
-        "GIT_AUTHOR_EMAIL": "t@example.com",
-        "GIT_COMMITTER_NAME": "t",
-        "GIT_COMMITTER_EMAIL": "t@example.com",
-        "GIT_AUTHOR_DATE": "2026-01-01T00:00:00Z",
-        "GIT_COMMITTER_DATE": "2026-01-01T00:00:00Z",
-    }
-    return subprocess.run(
-        ["git", *args], cwd=cwd, env=env, capture_output=True, text=True, check=True
-    ).stdout
-
-
 # -- put / get / stat ------------------------------------------------------------------------
 
 
@@ -169,7 +155,7 @@ def test_put_of_a_git_object_as_git_sha1_matches_git_hash_object(store, tmp_path
     canonical.write_bytes(b"blob %d\0" % len(body) + body)
     blob = tmp_path / "body"
     blob.write_bytes(body)
-    oid = git("hash-object", str(blob)).strip()
+    oid = git_out("hash-object", str(blob)).strip()
     assert ok("--store", store, "put", "--algo", "git-sha1", canonical) == f"git-sha1/{oid}\n"
     assert run("--store", store, "get", oid).stdout == canonical.read_bytes()
 
@@ -291,15 +277,15 @@ def make_git_repo(path: Path) -> tuple[int, str]:
     git("commit", "-q", "-m", "second", cwd=path)
     git("branch", "side", "HEAD~1", cwd=path)
     git("tag", "-a", "-m", "v1", "v1", cwd=path)
-    listing = git("cat-file", "--batch-all-objects", "--batch-check", cwd=path)
-    return len(listing.splitlines()), git("rev-parse", "main", cwd=path).strip()
+    listing = git_out("cat-file", "--batch-all-objects", "--batch-check", cwd=path)
+    return len(listing.splitlines()), git_out("rev-parse", "main", cwd=path).strip()
 
 
 def test_git_import_stores_every_object_and_the_refs_keep_them_through_sweeps(store, tmp_path):
     count, main = make_git_repo(tmp_path / "src")
     src = tmp_path / "src" / ".git"
     said = ok("--store", store, "git", "import", src, "--repo", "src")
-    refs = len(git("for-each-ref", cwd=tmp_path / "src").splitlines())
+    refs = len(git_out("for-each-ref", cwd=tmp_path / "src").splitlines())
     assert re.fullmatch(  # (one summary line)
         rf"imported {re.escape(str(src))} as src: {refs} refs, {count} objects \({count} stored, "
         r"0 already present\) in \d+\.\d s\n",

@@ -16,7 +16,7 @@ from pathlib import Path
 import helpers
 import pytest
 from alkfsd import listings
-from helpers import sweep
+from helpers import git, git_out, sweep
 
 from alkfs.app import Alkfs
 from alkfs.git.importer import import_repo
@@ -25,10 +25,6 @@ pytestmark = pytest.mark.skipif(
     not listings.CACHED_DIRS, reason="pyfuse3 without pyfuse3-cacheddirs.patch"
 )
 NO_INTAKE = {"ALKFS_PACK_EVERY": "86400", "ALKFS_PACK_OBJECTS": "1000000"}
-
-
-def git(*args, input: bytes | None = None) -> str:
-    return helpers.git(*args, input=input).stdout.decode()
 
 
 def opened_here(m) -> int:
@@ -92,7 +88,7 @@ def test_a_repositorys_fanout_directories_are_opened_and_listed_without_python(
     assert after["opened_here"] == before["opened_here"]
     assert after["read_here"] == before["read_here"]
     assert after["answered_in_c"] >= 256
-    blob = git(f"--git-dir={m.mnt / 'repos' / 'r'}", "rev-parse", "main:f.txt").strip()
+    blob = git_out(f"--git-dir={m.mnt / 'repos' / 'r'}", "rev-parse", "main:f.txt").strip()
     assert (m.mnt / "repos" / "r" / "objects" / blob[:2] / blob[2:]).is_file()  # resolves
 
 
@@ -153,14 +149,14 @@ def test_fanout_lookups_answered_in_c_are_counted_and_given_back_when_forgotten(
     number of such rounds every object still resolves through them."""
     m = start_mount(imported_store(tmp_path), "--window", "0", env=NO_INTAKE)
     repo = m.mnt / "repos" / "r"
-    blob = git(f"--git-dir={repo}", "rev-parse", "main:f.txt").strip()
+    blob = git_out(f"--git-dir={repo}", "rev-parse", "main:f.txt").strip()
     want = "".join(f"line {k}\n" for k in range(20)).encode()
     git_fans = 256  # /git/sha1's, held for the mount's life
     for _ in range(3):
         for i in range(256):
             assert os.listdir(repo / "objects" / f"{i:02x}") == []
         assert helpers.status(m)["listings"]["entries_in_c"] == git_fans + 256
-        assert git(f"--git-dir={repo}", "cat-file", "blob", blob).encode() == want
+        assert git_out(f"--git-dir={repo}", "cat-file", "blob", blob).encode() == want
         assert (repo / "objects" / blob[:2] / blob[2:]).stat().st_size > 0
         deadline = time.monotonic() + 30
         while helpers.status(m)["listings"]["entries_in_c"] != git_fans:

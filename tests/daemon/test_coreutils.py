@@ -12,6 +12,7 @@ from datetime import datetime
 from pathlib import Path
 
 import pytest
+from helpers import git, git_out
 
 from alkfs.app import Alkfs
 from alkfs.git.importer import import_repo
@@ -24,21 +25,6 @@ LARGE = 200_000  # over the default threshold (131072): the large tier
 def run(*args: str | os.PathLike[str], cwd: Path | None = None) -> str:
     return subprocess.run(
         [str(a) for a in args], cwd=cwd, capture_output=True, text=True, check=True, timeout=60
-    ).stdout
-
-
-def git(*args: str, cwd: Path | None = None) -> str:
-    env = {
-        **os.environ,
-        "GIT_AUTHOR_NAME": "A U Thor",
-        "GIT_AUTHOR_EMAIL": "author@example.com",
-        "GIT_COMMITTER_NAME": "C O Mitter",
-        "GIT_COMMITTER_EMAIL": "committer@example.com",
-        "GIT_AUTHOR_DATE": "2026-01-02T03:04:05Z",
-        "GIT_COMMITTER_DATE": "2026-01-02T03:04:05Z",
-    }
-    return subprocess.run(
-        ["git", *args], cwd=cwd, env=env, capture_output=True, text=True, check=True
     ).stdout
 
 
@@ -274,7 +260,7 @@ def test_ls_of_repos_lists_each_repository_as_a_bare_git_layout(served):
 
 
 def source_refs(gitdir: Path) -> dict[str, str]:
-    out = git(f"--git-dir={gitdir}", "for-each-ref", "--format=%(refname) %(objectname)")
+    out = git_out(f"--git-dir={gitdir}", "for-each-ref", "--format=%(refname) %(objectname)")
     return dict(line.split() for line in out.splitlines())
 
 

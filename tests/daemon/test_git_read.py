@@ -11,30 +11,19 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from helpers import git_out
 
 from alkfs.app import Alkfs
 from alkfs.git.importer import import_repo
 
 PROJECT = Path(__file__).resolve().parents[2]
 LARGE = 150_000  # a blob over the default threshold: served from the large tier
-ENV = {
-    "GIT_AUTHOR_NAME": "A U Thor",
-    "GIT_AUTHOR_EMAIL": "author@example.com",
-    "GIT_COMMITTER_NAME": "C O Mitter",
-    "GIT_COMMITTER_EMAIL": "committer@example.com",
-    "GIT_CONFIG_NOSYSTEM": "1",
-    "GIT_CONFIG_GLOBAL": "/dev/null",
-}
 
 
+# a wrapper: the generated history dates each commit `date` minutes past a fixed clock
 def git(*args: str | os.PathLike[str], cwd: Path | None = None, date: int = 0) -> str:
     stamp = f"{1_767_000_000 + 60 * date} +0000"
-    env = {**os.environ, **ENV, "GIT_AUTHOR_DATE": stamp, "GIT_COMMITTER_DATE": stamp}
-    done = subprocess.run(
-        ["git", *map(str, args)], cwd=cwd, env=env, capture_output=True, text=True, timeout=120
-    )
-    assert done.returncode == 0, (args, done.stderr)
-    return done.stdout
+    return git_out(*args, cwd=cwd, env={"GIT_AUTHOR_DATE": stamp, "GIT_COMMITTER_DATE": stamp})
 
 
 def make_history(path: Path, object_format: str) -> Path:

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import git, git_out
 
 from alkfs.app import Alkfs
 from alkfs.git.importer import import_repo
@@ -23,23 +24,6 @@ LARGE = 200_000
 SMALL_DATA = b"hello, life cycle\n"
 LARGE_DATA = bytes(range(256)) * (LARGE // 256)
 ORPHAN_DATA = b"nobody keeps me\n"
-
-
-def git(*args: str | os.PathLike[str], cwd: Path | None = None) -> str:
-    env = {
-        **os.environ,
-        "GIT_AUTHOR_NAME": "A",
-        "GIT_AUTHOR_EMAIL": "a@example.com",
-        "GIT_COMMITTER_NAME": "C",
-        "GIT_COMMITTER_EMAIL": "c@example.com",
-        "GIT_AUTHOR_DATE": "2026-03-04T05:06:07Z",
-        "GIT_COMMITTER_DATE": "2026-03-04T05:06:07Z",
-    }
-    done = subprocess.run(
-        ["git", *map(str, args)], cwd=cwd, env=env, capture_output=True, text=True, timeout=60
-    )
-    assert done.returncode == 0, (args, done.stderr)
-    return done.stdout
 
 
 def make_repo(path: Path) -> Path:
@@ -163,11 +147,13 @@ def test_after_sigkill_a_restart_on_the_same_mountpoint_serves_every_view(live):
     assert m.path("objects", "sha256", world.large.hex).read_bytes() == LARGE_DATA
     assert m.path("pins", "blake").read_bytes() == b"blake three\n"
     log = ("log", "--all", "--format=%H %T %P %s")
-    assert git(f"--git-dir={m.path('repos', 'src')}", *log) == git(f"--git-dir={world.src}", *log)
+    assert git_out(f"--git-dir={m.path('repos', 'src')}", *log) == git_out(
+        f"--git-dir={world.src}", *log
+    )
     alt = m.mnt.parent / "alt.git"
     git("init", "-q", "--bare", alt)
     (alt / "objects" / "info" / "alternates").write_text(f"{m.mnt}/git/sha1\n")
-    listed = git(f"--git-dir={alt}", "cat-file", "--batch-all-objects", "--batch-check")
+    listed = git_out(f"--git-dir={alt}", "cat-file", "--batch-all-objects", "--batch-check")
     assert len(listed.splitlines()) == world.imported.objects
     after = json.loads(ok("--mount", m.mnt, "status"))
     before = json.loads(before)
@@ -341,16 +327,20 @@ def test_cli_git_import_through_the_mount_pushes_every_ref(live, tmp_path):
     git("add", ".", cwd=tmp_path / "other")
     git("commit", "-q", "-m", "more", cwd=tmp_path / "other")
     said = ok("--mount", m.mnt, "git", "import", other, "--repo", "other")
-    n = len(git(f"--git-dir={other}", "for-each-ref").splitlines())
+    n = len(git_out(f"--git-dir={other}", "for-each-ref").splitlines())
     assert re.fullmatch(
         rf"imported {re.escape(str(other))} as other: {n} refs pushed through the mount "
         r"in \d+\.\d s\n",
         said,
     ), said
     refs = ("for-each-ref", "--format=%(objectname) %(refname)")
-    assert git(f"--git-dir={m.path('repos', 'other')}", *refs) == git(f"--git-dir={other}", *refs)
+    assert git_out(f"--git-dir={m.path('repos', 'other')}", *refs) == git_out(
+        f"--git-dir={other}", *refs
+    )
     log = ("log", "--all", "--format=%H %T %P %s")
-    assert git(f"--git-dir={m.path('repos', 'other')}", *log) == git(f"--git-dir={other}", *log)
+    assert git_out(f"--git-dir={m.path('repos', 'other')}", *log) == git_out(
+        f"--git-dir={other}", *log
+    )
 
 
 def test_cli_git_import_of_a_holed_repository_is_refused_before_any_push(live, tmp_path):
@@ -358,7 +348,7 @@ def test_cli_git_import_of_a_holed_repository_is_refused_before_any_push(live, t
     ref; no repository created, on the mount as on a store."""
     world, m = live
     other = make_repo(tmp_path / "holed")
-    blob = git(f"--git-dir={other}", "rev-parse", "HEAD:f1.txt").strip()
+    blob = git_out(f"--git-dir={other}", "rev-parse", "HEAD:f1.txt").strip()
     (other / "objects" / blob[:2] / blob[2:]).unlink()  # (a fresh commit's objects are loose)
     line = refused("--mount", m.mnt, "git", "import", other, "--repo", "holed")
     assert line == (

@@ -18,7 +18,7 @@ import pyfuse3
 import pytest
 from alkfsd import listings
 from alkfsd.listings import Listings
-from helpers import GIT_ENV, sweep
+from helpers import git, git_out, sweep
 
 from alkfs.app import Alkfs
 from alkfs.git.importer import import_repo
@@ -26,18 +26,6 @@ from alkfs.git.importer import import_repo
 WAIT_S = 60.0  # bound of the polls below (never a timing assertion)
 NO_INTAKE = {"ALKFS_PACK_EVERY": "86400", "ALKFS_PACK_OBJECTS": "1000000"}
 FAST_INTAKE = {"ALKFS_PACK_EVERY": "0", "ALKFS_PACK_POLL": "0.2"}
-
-
-def git(*args, env=None, input=None) -> str:
-    done = subprocess.run(
-        ["git", *map(str, args)],
-        env={**os.environ, **GIT_ENV, **(env or {})},
-        capture_output=True,
-        input=input,
-        timeout=120,
-    )
-    assert done.returncode == 0, (args, done.stderr.decode(errors="replace"))
-    return done.stdout.decode()
 
 
 def imported_store(tmp_path: Path) -> Path:
@@ -60,7 +48,7 @@ def imported_store(tmp_path: Path) -> Path:
 
 def put_loose(mnt: Path, content: bytes) -> str:
     """git writes one loose object into /git/sha1 itself."""
-    return git(
+    return git_out(
         "hash-object",
         "-w",
         "--stdin",
@@ -72,7 +60,7 @@ def put_loose(mnt: Path, content: bytes) -> str:
 def fresh_blob(mnt: Path, tag: str) -> tuple[bytes, str]:
     """Content whose id is not stored yet, and that id (computed outside the mount)."""
     content = f"listing cache {tag} {time.time_ns()}\n".encode()
-    oid = git("hash-object", "--stdin", input=content).strip()
+    oid = git_out("hash-object", "--stdin", input=content).strip()
     return content, oid
 
 
@@ -149,7 +137,7 @@ def test_a_cached_empty_listing_shows_an_object_stored_through_another_directory
     content, oid = fresh_blob(m.mnt, "elsewhere")
     fan = m.mnt / "git" / "sha1" / oid[:2]
     assert ls(fan) == [] and ls(fan) == []
-    got = git(
+    got = git_out(
         "hash-object",
         "-w",
         "--stdin",

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import trio
 from alkfsd.packs import since_built
-from helpers import GIT_ENV
+from helpers import git, git_out
 
 from alkfs.app import Alkfs
 from alkfs.git.importer import import_repo
@@ -27,20 +27,6 @@ FAST_INTAKE = {"ALKFS_PACK_EVERY": "0", "ALKFS_PACK_POLL": "0.2"}
 # an intake of two objects at once: neither lands alone in a pack of its own
 PAIR_INTAKE = {"ALKFS_PACK_EVERY": "3600", "ALKFS_PACK_OBJECTS": "2", "ALKFS_PACK_POLL": "0.2"}
 WAIT_S = 60.0  # bound of the polls below (never a timing assertion)
-
-
-def git(*args, cwd=None, env=None, check=True, input=None) -> str:
-    done = subprocess.run(
-        ["git", *map(str, args)],
-        cwd=cwd,
-        env={**os.environ, **GIT_ENV, **(env or {})},
-        capture_output=True,
-        input=input,
-        timeout=120,
-    )
-    if check:
-        assert done.returncode == 0, (args, done.stderr.decode(errors="replace"))
-    return done.stdout.decode()
 
 
 def source_repo(path: Path, fmt: str) -> Path:
@@ -116,9 +102,9 @@ def alternates_user(tmp_path: Path, mnt: Path, fmt: str, src: Path, name: str = 
     user = tmp_path / name
     git("init", "-q", "--bare", f"--object-format={fmt}", user)
     (user / "objects" / "info" / "alternates").write_text(f"{mnt}/git/{fmt}\n")
-    for line in git(f"--git-dir={src}", "for-each-ref", "--format=%(objectname) %(refname)").split(
-        "\n"
-    ):
+    for line in git_out(
+        f"--git-dir={src}", "for-each-ref", "--format=%(objectname) %(refname)"
+    ).split("\n"):
         if line:
             oid, ref = line.split()
             git(f"--git-dir={user}", "update-ref", ref, oid)
@@ -127,7 +113,7 @@ def alternates_user(tmp_path: Path, mnt: Path, fmt: str, src: Path, name: str = 
 
 def put_loose(mnt: Path, fmt: str, content: bytes) -> str:
     """git writes one object into /git/<fmt> itself (not pinned: the window protects it)."""
-    return git(
+    return git_out(
         "hash-object",
         "-w",
         "--stdin",
@@ -140,7 +126,7 @@ def assert_packs_hold_all_of(src: Path, mnt: Path, tmp_path: Path) -> None:
     """The listed sha1 packs hold every object of `src`, and a repository with alternates
     into the mount is fsck-clean."""
     everything = set(
-        git(
+        git_out(
             f"--git-dir={src}", "cat-file", "--batch-all-objects", "--batch-check=%(objectname)"
         ).split()
     )
@@ -183,12 +169,12 @@ def test_the_served_set_passes_gits_verifiers_and_fanouts_list_only_unpacked(
         ).read_bytes()
     user = alternates_user(tmp_path, mnt, fmt, src)
     idx = next(mnt / "git" / fmt / "pack" / n for n in names if n.endswith(".idx"))
-    assert git(f"--git-dir={user}", "verify-pack", "-v", idx).rstrip().endswith(": ok")
+    assert git_out(f"--git-dir={user}", "verify-pack", "-v", idx).rstrip().endswith(": ok")
     git(f"--git-dir={user}", "multi-pack-index", f"--object-dir={mnt}/git/{fmt}", "verify")
     git(f"--git-dir={user}", "commit-graph", "verify", f"--object-dir={mnt}/git/{fmt}")
     git(f"--git-dir={user}", "fsck", "--full", "--strict", "--no-dangling")
     everything = set(
-        git(
+        git_out(
             f"--git-dir={src}", "cat-file", "--batch-all-objects", "--batch-check=%(objectname)"
         ).split()
     )
@@ -197,7 +183,7 @@ def test_the_served_set_passes_gits_verifiers_and_fanouts_list_only_unpacked(
     for oid in sorted(everything)[:20]:  # yet each resolves by name, in both views
         for top in (mnt / "git" / fmt, mnt / "repos" / "r" / "objects"):
             assert (top / oid[:2] / oid[2:]).stat().st_size > 0
-    assert git(f"--git-dir={mnt}/repos/r", "rev-list", "--objects", "--all") == git(
+    assert git_out(f"--git-dir={mnt}/repos/r", "rev-list", "--objects", "--all") == git_out(
         f"--git-dir={src}", "rev-list", "--objects", "--all"
     )
     for path in [mnt / "git" / fmt / "pack" / n for n in names] + [
@@ -217,7 +203,9 @@ def test_a_new_object_is_loose_at_once_then_inside_a_pack_after_intake(start_mou
     mnt = m.mnt
     before = listing(mnt, "sha1")
     oid = put_loose(mnt, "sha1", b"written after the pack set\n")
-    assert git(f"--git-dir={mnt}/repos/r", "cat-file", "-p", oid) == "written after the pack set\n"
+    assert (
+        git_out(f"--git-dir={mnt}/repos/r", "cat-file", "-p", oid) == "written after the pack set\n"
+    )
     wait_for("the intake pack", lambda: oid in idx_ids(mnt, "sha1"))
     after = listing(mnt, "sha1")
     assert set(before) < set(after)  # an intake pack beside the first one
@@ -227,7 +215,7 @@ def test_a_new_object_is_loose_at_once_then_inside_a_pack_after_intake(start_mou
     user = alternates_user(tmp_path, mnt, "sha1", src)
     git(f"--git-dir={user}", "multi-pack-index", f"--object-dir={mnt}/git/sha1", "verify")
     git(f"--git-dir={user}", "fsck", "--full", "--strict", "--no-dangling")
-    assert git(f"--git-dir={user}", "cat-file", "-p", oid) == "written after the pack set\n"
+    assert git_out(f"--git-dir={user}", "cat-file", "-p", oid) == "written after the pack set\n"
     retired = store / "derived" / "sha1" / "gen-1"
     wait_for("the retired generation to go", lambda: not retired.exists())
 
@@ -305,8 +293,8 @@ def test_no_pack_listed_after_a_sweep_holds_an_object_it_deleted(start_mount, tm
     mnt = m.mnt
     loose = put_loose(mnt, "sha1", b"dead once packed\n")
     wait_for("the intake pack", lambda: loose in idx_ids(mnt, "sha1"))
-    side = git(f"--git-dir={src}", "rev-parse", "side").strip()
-    side_blob = git(f"--git-dir={src}", "rev-parse", "side:side.txt").strip()
+    side = git_out(f"--git-dir={src}", "rev-parse", "side").strip()
+    side_blob = git_out(f"--git-dir={src}", "rev-parse", "side:side.txt").strip()
     assert {loose, side, side_blob} <= idx_ids(mnt, "sha1")
     os.unlink(mnt / "repos" / "r" / "refs" / "heads" / "side")  # the side commit dies
     control = mnt / ".alkfs" / "control"
@@ -325,7 +313,7 @@ def test_no_pack_listed_after_a_sweep_holds_an_object_it_deleted(start_mount, tm
         f"--git-dir={user}",
         "update-ref",
         "refs/heads/main",
-        git(f"--git-dir={src}", "rev-parse", "main").strip(),
+        git_out(f"--git-dir={src}", "rev-parse", "main").strip(),
     )
     git(f"--git-dir={user}", "fsck", "--full", "--strict", "--no-dangling")
     git(f"--git-dir={user}", "commit-graph", "verify", f"--object-dir={mnt}/git/sha1")
@@ -345,12 +333,14 @@ def test_git_freshens_a_packed_object_through_its_loose_path(start_mount, tmp_pa
     assert last_sweep(mnt)["candidates_staged"] == 1
     user = alternates_user(tmp_path, mnt, "sha1", src)
     # git finds it in a pack, utime()s the pack (EPERM), then the loose path: freshened
-    assert git(f"--git-dir={user}", "hash-object", "-w", "--stdin", input=content).strip() == oid
-    assert git(f"--git-dir={user}", "count-objects").startswith("0 objects")  # nothing copied
+    assert (
+        git_out(f"--git-dir={user}", "hash-object", "-w", "--stdin", input=content).strip() == oid
+    )
+    assert git_out(f"--git-dir={user}", "count-objects").startswith("0 objects")  # nothing copied
     control.write_text("sweep\n")
     report = last_sweep(mnt)
     assert (report["deleted"], report["cancelled_by_arbitration"]) == (0, 1)
-    assert git(f"--git-dir={user}", "cat-file", "-p", oid).encode() == content
+    assert git_out(f"--git-dir={user}", "cat-file", "-p", oid).encode() == content
     git(f"--git-dir={user}", "fsck", "--full", "--strict", "--no-dangling")
 
 
@@ -369,7 +359,7 @@ def test_git_gc_repack_and_prune_in_a_repository_delete_nothing(start_mount, tmp
     assert {p: p.read_bytes() for p in gen_dir.rglob("*") if p.is_file()} == files
     status = json.loads((mnt / ".alkfs" / "status").read_text())
     assert status["objects"]["git-sha1"]["count"] == count
-    everything = git(
+    everything = git_out(
         f"--git-dir={src}", "cat-file", "--batch-all-objects", "--batch-check=%(objectname)"
     ).split()
     for oid in everything:
@@ -563,7 +553,7 @@ def test_staged_objects_move_into_a_pack_of_their_own_before_their_window_ends(
     assert pack_holding(mnt, oid) == staged_pack(store)
     assert (mnt / "git" / "sha1" / oid[:2] / oid[2:]).exists()  # resolved by name
     assert oid not in fanout_listed(mnt, "sha1")
-    assert git(f"--git-dir={mnt}/repos/r", "cat-file", "-p", oid) == "staged for an hour\n"
+    assert git_out(f"--git-dir={mnt}/repos/r", "cat-file", "-p", oid) == "staged for an hour\n"
     assert m.tracebacks() == []
 
 
@@ -577,7 +567,7 @@ def test_a_staged_commit_a_ref_names_again_is_packed_and_fsck_finds_it(start_mou
     m = start_mount(store, "--window", "1h", env=FAST_INTAKE)
     mnt = m.mnt
     repo = f"--git-dir={mnt}/repos/r"
-    side = git(f"--git-dir={src}", "rev-parse", "side").strip()
+    side = git_out(f"--git-dir={src}", "rev-parse", "side").strip()
     wait_for("the side commit in a pack", lambda: side in idx_ids(mnt, "sha1"))
     git(repo, "update-ref", "-d", "refs/heads/side")
     (mnt / ".alkfs" / "control").write_text("sweep\n")

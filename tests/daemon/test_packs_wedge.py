@@ -13,7 +13,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from helpers import GIT_ENV, status
+from helpers import git, git_out, status
 
 from alkfs.app import Alkfs
 from alkfs.git import packs
@@ -26,25 +26,12 @@ from alkfs.keys import Algorithm
 NO_INTAKE = {"ALKFS_PACK_EVERY": "3600", "ALKFS_PACK_POLL": "0.2"}
 
 
-def git(*args, cwd=None, input_: bytes | None = None) -> str:
-    done = subprocess.run(
-        ["git", *map(str, args)],
-        cwd=cwd,
-        env={**os.environ, **GIT_ENV},
-        input=input_,
-        capture_output=True,
-        timeout=120,
-    )
-    assert done.returncode == 0, (args, done.stderr.decode(errors="replace"))
-    return done.stdout.decode()
-
-
 def commit(work: Path, name: str) -> str:
     """A commit on the checked-out branch of `work` that adds one file; its id."""
     (work / f"{name}.txt").write_text(f"{name}\n" + "".join(f"line {i}\n" for i in range(50)))
     git("-C", work, "add", f"{name}.txt")
     git("-C", work, "commit", "-q", "-m", name)
-    return git("-C", work, "rev-parse", "HEAD").strip()
+    return git_out("-C", work, "rev-parse", "HEAD").strip()
 
 
 def control(m, command: str) -> None:
@@ -118,7 +105,7 @@ def test_a_commit_made_live_again_before_its_deletion_never_wedges_packing(
     assert published_meta(m.store_path)["mode"] == "intake"  # (a layer over the others)
 
     # every object reachable from the refs is packed, and git finds all of it
-    listed = git("-C", work, "rev-list", "--objects", "tmp").splitlines()
+    listed = git_out("-C", work, "rev-list", "--objects", "tmp").splitlines()
     reachable = {line.split()[0] for line in listed}
     assert {x, y, z} <= reachable <= packed(m.mnt)
     user = tmp_path / "user"
@@ -155,9 +142,9 @@ def test_a_grandchild_of_a_staged_commit_stays_out_of_the_intakes_graph(tmp_path
         stream.append(f"data 4\nc{i:02d}\nM 100644 inline f{i}.txt\ndata 3\n{i:02d}\n\n")
     stream.append("commit refs/heads/side\ncommitter C <c@example.com> 1700000100 +0000\n")
     stream.append("data 4\nside\nfrom refs/heads/main\nM 100644 inline side.txt\ndata 2\nx\n\n")
-    git(f"--git-dir={src}", "fast-import", "--quiet", input_=("".join(stream)).encode())
-    x = git(f"--git-dir={src}", "rev-parse", "side").strip()
-    x_tree = git(f"--git-dir={src}", "rev-parse", "side^{tree}").strip()
+    git(f"--git-dir={src}", "fast-import", "--quiet", input=("".join(stream)).encode())
+    x = git_out(f"--git-dir={src}", "rev-parse", "side").strip()
+    x_tree = git_out(f"--git-dir={src}", "rev-parse", "side^{tree}").strip()
     with Alkfs.open(tmp_path / "store", window_s=0) as app:
         store = app.store
         import_repo(app, str(src), "r", progress=False)
@@ -222,8 +209,8 @@ def test_a_failed_commit_graph_write_leaves_the_layers_as_they_were(tmp_path, mo
             f"commit refs/heads/main\ncommitter C <c@example.com> {1700000000 + i} +0000\n"
         )
         stream.append(f"data 4\nc{i:02d}\nM 100644 inline f{i}.txt\ndata 3\n{i:02d}\n\n")
-    git(f"--git-dir={src}", "fast-import", "--quiet", input_=("".join(stream)).encode())
-    tree = git(f"--git-dir={src}", "rev-parse", "main^{tree}").strip()
+    git(f"--git-dir={src}", "fast-import", "--quiet", input=("".join(stream)).encode())
+    tree = git_out(f"--git-dir={src}", "rev-parse", "main^{tree}").strip()
     with Alkfs.open(tmp_path / "store", window_s=0) as app:
         store = app.store
         import_repo(app, str(src), "r", progress=False)

@@ -19,7 +19,7 @@ import zlib
 from pathlib import Path
 
 import pytest
-from helpers import GIT_ENV, sweep
+from helpers import GIT_ENV, git, git_out, sweep
 
 from alkfs.git.objects import canonical, object_id
 
@@ -45,17 +45,6 @@ sys.stdin.read()
 """
 
 
-def git(*args, env=None) -> str:
-    done = subprocess.run(
-        ["git", *map(str, args)],
-        env={**os.environ, **GIT_ENV, **(env or {})},
-        capture_output=True,
-        timeout=300,
-    )
-    assert done.returncode == 0, (args, done.stderr.decode(errors="replace"))
-    return done.stdout.decode()
-
-
 def loose(mount, oid: str) -> Path:
     return mount.path("git", "sha1", oid[:2], oid[2:])
 
@@ -67,7 +56,7 @@ def store_unpinned(mount, path: Path) -> str:
     if not plain.exists():
         git("init", "-q", "--bare", plain)
     view = str(mount.path("git", "sha1"))
-    return git(
+    return git_out(
         f"--git-dir={plain}", "hash-object", "-w", path, env={"GIT_OBJECT_DIRECTORY": view}
     ).strip()
 
@@ -100,7 +89,7 @@ def test_pins_without_a_ref_write_go_after_the_push_grace_counted_from_the_write
     )
     try:
         assert writer.stdout is not None and writer.stdout.readline() == "stored\n"
-        by_git = git(f"--git-dir={gitdir}", "hash-object", "-w", tmp_path / "by-git").strip()
+        by_git = git_out(f"--git-dir={gitdir}", "hash-object", "-w", tmp_path / "by-git").strip()
         free = store_unpinned(mount, tmp_path / "free")
         sweep(mount)
         sweep(mount)  # window 0: staged by the first, deleted by the second unless kept
@@ -212,7 +201,7 @@ def test_an_object_a_push_only_touches_is_held_until_its_ref_commits(mount, tmp_
     sweep(mount)
     sweep(mount)
     assert loose(mount, blob).exists()
-    tip = git("-C", work, "rev-parse", "main").strip()
+    tip = git_out("-C", work, "rev-parse", "main").strip()
     assert (target / "refs" / "heads" / "main").read_text() == f"{tip}\n"
     git(f"--git-dir={target}", "fsck", "--full", "--no-dangling")
     assert zlib.decompress(loose(mount, blob).read_bytes()) == canonical("blob", shared)

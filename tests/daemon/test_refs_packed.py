@@ -13,27 +13,12 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from helpers import GIT_ENV
+from helpers import GIT_ENV, git, git_out
 
 from alkfs.app import Alkfs
 from alkfs.git.importer import import_repo
 
 MANY = 10_000  # refs of the big repository (a GitHub mirror's refs/pull/* shape)
-
-
-def git(*args, cwd=None, env=None, check=True, input=None) -> str:
-    done = subprocess.run(
-        ["git", *map(str, args)],
-        cwd=cwd,
-        env={**os.environ, **GIT_ENV, **(env or {})},
-        capture_output=True,
-        text=True,
-        input=input,
-        timeout=300,
-    )
-    if check:
-        assert done.returncode == 0, (args, done.stderr)
-    return done.stdout
 
 
 def errno_of(fn, *args) -> int | None:
@@ -57,9 +42,9 @@ def make_source(path: Path, pulls: int) -> Path:
     git("tag", "-a", "-m", "release", "v1", "HEAD~1", cwd=path)
     git("tag", "-a", "-m", "tag of a tag", "v1-signed", "v1", cwd=path)
     git("tag", "light", "HEAD", cwd=path)
-    commits = git("rev-list", "HEAD", cwd=path).split()
+    commits = git_out("rev-list", "HEAD", cwd=path).split()
     lines = "".join(f"create refs/pull/{n}/head {commits[n % 4]}\n" for n in range(pulls))
-    git("update-ref", "--stdin", cwd=path, input=lines)
+    git("update-ref", "--stdin", cwd=path, input=lines.encode())
     return path / ".git"
 
 
@@ -86,7 +71,7 @@ def served(stored, start_mount, tmp_path):
 
 
 def refs_of(gitdir) -> str:
-    return git(f"--git-dir={gitdir}", "for-each-ref", "--format=%(objectname) %(refname)")
+    return git_out(f"--git-dir={gitdir}", "for-each-ref", "--format=%(objectname) %(refname)")
 
 
 def test_packed_refs_is_what_git_pack_refs_writes_and_every_ref_resolves_by_path(served, tmp_path):
@@ -120,7 +105,7 @@ def test_ten_thousand_refs_list_read_and_move_like_the_source(served, tmp_path):
     listed = refs_of(repo)
     assert listed == refs_of(big)
     assert len(listed.splitlines()) == MANY + 6
-    assert git("ls-remote", repo) == git("ls-remote", big)
+    assert git_out("ls-remote", repo) == git_out("ls-remote", big)
     assert (repo / "refs" / "pull" / "9999" / "head").read_text().strip() == listed.split()[
         listed.split().index("refs/pull/9999/head") - 1
     ]
@@ -131,11 +116,11 @@ def test_ten_thousand_refs_list_read_and_move_like_the_source(served, tmp_path):
     git("add", "-A", cwd=work)
     git("commit", "-q", "-m", "one more", cwd=work)
     git("push", "-q", repo, "HEAD:refs/heads/main", cwd=work)
-    head = git("rev-parse", "HEAD", cwd=work).strip()
+    head = git_out("rev-parse", "HEAD", cwd=work).strip()
     assert (repo / "refs" / "heads" / "main").read_text() == f"{head}\n"
     assert f"{head} refs/heads/main\n" in (repo / "packed-refs").read_text()
     git("fetch", "-q", repo, "refs/heads/main:refs/remotes/mnt/main", cwd=work)
-    assert git("rev-parse", "refs/remotes/mnt/main", cwd=work).strip() == head
+    assert git_out("rev-parse", "refs/remotes/mnt/main", cwd=work).strip() == head
 
 
 def test_git_pack_refs_and_gc_inside_the_repository_keep_every_ref(served):
@@ -143,7 +128,7 @@ def test_git_pack_refs_and_gc_inside_the_repository_keep_every_ref(served):
     repo = m.mnt / "repos" / "small"
     env = {"GIT_DIR": str(repo)}
     # a ref written the loose way just before (git's lock + rename), then packed
-    main = git("rev-parse", "refs/heads/main", env=env).strip()
+    main = git_out("rev-parse", "refs/heads/main", env=env).strip()
     git("update-ref", "refs/heads/fresh", main, env=env)
     before = refs_of(repo)
     assert "refs/heads/fresh" in before
@@ -339,7 +324,7 @@ def test_bad_ref_writes_get_their_errno_and_change_nothing(served):
     repo = m.mnt / "repos" / "small"
     heads = repo / "refs" / "heads"
     main = (heads / "main").read_text()
-    tree = git(f"--git-dir={repo}", "rev-parse", "main^{tree}").strip()
+    tree = git_out(f"--git-dir={repo}", "rev-parse", "main^{tree}").strip()
     with pytest.raises(OSError) as caught:
         (heads / "tree").write_text(f"{tree}\n")  # git refuses non-commits under refs/heads
     assert caught.value.errno == errno.EINVAL
@@ -377,9 +362,9 @@ def test_rm_r_of_a_repository_removes_it_and_two_sweeps_collect_what_only_it_kep
     with Alkfs.open(store) as app:
         import_repo(app, str(src_a), "a", progress=False)
         import_repo(app, str(src_b / ".git"), "b", progress=False)
-    only_b = git("rev-parse", "HEAD", cwd=src_b).strip()
-    blob_b = git("rev-parse", "HEAD:only-b", cwd=src_b).strip()
-    shared = git("rev-parse", "HEAD~1", cwd=src_b).strip()
+    only_b = git_out("rev-parse", "HEAD", cwd=src_b).strip()
+    blob_b = git_out("rev-parse", "HEAD:only-b", cwd=src_b).strip()
+    shared = git_out("rev-parse", "HEAD~1", cwd=src_b).strip()
     m = start_mount(store, "--window", "0")
     mnt = m.mnt
     pinned = mnt / "pins" / "keep"

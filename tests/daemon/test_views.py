@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 from alkfsd.nodes.loose import FIRST_PAGE
-from helpers import GIT_ENV
+from helpers import git, git_out
 
 from alkfs.app import Alkfs
 from alkfs.git.importer import import_repo
@@ -39,20 +39,6 @@ EXTRA_BLOBS = 300  # loose git blobs no repository references
 CROWDED = 20_000  # ~78 objects per prefix: most fan-out listings take more than one query
 TWO_BLOCKS = 100_000  # a kv object framed in two stored deflate blocks
 LARGE = 300_000  # over the default threshold: the large tier
-
-
-def git(*args: str | os.PathLike[str], cwd: Path | None = None, check: bool = True) -> str:
-    done = subprocess.run(
-        ["git", *map(str, args)],
-        cwd=cwd,
-        env={**os.environ, **GIT_ENV},
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    if check:
-        assert done.returncode == 0, (args, done.stderr)
-    return done.stdout
 
 
 def run(*args: str | os.PathLike[str]) -> str:
@@ -86,12 +72,12 @@ def make_repo(path: Path, object_format: str) -> Path:
 
 def objects_of(gitdir: Path) -> dict[str, str]:
     """oid -> type of every object of a repository."""
-    out = git(f"--git-dir={gitdir}", "cat-file", "--batch-all-objects", "--batch-check")
+    out = git_out(f"--git-dir={gitdir}", "cat-file", "--batch-all-objects", "--batch-check")
     return {oid: kind for oid, kind, _size in (line.split() for line in out.splitlines())}
 
 
 def canonical_of(gitdir: Path, oid: str) -> bytes:
-    kind = git(f"--git-dir={gitdir}", "cat-file", "-t", oid).strip()
+    kind = git_out(f"--git-dir={gitdir}", "cat-file", "-t", oid).strip()
     body = subprocess.run(
         ["git", f"--git-dir={gitdir}", "cat-file", kind, oid], capture_output=True, check=True
     ).stdout
@@ -133,7 +119,7 @@ def stored(tmp_path_factory: pytest.TempPathFactory) -> Stored:
         dead = app.store.add(canonical("blob", b"nobody keeps me\n"), algo=Algorithm.GIT_SHA1)
         plain = app.store.add(b"plain sha256 object\n")
         app.store.add(b"a blake3 object\n", algo=Algorithm.BLAKE3)
-        head = Key.parse("git-sha1/" + git(f"--git-dir={src}", "rev-parse", "main").strip())
+        head = Key.parse("git-sha1/" + git_out(f"--git-dir={src}", "rev-parse", "main").strip())
         pins = {"keep-plain": plain, "release-1": head}
         for key in (Key.derive(Algorithm.GIT_SHA1, b) for b in blobs[:3]):
             pins[f"extra-{key.hex[:8]}"] = key
@@ -251,13 +237,13 @@ def test_an_alternate_on_the_git_view_reads_every_object_of_its_format(served, f
     assert int(count) == len(
         served.git_keys[Algorithm.GIT_SHA1 if fmt == "sha1" else Algorithm.GIT_SHA256]
     )
-    refs = git(f"--git-dir={src}", "for-each-ref", "--format=update %(refname) %(objectname)")
+    refs = git_out(f"--git-dir={src}", "for-each-ref", "--format=update %(refname) %(objectname)")
     subprocess.run(
         ["git", f"--git-dir={alt}", "update-ref", "--stdin"], input=refs, text=True, check=True
     )
     for args in (("rev-list", "--objects", "--all"), ("log", "--stat", "--all", "--format=%H %s")):
-        assert git(f"--git-dir={alt}", *args) == git(f"--git-dir={src}", *args)
-    assert git(f"--git-dir={alt}", "fsck", "--full", "--no-dangling", "--no-progress") == ""
+        assert git_out(f"--git-dir={alt}", *args) == git_out(f"--git-dir={src}", *args)
+    assert git_out(f"--git-dir={alt}", "fsck", "--full", "--no-dangling", "--no-progress") == ""
 
 
 # -- /repos -------------------------------------------------------------------------------------
@@ -287,7 +273,7 @@ def test_config_is_a_minimal_bare_config_that_keeps_git_from_gc_and_maintenance(
         ("two", "1", ["extensions.objectformat=sha256"]),
     ):
         config = served.mnt / "repos" / repo_id / "config"
-        listed = git("config", "--file", config, "--list").splitlines()
+        listed = git_out("config", "--file", config, "--list").splitlines()
         assert listed == [
             f"core.repositoryformatversion={version}",
             "core.filemode=true",
@@ -302,7 +288,9 @@ def test_config_is_a_minimal_bare_config_that_keeps_git_from_gc_and_maintenance(
             "maintenance.auto=false",
             "receive.autogc=false",
         ]
-        assert git(f"--git-dir={config.parent}", "rev-parse", "--is-bare-repository") == "true\n"
+        assert (
+            git_out(f"--git-dir={config.parent}", "rev-parse", "--is-bare-repository") == "true\n"
+        )
 
 
 def test_objects_resolves_every_object_of_the_format_but_lists_none(served):
@@ -327,7 +315,7 @@ def test_ls_r_of_refs_nests_them_by_path_components(served):
     assert (refs / "heads" / "feature").is_dir()
     for name, oid in (
         line.split()
-        for line in git(
+        for line in git_out(
             f"--git-dir={served.src}", "for-each-ref", "--format=%(refname) %(objectname)"
         ).splitlines()
     ):
@@ -347,28 +335,28 @@ def test_git_reads_the_mounted_repository_as_it_reads_the_source(served, repo_id
         ("log", "-p", "-n", "3", "--format=%H %P %s"),
         ("cat-file", "--batch-all-objects", "--batch-check"),
     ):
-        out = git(f"--git-dir={repo}", *args)
+        out = git_out(f"--git-dir={repo}", *args)
         if args[0] == "cat-file":  # the alternate shows the whole store of this format
-            assert set(git(f"--git-dir={src}", *args).splitlines()) <= set(out.splitlines())
+            assert set(git_out(f"--git-dir={src}", *args).splitlines()) <= set(out.splitlines())
         else:
-            assert out == git(f"--git-dir={src}", *args), args
+            assert out == git_out(f"--git-dir={src}", *args), args
     fsck = ("fsck", "--full", "--strict", "--no-dangling", "--no-progress")
-    assert git(f"--git-dir={repo}", *fsck) == ""
+    assert git_out(f"--git-dir={repo}", *fsck) == ""
     for how, flags in (("local", ()), ("transport", ("--no-local",))):
         work = tmp_path / how
         git("clone", "-q", *flags, repo, work)
-        all_commits = sorted(git("rev-list", "--all", cwd=work).split())  # origin/* and main
-        assert all_commits == sorted(git(f"--git-dir={src}", "rev-list", "--all").split())
-        assert git("rev-parse", "HEAD^{tree}", cwd=work) == git(
+        all_commits = sorted(git_out("rev-list", "--all", cwd=work).split())  # origin/* and main
+        assert all_commits == sorted(git_out(f"--git-dir={src}", "rev-list", "--all").split())
+        assert git_out("rev-parse", "HEAD^{tree}", cwd=work) == git_out(
             f"--git-dir={src}", "rev-parse", "HEAD^{tree}"
         )
-        assert git("status", "--porcelain", cwd=work) == ""
+        assert git_out("status", "--porcelain", cwd=work) == ""
 
 
 def test_refs_and_head_are_read_fresh_when_they_change(served, tmp_path):
     ref = served.mnt / "repos" / "one" / "refs" / "heads" / "main"
     main = ref.read_text().strip()
-    feature = git(f"--git-dir={served.src}", "rev-parse", "feature/x").strip()
+    feature = git_out(f"--git-dir={served.src}", "rev-parse", "feature/x").strip()
     new_ref = served.mnt / "repos" / "one" / "refs" / "heads" / "later"
     assert not os.path.lexists(new_ref)
     # the daemon holds the store's lock; refs change beside it, as a second writer would
@@ -388,7 +376,7 @@ def test_refs_and_head_are_read_fresh_when_they_change(served, tmp_path):
         try:
             assert ref.read_text() == f"{feature}\n"
             assert new_ref.read_text() == f"{main}\n"
-            assert git(f"--git-dir={ref.parents[2]}", "rev-parse", "main") == f"{feature}\n"
+            assert git_out(f"--git-dir={ref.parents[2]}", "rev-parse", "main") == f"{feature}\n"
         finally:
             app.refs.update(
                 "one",
@@ -447,7 +435,7 @@ def test_a_swept_object_leaves_the_git_view_and_the_repositories(start_mount, tm
     alive = objects_of(src)
     found = run("find", m.mnt / "git" / "sha1", "-type", "f").split()
     assert sorted(found) == sorted(f"{m.mnt}/git/sha1/{h[:2]}/{h[2:]}" for h in alive)
-    assert git(f"--git-dir={m.mnt / 'repos' / 'one'}", "log", "--format=%H", "--all") == git(
-        f"--git-dir={src}", "log", "--format=%H", "--all"
-    )
+    assert git_out(
+        f"--git-dir={m.mnt / 'repos' / 'one'}", "log", "--format=%H", "--all"
+    ) == git_out(f"--git-dir={src}", "log", "--format=%H", "--all")
     assert m.tracebacks() == []

@@ -18,25 +18,11 @@ import zlib
 from pathlib import Path
 
 import pytest
-from helpers import GIT_ENV
+from helpers import GIT_ENV, git, git_out
 
 from alkfs.git.objects import canonical, object_id
 
 RACE_S = 20.0  # how long pushes run against the sweep loop
-
-
-def git(*args, cwd=None, env=None, check=True, input=None) -> str:
-    done = subprocess.run(
-        ["git", *map(str, args)],
-        cwd=cwd,
-        env={**os.environ, **GIT_ENV, **(env or {})},
-        capture_output=True,
-        input=input,
-        timeout=300,
-    )
-    if check:
-        assert done.returncode == 0, (args, done.stderr.decode(errors="replace"))
-    return done.stdout.decode()
 
 
 def fast_import(
@@ -57,7 +43,7 @@ def fast_import(
             out.append(f"M 100644 inline d{i % 7}/{seed}-{i}-{j}.txt\ndata {len(data)}\n")
             out.append(data.decode() + "\n")
     git(f"--git-dir={gitdir}", "fast-import", "--quiet", input="".join(out).encode())
-    return git(f"--git-dir={gitdir}", "rev-parse", f"refs/heads/{branch}").strip()
+    return git_out(f"--git-dir={gitdir}", "rev-parse", f"refs/heads/{branch}").strip()
 
 
 def source_repo(path: Path, fmt: str = "sha1") -> Path:
@@ -72,11 +58,11 @@ def source_repo(path: Path, fmt: str = "sha1") -> Path:
 
 
 def refs_of(gitdir: Path) -> str:
-    return git(f"--git-dir={gitdir}", "for-each-ref", "--format=%(objectname) %(refname)")
+    return git_out(f"--git-dir={gitdir}", "for-each-ref", "--format=%(objectname) %(refname)")
 
 
 def objects_listed(gitdir: Path) -> list[str]:
-    return sorted(git(f"--git-dir={gitdir}", "rev-list", "--objects", "--all").splitlines())
+    return sorted(git_out(f"--git-dir={gitdir}", "rev-list", "--objects", "--all").splitlines())
 
 
 def local_loose(objects: Path) -> set[str]:
@@ -138,7 +124,7 @@ def test_a_second_push_sends_only_new_objects_and_moves_the_ref(mount, tmp_path)
     src = source_repo(tmp_path / "src.git")
     os.mkdir(mount.path("repos", "r2"))
     git(f"--git-dir={src}", "push", "-q", mount.path("repos", "r2"), "main")
-    old = git(f"--git-dir={src}", "rev-parse", "main").strip()
+    old = git_out(f"--git-dir={src}", "rev-parse", "main").strip()
     new = fast_import(src, "main", 3, 5, seed="again", parent=old)
     git(f"--git-dir={src}", "push", "-q", mount.path("repos", "r2"), "main")
     assert mount.path("repos", "r2", "refs", "heads", "main").read_text() == f"{new}\n"
@@ -176,12 +162,12 @@ def test_mkdir_then_the_format_attribute_makes_a_sha256_repository_git_pushes_in
     os.setxattr(gitdir, "user.alkfs.object-format", b"sha256")
     assert os.getxattr(gitdir, "user.alkfs.object-format") == b"sha256"
     assert "\tobjectformat = sha256\n" in (gitdir / "config").read_text()
-    assert git(f"--git-dir={gitdir}", "rev-parse", "--show-object-format") == "sha256\n"
+    assert git_out(f"--git-dir={gitdir}", "rev-parse", "--show-object-format") == "sha256\n"
 
     src = source_repo(tmp_path / "src.git", "sha256")
     git(f"--git-dir={src}", "push", "-q", gitdir, "main", "--tags")
     assert_clean(mount, "m256")
-    tip = git(f"--git-dir={src}", "rev-parse", "main").strip()
+    tip = git_out(f"--git-dir={src}", "rev-parse", "main").strip()
     assert (gitdir / "refs" / "heads" / "main").read_text() == f"{tip}\n"
     assert len(tip) == 64
 
@@ -198,7 +184,7 @@ def test_mkdir_then_the_format_attribute_makes_a_sha256_repository_git_pushes_in
         os.removexattr(gitdir, "user.alkfs.object-format")
     assert caught.value.errno == errno.EPERM
     assert os.getxattr(gitdir, "user.alkfs.object-format") == b"sha256"
-    assert git(f"--git-dir={gitdir}", "rev-parse", "main") == f"{tip}\n"
+    assert git_out(f"--git-dir={gitdir}", "rev-parse", "main") == f"{tip}\n"
     assert mount.tracebacks() == []
 
 
@@ -209,10 +195,10 @@ def test_objects_written_into_a_repository_stay_pinned_until_a_ref_there_commits
     (tmp_path / "kept").write_bytes(b"written into the repository\n")
     (tmp_path / "free").write_bytes(b"written through the git view\n")
     (tmp_path / "tip").write_bytes(b"the ref's own object\n")
-    kept = git(f"--git-dir={gitdir}", "hash-object", "-w", tmp_path / "kept").strip()
+    kept = git_out(f"--git-dir={gitdir}", "hash-object", "-w", tmp_path / "kept").strip()
     plain = tmp_path / "plain.git"
     git("init", "-q", "--bare", plain)
-    free = git(
+    free = git_out(
         f"--git-dir={plain}",
         "hash-object",
         "-w",
@@ -227,7 +213,7 @@ def test_objects_written_into_a_repository_stay_pinned_until_a_ref_there_commits
 
     # A ref write in that repository (by another process: the writer has exited) commits:
     # the pins go, and the object nothing references goes with the next two sweeps.
-    tip = git(f"--git-dir={gitdir}", "hash-object", "-w", tmp_path / "tip").strip()
+    tip = git_out(f"--git-dir={gitdir}", "hash-object", "-w", tmp_path / "tip").strip()
     git(f"--git-dir={gitdir}", "update-ref", "refs/tags/tip", tip)
     sweep(mount)
     sweep(mount)
@@ -289,8 +275,8 @@ def test_pushes_racing_a_sweep_loop_lose_no_reachable_object(mount, tmp_path):
         for line in refs_of(clone).splitlines():
             oid, name = line.split()
             assert sorted(
-                git(f"--git-dir={clone}", "rev-list", "--objects", name).splitlines()
-            ) == sorted(git(f"--git-dir={src}", "rev-list", "--objects", oid).splitlines())
+                git_out(f"--git-dir={clone}", "rev-list", "--objects", name).splitlines()
+            ) == sorted(git_out(f"--git-dir={src}", "rev-list", "--objects", oid).splitlines())
     assert mount.tracebacks() == []
 
 
@@ -304,7 +290,7 @@ def test_a_commit_through_alternates_copies_nothing_the_mount_has(mount, tmp_pat
     (work / "src" / "a.txt").write_text("a\n")
     git("add", "-A", cwd=work)
     git("commit", "-q", "-m", "root", cwd=work)
-    base = git("rev-parse", "HEAD", cwd=work).strip()
+    base = git_out("rev-parse", "HEAD", cwd=work).strip()
     # git's own loose-object writes store every object in the mount's git view
     pack = subprocess.run(
         ["git", "pack-objects", "--all", "--revs", "--stdout"],
@@ -316,7 +302,7 @@ def test_a_commit_through_alternates_copies_nothing_the_mount_has(mount, tmp_pat
     ).stdout
     view = mount.path("git", fmt)
     git("unpack-objects", "-q", cwd=work, input=pack, env={"GIT_OBJECT_DIRECTORY": str(view)})
-    for line in git("rev-list", "--objects", "--all", cwd=work).splitlines():
+    for line in git_out("rev-list", "--objects", "--all", cwd=work).splitlines():
         assert loose_path(mount, fmt, line.split()[0]).exists()
 
     user = tmp_path / "user"
@@ -331,8 +317,8 @@ def test_a_commit_through_alternates_copies_nothing_the_mount_has(mount, tmp_pat
     (user / "copy-of-a.txt").write_text("a\n")  # a blob the mount already has
     git("add", "-A", cwd=user)
     git("commit", "-q", "-m", "second", cwd=user)
-    commit = git("rev-parse", "HEAD", cwd=user).strip()
-    tree = git("rev-parse", "HEAD^{tree}", cwd=user).strip()
+    commit = git_out("rev-parse", "HEAD", cwd=user).strip()
+    tree = git_out("rev-parse", "HEAD^{tree}", cwd=user).strip()
     blob = object_id("blob", b"hello again\n", fmt)
     existing = object_id("blob", b"a\n", fmt)
     assert local_loose(user / ".git" / "objects") == {commit, tree, blob}
@@ -346,7 +332,9 @@ def test_a_commit_through_alternates_copies_nothing_the_mount_has(mount, tmp_pat
 def test_touch_of_a_loose_file_in_either_view_freshens_it(mount, tmp_path):
     os.mkdir(mount.path("repos", "t"))
     (tmp_path / "f").write_bytes(b"freshen me\n")
-    oid = git(f"--git-dir={mount.path('repos', 't')}", "hash-object", "-w", tmp_path / "f").strip()
+    oid = git_out(
+        f"--git-dir={mount.path('repos', 't')}", "hash-object", "-w", tmp_path / "f"
+    ).strip()
     for path in (
         loose_path(mount, "sha1", oid),
         mount.path("repos", "t", "objects", oid[:2], oid[2:]),

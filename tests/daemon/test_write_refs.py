@@ -10,29 +10,14 @@ from __future__ import annotations
 
 import errno
 import os
-import subprocess
 import zlib
 from pathlib import Path
 
 import pytest
-from helpers import GIT_ENV, write_close
+from helpers import git, git_out, write_close
 from helpers import os_errno as errno_of
 
 from alkfs.git.objects import canonical, object_id
-
-
-def git(*args, env=None, check=True, input=None) -> subprocess.CompletedProcess:
-    done = subprocess.run(
-        ["git", *map(str, args)],
-        env={**os.environ, **GIT_ENV, **(env or {})},
-        capture_output=True,
-        text=True,
-        input=input,
-        timeout=120,
-    )
-    if check:
-        assert done.returncode == 0, (args, done.stderr)
-    return done
 
 
 def write_file(path: Path, data: bytes) -> None:
@@ -43,11 +28,11 @@ def commits(mount, repo: str, n: int) -> list[str]:
     """`n` commits stored through the repository (git writing loose objects with GIT_DIR
     in the mount)."""
     gitdir = mount.path("repos", repo)
-    tree = git(f"--git-dir={gitdir}", "hash-object", "-w", "-t", "tree", "--stdin", input="")
+    tree = git_out(f"--git-dir={gitdir}", "hash-object", "-w", "-t", "tree", "--stdin", input=b"")
     out = []
     for i in range(n):
-        done = git(f"--git-dir={gitdir}", "commit-tree", "-m", f"commit {i}", tree.stdout.strip())
-        out.append(done.stdout.strip())
+        oid = git_out(f"--git-dir={gitdir}", "commit-tree", "-m", f"commit {i}", tree.strip())
+        out.append(oid.strip())
     return out
 
 
@@ -73,14 +58,14 @@ def test_git_update_ref_creates_updates_and_deletes_and_refuses_a_stale_old_valu
     assert (repo / "refs" / "heads" / "main").read_text() == f"{b}\n"
 
     git("update-ref", "refs/tags/deep/v1", c, env=env)
-    assert git("for-each-ref", "--format=%(objectname) %(refname)", env=env).stdout == (
+    assert git_out("for-each-ref", "--format=%(objectname) %(refname)", env=env) == (
         f"{b} refs/heads/main\n{c} refs/tags/deep/v1\n"
     )
     git("update-ref", "-d", "refs/heads/main", b, env=env)
     git("update-ref", "-d", "refs/tags/deep/v1", env=env)
     assert not (repo / "refs" / "heads" / "main").exists()
     assert not (repo / "refs" / "tags" / "deep").exists()
-    assert git("for-each-ref", env=env).stdout == ""
+    assert git_out("for-each-ref", env=env) == ""
     assert sorted(os.listdir(repo)) == [
         "HEAD",
         "config",

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 from helpers import GIT_ENV as BASE_GIT_ENV
+from helpers import git_out
 
 from alkfs.app import Alkfs
 from alkfs.keys import Algorithm, Key
@@ -34,16 +33,10 @@ class Repo:
         return Algorithm.GIT_SHA1 if self.object_format == "sha1" else Algorithm.GIT_SHA256
 
     def git(self, *args: str, input: bytes | None = None) -> str:
-        env = {**os.environ, **GIT_ENV}
-        proc = subprocess.run(
-            ["git", "-c", "advice.detachedHead=false", *args],
-            cwd=self.path,
-            env=env,
-            input=input,
-            capture_output=True,
-            check=True,
+        """git in this work tree, its stdout (a method: the tests call repo.git(...))."""
+        return git_out(
+            "-c", "advice.detachedHead=false", *args, cwd=self.path, env=GIT_ENV, input=input
         )
-        return proc.stdout.decode()
 
     def write(self, name: str, content: bytes | str, mode: int | None = None) -> None:
         p = self.path / name

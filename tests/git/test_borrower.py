@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import GIT_ENV
+from helpers import GIT_ENV, git, git_out
 
 from alkfs.app import Alkfs
 from alkfs.errors import Exists, Invalid, Missing
@@ -45,24 +45,9 @@ def _plain_environment(monkeypatch):
     monkeypatch.delenv("ALKFS_ROOTS_GRACE", raising=False)
 
 
-def git(cwd: Path, *args: str, input: bytes | None = None) -> str:
-    """The real git, with a fixed identity and clock and no user config; its stdout."""
-    done = subprocess.run(
-        ["git", "-c", "advice.detachedHead=false", *args],
-        cwd=cwd,
-        env={**os.environ, **GIT_ENV, "GIT_ADVICE": "0"},
-        input=input,
-        capture_output=True,
-        timeout=60,
-        check=False,
-    )
-    assert done.returncode == 0, (args, done.stderr.decode())
-    return done.stdout.decode()
-
-
 def init(path: Path, *extra: str) -> Path:
     path.mkdir(parents=True)
-    git(path, "init", "-q", "-b", "main", *extra)
+    git("init", "-q", "-b", "main", *extra, cwd=path)
     return path
 
 
@@ -76,13 +61,13 @@ def commit(repo: Path, message: str, **files: str) -> str:
     """Write `files` (name=text; `__` in a name is a `/`), add everything, commit; the id."""
     for name, text in files.items():
         write(repo, name.replace("__", "/"), text)
-    git(repo, "add", "-A")
-    git(repo, "commit", "-q", "--allow-empty", "-m", message)
+    git("add", "-A", cwd=repo)
+    git("commit", "-q", "--allow-empty", "-m", message, cwd=repo)
     return rev(repo, "HEAD")
 
 
 def rev(repo: Path, what: str) -> str:
-    return git(repo, "rev-parse", what).strip()
+    return git_out("rev-parse", what, cwd=repo).strip()
 
 
 def raw(hexes) -> set[bytes]:
@@ -95,13 +80,13 @@ def ids_of(out: str) -> set[str]:
 
 
 def ls_files_ids(worktree: Path) -> set[str]:
-    return {line.split()[1] for line in git(worktree, "ls-files", "-s").splitlines()}
+    return {line.split()[1] for line in git_out("ls-files", "-s", cwd=worktree).splitlines()}
 
 
 def closure(repo: Path, ids: set[bytes]) -> set[str]:
     """Everything git reaches from `ids` (commits, trees, blobs, tags) in `repo`."""
     stdin = "".join(x.hex() + "\n" for x in ids).encode()
-    return ids_of(git(repo, "rev-list", "--objects", "--stdin", input=stdin))
+    return ids_of(git_out("rev-list", "--objects", "--stdin", input=stdin, cwd=repo))
 
 
 def hollow(repo: Path) -> Path:
@@ -115,7 +100,7 @@ def hollow(repo: Path) -> Path:
             shutil.move(objects / entry, alt / entry)
     (objects / "info").mkdir(exist_ok=True)
     (objects / "info" / "alternates").write_text(f"{alt}\n")
-    assert git(repo, "count-objects", "-v").splitlines()[:3] == [
+    assert git_out("count-objects", "-v", cwd=repo).splitlines()[:3] == [
         "count: 0",
         "size: 0",
         "in-pack: 0",
@@ -125,7 +110,9 @@ def hollow(repo: Path) -> Path:
 
 def count_objects(repo: Path) -> int:
     """Loose plus packed objects, as `git count-objects -v` counts them."""
-    fields = dict(line.split(": ", 1) for line in git(repo, "count-objects", "-v").splitlines())
+    fields = dict(
+        line.split(": ", 1) for line in git_out("count-objects", "-v", cwd=repo).splitlines()
+    )
     return int(fields["count"]) + int(fields["in-pack"])
 
 
@@ -151,7 +138,9 @@ def index_repo(tmp_path: Path) -> Path:
 
 def index_expectation(repo: Path, tree: str) -> set[bytes]:
     """`git ls-files -s` ids plus `tree` and every tree below it."""
-    trees = {tree} | ids_of(git(repo, "ls-tree", "-r", "-t", "-d", "--format=%(objectname)", tree))
+    trees = {tree} | ids_of(
+        git_out("ls-tree", "-r", "-t", "-d", "--format=%(objectname)", tree, cwd=repo)
+    )
     return raw(ls_files_ids(repo) | trees)
 
 
@@ -161,7 +150,8 @@ def index_version(repo: Path) -> int:
 
 def test_index_ids_of_a_version_2_index_are_its_entries_and_its_cache_tree(tmp_path):
     repo = index_repo(tmp_path)
-    tree = git(repo, "write-tree").strip()  # (the cache-tree is valid: written by the commit)
+    # (the cache-tree is valid: written by the commit)
+    tree = git_out("write-tree", cwd=repo).strip()
     assert index_version(repo) == 2
     got = index_ids((repo / ".git" / "index").read_bytes(), 20)
     assert got == index_expectation(repo, tree)
@@ -170,9 +160,10 @@ def test_index_ids_of_a_version_2_index_are_its_entries_and_its_cache_tree(tmp_p
 
 def test_index_ids_of_a_version_3_index_with_extended_flags(tmp_path):
     repo = index_repo(tmp_path)
-    git(repo, "update-index", "--index-version", "3")
-    git(repo, "update-index", "--skip-worktree", "nnn")  # extended flags; cache-tree still valid
-    tree = git(repo, "write-tree").strip()
+    git("update-index", "--index-version", "3", cwd=repo)
+    # extended flags; cache-tree still valid
+    git("update-index", "--skip-worktree", "nnn", cwd=repo)
+    tree = git_out("write-tree", cwd=repo).strip()
     data = (repo / ".git" / "index").read_bytes()
     assert index_version(repo) == 3
     assert index_ids(data, 20) == index_expectation(repo, tree)
@@ -180,9 +171,9 @@ def test_index_ids_of_a_version_3_index_with_extended_flags(tmp_path):
     # An intent-to-add entry (extended flag, the empty blob): its directories' trees are no
     # longer valid in the cache-tree, the others still are.
     write(repo, "dir/new.txt", "not added yet\n")
-    git(repo, "add", "-N", "dir/new.txt")
+    git("add", "-N", "dir/new.txt", cwd=repo)
     assert index_version(repo) == 3
-    git(repo, "write-tree")
+    git("write-tree", cwd=repo)
     got = index_ids((repo / ".git" / "index").read_bytes(), 20)
     assert raw(ls_files_ids(repo)) <= got
     assert bytes.fromhex(EMPTY_BLOB) in got
@@ -192,10 +183,10 @@ def test_index_ids_of_a_version_3_index_with_extended_flags(tmp_path):
 
 def test_index_ids_of_a_version_4_index_with_prefix_compressed_paths(tmp_path):
     repo = index_repo(tmp_path)
-    git(repo, "update-index", "--index-version", "4")
+    git("update-index", "--index-version", "4", cwd=repo)
     write(repo, "dir/sub/deepest.txt", "deepest\n")
-    git(repo, "add", "dir/sub/deepest.txt")
-    tree = git(repo, "write-tree").strip()
+    git("add", "dir/sub/deepest.txt", cwd=repo)
+    tree = git_out("write-tree", cwd=repo).strip()
     assert index_version(repo) == 4
     got = index_ids((repo / ".git" / "index").read_bytes(), 20)
     assert got == index_expectation(repo, tree)
@@ -220,11 +211,11 @@ def test_tips_reads_the_blobs_only_a_split_index_s_shared_part_records(tmp_path)
     for i in range(20):
         write(repo, f"f{i}", f"shared {i}\n")
         os.utime(repo / f"f{i}", (1_600_000_000, 1_600_000_000))  # not racy: not replaced
-    git(repo, "add", "-A")
-    git(repo, "commit", "-q", "-m", "base")
-    git(repo, "update-index", "--split-index")
+    git("add", "-A", cwd=repo)
+    git("commit", "-q", "-m", "base", cwd=repo)
+    git("update-index", "--split-index", cwd=repo)
     write(repo, "f20", "own\n")
-    git(repo, "update-index", "--add", "f20")
+    git("update-index", "--add", "f20", cwd=repo)
     shared = list((repo / ".git").glob("sharedindex.*"))
     assert len(shared) == 1
     only_shared = raw(ls_files_ids(repo)) - index_ids((repo / ".git" / "index").read_bytes(), 20)
@@ -241,9 +232,9 @@ def test_tips_reads_the_blobs_only_a_split_index_s_shared_part_records(tmp_path)
 def test_index_ids_cover_what_git_keeps_for_an_index_resolve_undo(tmp_path):
     repo = init(tmp_path / "reuc")
     commit(repo, "base", f="base\n")
-    git(repo, "checkout", "-q", "-b", "x")
+    git("checkout", "-q", "-b", "x", cwd=repo)
     picked = commit(repo, "x", f="x side\n")
-    git(repo, "checkout", "-q", "main")
+    git("checkout", "-q", "main", cwd=repo)
     commit(repo, "main", f="main side\n")
     done = subprocess.run(
         ["git", "cherry-pick", picked],
@@ -254,9 +245,9 @@ def test_index_ids_cover_what_git_keeps_for_an_index_resolve_undo(tmp_path):
     )
     assert done.returncode != 0  # a conflict
     write(repo, "f", "resolved\n")
-    git(repo, "add", "f")  # the index records stages 1-3 as resolve-undo
-    git(repo, "-c", "core.editor=true", "cherry-pick", "--continue")
-    indexed = ids_of(git(repo, "rev-list", "--objects", "--indexed-objects"))
+    git("add", "f", cwd=repo)  # the index records stages 1-3 as resolve-undo
+    git("-c", "core.editor=true", "cherry-pick", "--continue", cwd=repo)
+    indexed = ids_of(git_out("rev-list", "--objects", "--indexed-objects", cwd=repo))
     assert rev(repo, f"{picked}:f") in indexed  # git keeps the picked side's blob
     assert raw(indexed) <= index_ids((repo / ".git" / "index").read_bytes(), 20)
 
@@ -271,44 +262,46 @@ def busy_repo(tmp_path: Path) -> dict:
     out: dict = {"repo": r}
     commit(r, "one", a="a1\n")
     commit(r, "two", dir__b="b1\n")
-    git(r, "repack", "-qd")  # some objects packed, the rest loose
-    git(r, "checkout", "-q", "-b", "feat")
+    git("repack", "-qd", cwd=r)  # some objects packed, the rest loose
+    git("checkout", "-q", "-b", "feat", cwd=r)
     commit(r, "feat", dir__c="c1\n")
-    git(r, "checkout", "-q", "-b", "tmp")
+    git("checkout", "-q", "-b", "tmp", cwd=r)
     out["tagged"] = commit(r, "only the tag", t="tagged\n")
-    git(r, "tag", "-a", "-m", "annotated", "ann")
-    git(r, "checkout", "-q", "main")
-    git(r, "branch", "-q", "-D", "tmp")
-    git(r, "tag", "light", "main~1")
-    git(r, "pack-refs", "--all")
+    git("tag", "-a", "-m", "annotated", "ann", cwd=r)
+    git("checkout", "-q", "main", cwd=r)
+    git("branch", "-q", "-D", "tmp", cwd=r)
+    git("tag", "light", "main~1", cwd=r)
+    git("pack-refs", "--all", cwd=r)
     commit(r, "three", a="a2\n")  # main now loose over its packed value
     write(r, "a", "stash 1\n")
-    git(r, "stash", "-q")
+    git("stash", "-q", cwd=r)
     write(r, "a", "stash 2\n")
-    git(r, "stash", "-q")
+    git("stash", "-q", cwd=r)
     out["dropped"] = commit(r, "dropped", a="a3\n")
-    git(r, "reset", "-q", "--hard", "HEAD~1")  # only the reflogs and ORIG_HEAD name it
+    git("reset", "-q", "--hard", "HEAD~1", cwd=r)  # only the reflogs and ORIG_HEAD name it
     other = init(tmp_path / "other")
     out["fetched"] = commit(other, "elsewhere", o="fetched\n")
-    git(r, "fetch", "-q", str(other), "main")
-    git(r, "worktree", "add", "-q", "-b", "wtb", str(tmp_path / "wt1"), "main")
+    git("fetch", "-q", str(other), "main", cwd=r)
+    git("worktree", "add", "-q", "-b", "wtb", str(tmp_path / "wt1"), "main", cwd=r)
     wt1 = out["wt1"] = tmp_path / "wt1"
     commit(wt1, "in wt1", w="w1\n")
     write(wt1, "staged", "staged in wt1 only\n")
-    git(wt1, "add", "staged")
-    git(r, "worktree", "add", "-q", "--detach", str(tmp_path / "wt2"), "feat")
+    git("add", "staged", cwd=wt1)
+    git("worktree", "add", "-q", "--detach", str(tmp_path / "wt2"), "feat", cwd=r)
     wt2 = out["wt2"] = tmp_path / "wt2"
     out["detached"] = commit(wt2, "detached", d="detached\n")
     write(r, "dir/b", "staged in main\n")
-    git(r, "add", "dir/b")
-    out["cache_tree"] = git(r, "write-tree").strip()  # a tree only the cache-tree names
+    git("add", "dir/b", cwd=r)
+    out["cache_tree"] = git_out("write-tree", cwd=r).strip()  # a tree only the cache-tree names
     return out
 
 
 def git_reachable(worktree: Path) -> set[str]:
     """What git itself keeps locally: every ref, every reflog entry, every worktree's HEAD
     and index."""
-    return ids_of(git(worktree, "rev-list", "--objects", "--all", "--reflog", "--indexed-objects"))
+    return ids_of(
+        git_out("rev-list", "--objects", "--all", "--reflog", "--indexed-objects", cwd=worktree)
+    )
 
 
 def test_tips_of_a_busy_repository_name_everything_git_keeps(tmp_path):
@@ -316,7 +309,7 @@ def test_tips_of_a_busy_repository_name_everything_git_keeps(tmp_path):
     r, wt1, wt2 = b["repo"], b["wt1"], b["wt2"]
     own = tips(r)
     assert own.own_objects == count_objects(r)  # (no alternates: every object is its own)
-    every = ids_of(git(r, "cat-file", "--batch-all-objects", "--batch-check=%(objectname)"))
+    every = ids_of(git_out("cat-file", "--batch-all-objects", "--batch-check=%(objectname)", cwd=r))
     assert raw(every) <= own.ids
     before = git_reachable(r)
 
@@ -324,16 +317,16 @@ def test_tips_of_a_busy_repository_name_everything_git_keeps(tmp_path):
     found = tips(r)
     assert found.object_format == "sha1" and found.own_objects == 0
     assert all(len(x) == 20 for x in found.ids)
-    refs = git(r, "for-each-ref", "--format=%(objectname)").split()
+    refs = git_out("for-each-ref", "--format=%(objectname)", cwd=r).split()
     assert found.refs >= len(refs)
     assert raw(refs) <= found.ids
-    assert raw(git(r, "for-each-ref", "--format=%(*objectname)", "refs/tags/ann").split()) == {
-        bytes.fromhex(b["tagged"])
-    }
+    assert raw(
+        git_out("for-each-ref", "--format=%(*objectname)", "refs/tags/ann", cwd=r).split()
+    ) == {bytes.fromhex(b["tagged"])}
     assert bytes.fromhex(b["tagged"]) in found.ids  # the packed tag's peeled line
-    stash = git(r, "stash", "list", "--format=%H").split()
+    stash = git_out("stash", "list", "--format=%H", cwd=r).split()
     assert len(stash) == 2 and raw(stash) <= found.ids
-    reflog = git(r, "rev-list", "--reflog", "--no-walk").split()
+    reflog = git_out("rev-list", "--reflog", "--no-walk", cwd=r).split()
     assert b["dropped"] in reflog and raw(reflog) <= found.ids
     pseudo = [rev(r, "FETCH_HEAD"), rev(r, "ORIG_HEAD")]
     assert pseudo == [b["fetched"], b["dropped"]] and raw(pseudo) <= found.ids
@@ -364,8 +357,10 @@ def test_a_shared_clone_owns_nothing_but_what_it_made(tmp_path):
     src = init(tmp_path / "src")
     commit(src, "one", a="a\n")
     parent = commit(src, "two", b="b\n")
-    dangling = git(src, "hash-object", "-w", "--stdin", input=b"only src has this\n").strip()
-    git(tmp_path, "clone", "-q", "--shared", str(src), "b")
+    dangling = git_out(
+        "hash-object", "-w", "--stdin", input=b"only src has this\n", cwd=src
+    ).strip()
+    git("clone", "-q", "--shared", str(src), "b", cwd=tmp_path)
     b = tmp_path / "b"
     found = tips(b)
     assert found.own_objects == 0
@@ -385,12 +380,12 @@ def test_a_shared_clone_owns_nothing_but_what_it_made(tmp_path):
 def test_a_tree_of_its_own_names_every_blob_whatever_the_entry_names(tmp_path):
     src = init(tmp_path / "src")
     commit(src, "one", a="a\n")
-    blob = git(src, "hash-object", "-w", "--stdin", input=b"only in src\n").strip()
-    git(tmp_path, "clone", "-q", "--shared", "--bare", str(src), "b.git")
+    blob = git_out("hash-object", "-w", "--stdin", input=b"only in src\n", cwd=src).strip()
+    git("clone", "-q", "--shared", "--bare", str(src), "b.git", cwd=tmp_path)
     b = tmp_path / "b.git"
-    tree = git(b, "mktree", input=f"100644 blob {blob}\tv1.160000 final\n".encode()).strip()
-    local = git(b, "commit-tree", tree, "-p", rev(src, "HEAD"), "-m", "local").strip()
-    git(b, "update-ref", "refs/heads/local", local)
+    tree = git_out("mktree", input=f"100644 blob {blob}\tv1.160000 final\n".encode(), cwd=b).strip()
+    local = git_out("commit-tree", tree, "-p", rev(src, "HEAD"), "-m", "local", cwd=b).strip()
+    git("update-ref", "refs/heads/local", local, cwd=b)
     found = tips(b)
     assert found.own_objects == 2  # the tree and the commit: the blob is src's
     assert bytes.fromhex(tree) in found.ids
@@ -419,7 +414,7 @@ def test_a_garbage_ref_or_packed_refs_line_is_unreadable_naming_the_file(tmp_pat
     with pytest.raises(Unreadable, match=str(bad)):
         tips(repo)
     bad.unlink()
-    git(repo, "pack-refs", "--all")
+    git("pack-refs", "--all", cwd=repo)
     packed = repo / ".git" / "packed-refs"
     packed.write_text(packed.read_text() + "not a ref line\n")
     with pytest.raises(Unreadable, match="packed-refs"):
@@ -442,8 +437,8 @@ def test_a_corrupt_index_is_unreadable_naming_it(tmp_path):
 def test_a_sha256_repository_gives_32_byte_ids(tmp_path):
     repo = init(tmp_path / "r256", "--object-format=sha256")
     head = commit(repo, "one", a="a\n", d__b="b\n")
-    git(repo, "tag", "-a", "-m", "t", "v1")
-    git(repo, "pack-refs", "--all")
+    git("tag", "-a", "-m", "t", "v1", cwd=repo)
+    git("pack-refs", "--all", cwd=repo)
     assert locate(repo).object_format == "sha256"
     found = tips(repo)
     assert found.object_format == "sha256"
@@ -507,15 +502,17 @@ def side_store(tmp_path: Path, app: Alkfs) -> tuple[Path, set[bytes], str]:
     src = init(tmp_path / "src")
     for i in range(3):
         commit(src, f"main {i}", **{f"m{i}": f"main {i}\n"})
-    git(src, "checkout", "-q", "-b", "side")
+    git("checkout", "-q", "-b", "side", cwd=src)
     for i in range(2):
         commit(src, f"side {i}", **{f"s{i}": f"side {i}\n"})
     tip = rev(src, "side")
-    git(src, "checkout", "-q", "main")
-    only_side = {git_key(h).raw for h in ids_of(git(src, "rev-list", "--objects", "side", "^main"))}
+    git("checkout", "-q", "main", cwd=src)
+    only_side = {
+        git_key(h).raw for h in ids_of(git_out("rev-list", "--objects", "side", "^main", cwd=src))
+    }
     assert len(only_side) == 6  # 2 commits, their 2 trees, 2 blobs
     import_repo(app, str(src), "r")
-    assert {git_key(h).raw for h in ids_of(git(src, "rev-list", "--objects", "--all"))} <= (
+    assert {git_key(h).raw for h in ids_of(git_out("rev-list", "--objects", "--all", cwd=src))} <= (
         stored_keys(app)
     )
     [out] = app.refs.update("r", [RefUpdate("refs/heads/side", None, tip)])
@@ -532,9 +529,9 @@ def sweeps(app: Alkfs, n: int) -> list:
 
 def test_a_registered_borrower_keeps_what_its_refs_reach_until_unregistered(tmp_path, app):
     src, only_side, tip = side_store(tmp_path, app)
-    git(tmp_path, "clone", "-q", "--shared", "--bare", str(src), "b.git")
+    git("clone", "-q", "--shared", "--bare", str(src), "b.git", cwd=tmp_path)
     b = tmp_path / "b.git"
-    assert tips(b).own_objects == 0 and git(b, "rev-parse", "side").strip() == tip
+    assert tips(b).own_objects == 0 and git_out("rev-parse", "side", cwd=b).strip() == tip
     app.roots.add("b", str(b))
     orphan = app.store.add(b"nobody keeps this\n")  # (the sweeps do delete)
 
@@ -549,20 +546,20 @@ def test_a_registered_borrower_keeps_what_its_refs_reach_until_unregistered(tmp_
     assert second.deleted == len(only_side)
     assert not any(app.store.has(Key(k)) for k in only_side)
     assert (stored_keys(app) - only_side) and all(
-        app.store.has(git_key(h)) for h in ids_of(git(src, "rev-list", "--objects", "main"))
+        app.store.has(git_key(h)) for h in ids_of(git_out("rev-list", "--objects", "main", cwd=src))
     )
 
 
 def test_an_unpushed_commit_on_a_deleted_branch_keeps_its_history(tmp_path, app):
     src, only_side, tip = side_store(tmp_path, app)
-    git(tmp_path, "clone", "-q", "--shared", "--bare", str(src), "b.git")
+    git("clone", "-q", "--shared", "--bare", str(src), "b.git", cwd=tmp_path)
     b = tmp_path / "b.git"
-    blob = git(b, "hash-object", "-w", "--stdin", input=b"unpushed\n").strip()
-    tree = git(b, "mktree", input=f"100644 blob {blob}\tlocal.txt\n".encode()).strip()
-    local = git(b, "commit-tree", tree, "-p", tip, "-m", "unpushed").strip()
-    git(b, "update-ref", "refs/heads/feature", local)
-    git(b, "update-ref", "-d", "refs/heads/side")
-    assert git(b, "for-each-ref", "--format=%(refname)").split() == [
+    blob = git_out("hash-object", "-w", "--stdin", input=b"unpushed\n", cwd=b).strip()
+    tree = git_out("mktree", input=f"100644 blob {blob}\tlocal.txt\n".encode(), cwd=b).strip()
+    local = git_out("commit-tree", tree, "-p", tip, "-m", "unpushed", cwd=b).strip()
+    git("update-ref", "refs/heads/feature", local, cwd=b)
+    git("update-ref", "-d", "refs/heads/side", cwd=b)
+    assert git_out("for-each-ref", "--format=%(refname)", cwd=b).split() == [
         "refs/heads/feature",
         "refs/heads/main",
     ]
@@ -582,11 +579,11 @@ def test_a_borrowers_walk_stops_where_the_refs_closure_already_reaches(tmp_path,
     """What the refs keep is closed under reachability: the borrower's walk stops there,
     so a clone of a big history re-walks only what nothing else keeps (here: side)."""
     src, only_side, tip = side_store(tmp_path, app)
-    git(tmp_path, "clone", "-q", "--shared", "--bare", str(src), "b.git")
+    git("clone", "-q", "--shared", "--bare", str(src), "b.git", cwd=tmp_path)
     b = tmp_path / "b.git"
     app.roots.add("b", str(b))
     sweeps(app, 1)
-    main_only = {git_key(h).raw for h in ids_of(git(src, "rev-list", "--objects", "main"))}
+    main_only = {git_key(h).raw for h in ids_of(git_out("rev-list", "--objects", "main", cwd=src))}
     assert app.roots._memo is not None and app.roots._memo[1] == only_side  # (not main's)
     assert all(app.roots.contains(k) for k in only_side)
     [out] = app.refs.update("r", [RefUpdate("refs/heads/main", None, rev(src, "main"))])
@@ -598,7 +595,7 @@ def test_a_borrowers_walk_stops_where_the_refs_closure_already_reaches(tmp_path,
 
 def test_an_unreadable_borrower_stops_the_sweep_and_nothing_is_deleted(tmp_path, app):
     src, only_side, tip = side_store(tmp_path, app)
-    git(tmp_path, "clone", "-q", "--shared", "--bare", str(src), "b.git")
+    git("clone", "-q", "--shared", "--bare", str(src), "b.git", cwd=tmp_path)
     b = tmp_path / "b.git"
     app.roots.add("broken", str(b))
     (b / "refs" / "heads" / "torn").write_text("d34d\n")
@@ -624,7 +621,7 @@ def test_a_missing_borrower_stops_sweeps_until_its_grace_ends_then_is_dropped(
 ):
     caplog.set_level(logging.WARNING, logger="alkfs")
     src, only_side, tip = side_store(tmp_path, app)
-    git(tmp_path, "clone", "-q", "--shared", "--bare", str(src), "b.git")
+    git("clone", "-q", "--shared", "--bare", str(src), "b.git", cwd=tmp_path)
     b = tmp_path / "b.git"
     app.roots.add("away", str(b))
     shutil.rmtree(b)
@@ -653,7 +650,7 @@ def test_a_missing_borrower_stops_sweeps_until_its_grace_ends_then_is_dropped(
 
 def test_a_borrower_back_before_its_grace_ends_is_no_longer_missing(tmp_path, app, monkeypatch):
     src, only_side, tip = side_store(tmp_path, app)
-    git(tmp_path, "clone", "-q", "--shared", "--bare", str(src), "b.git")
+    git("clone", "-q", "--shared", "--bare", str(src), "b.git", cwd=tmp_path)
     b = tmp_path / "b.git"
     app.roots.add("back", str(b))
     b.rename(tmp_path / "elsewhere")
@@ -673,7 +670,7 @@ def test_a_borrower_back_before_its_grace_ends_is_no_longer_missing(tmp_path, ap
 
 def test_a_root_of_another_machine_stops_sweeps_and_is_never_dropped(tmp_path, app, monkeypatch):
     src, only_side, tip = side_store(tmp_path, app)
-    git(tmp_path, "clone", "-q", "--shared", "--bare", str(src), "b.git")
+    git("clone", "-q", "--shared", "--bare", str(src), "b.git", cwd=tmp_path)
     b = tmp_path / "b.git"
     monkeypatch.setenv("ALKFS_MACHINE_ID", "a")
     assert app.roots.add("theirs", str(b)).machine == "a"
@@ -695,7 +692,7 @@ def test_a_root_of_another_machine_stops_sweeps_and_is_never_dropped(tmp_path, a
 
 def test_contains_answers_from_the_last_reading_and_is_live_after_a_registration(tmp_path, app):
     src, only_side, tip = side_store(tmp_path, app)
-    git(tmp_path, "clone", "-q", "--shared", "--bare", str(src), "b.git")
+    git("clone", "-q", "--shared", "--bare", str(src), "b.git", cwd=tmp_path)
     b = tmp_path / "b.git"
     app.roots.add("b", str(b))
     unknown = Key.derive(Algorithm.SHA256, b"never stored").raw

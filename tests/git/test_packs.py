@@ -4,12 +4,12 @@ by git's own tools, published by generation, never listing what a sweep deleted.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import threading
 from pathlib import Path
 
 import pytest
+from helpers import git, git_out
 
 from alkfs.app import Alkfs
 from alkfs.errors import StoreIO
@@ -18,21 +18,6 @@ from alkfs.git.importer import import_repo
 from alkfs.git.objects import canonical
 from alkfs.git.refs import RefUpdate
 from alkfs.keys import Algorithm, Key
-
-from .conftest import GIT_ENV
-
-
-def git(cwd: Path, *args: str, input: bytes | None = None) -> str:
-    proc = subprocess.run(
-        ["git", *args],
-        cwd=cwd,
-        input=input,
-        capture_output=True,
-        env={**os.environ, **GIT_ENV},
-        check=False,
-    )
-    assert proc.returncode == 0, (args, proc.stderr.decode())
-    return proc.stdout.decode()
 
 
 def history(make_repo, fmt: str, commits: int = 6):
@@ -74,7 +59,7 @@ def store_ids(app: Alkfs, algo: Algorithm) -> set[str]:
 def user_of(tmp_path: Path, fmt: str, objdir: Path, name: str = "user") -> Path:
     """A repository whose only objects are the alternate `objdir`."""
     path = tmp_path / name
-    git(tmp_path, "init", "-q", "--bare", f"--object-format={fmt}", str(path))
+    git("init", "-q", "--bare", f"--object-format={fmt}", str(path), cwd=tmp_path)
     (path / "objects" / "info" / "alternates").write_text(f"{objdir}\n")
     return path
 
@@ -99,15 +84,17 @@ def test_an_import_leaves_every_object_in_a_set_git_verifies(app, make_repo, tmp
     )
     idx = gen.root / "pack" / f"{stem}.idx"
     user = user_of(tmp_path, fmt, gen.root)
-    verify = git(user, "verify-pack", "-v", str(idx))  # (in a repository of the format)
+    verify = git_out("verify-pack", "-v", str(idx), cwd=user)  # (in a repository of the format)
     assert verify.rstrip().endswith(": ok")
-    git(user, "multi-pack-index", f"--object-dir={gen.root}", "verify")
-    git(user, "commit-graph", "verify", f"--object-dir={gen.root}")
+    git("multi-pack-index", f"--object-dir={gen.root}", "verify", cwd=user)
+    git("commit-graph", "verify", f"--object-dir={gen.root}", cwd=user)
     for name, oid in repo.for_each_ref().items():
-        git(user, "update-ref", name, oid)
-    git(user, "fsck", "--full", "--strict", "--no-dangling")
-    assert git(user, "rev-list", "--objects", "--all") == repo.git("rev-list", "--objects", "--all")
-    assert git(user, "count-objects", "-v").splitlines()[0] == "count: 0"
+        git("update-ref", name, oid, cwd=user)
+    git("fsck", "--full", "--strict", "--no-dangling", cwd=user)
+    assert git_out("rev-list", "--objects", "--all", cwd=user) == repo.git(
+        "rev-list", "--objects", "--all"
+    )
+    assert git_out("count-objects", "-v", cwd=user).splitlines()[0] == "count: 0"
     meta = json.loads((gen.root / "alkfs.json").read_text())
     assert (meta["generation"], meta["objects"], meta["mode"]) == (1, gen.objects, "full")
 
@@ -117,7 +104,7 @@ def test_deltas_are_found_between_versions_of_one_file(app, make_repo, tmp_path)
     import_repo(app, repo.gitdir, "r", progress=False)
     gen = packs.derived_for(app.store, "sha1").current()
     idx = next(gen.root / r for r in gen.files if r.endswith(".idx"))
-    lines = git(tmp_path, "verify-pack", "-v", str(idx)).splitlines()
+    lines = git_out("verify-pack", "-v", str(idx), cwd=tmp_path).splitlines()
     deltas = [x for x in lines if len(x.split()) == 7]  # sha type size packed offset depth base
     assert len(deltas) >= 5
 
@@ -146,12 +133,12 @@ def test_new_objects_land_in_an_intake_pack_beside_the_previous_ones(app, make_r
     chain = (second.root / "info/commit-graphs/commit-graph-chain").read_text().split()
     assert len(chain) == 2  # one more layer
     user = user_of(tmp_path, "sha1", second.root)
-    git(user, "update-ref", "refs/heads/main", repo.rev("main"))
-    git(user, "fsck", "--full", "--strict", "--no-dangling")
-    git(user, "commit-graph", "verify", f"--object-dir={second.root}")
-    git(user, "multi-pack-index", f"--object-dir={second.root}", "verify")
+    git("update-ref", "refs/heads/main", repo.rev("main"), cwd=user)
+    git("fsck", "--full", "--strict", "--no-dangling", cwd=user)
+    git("commit-graph", "verify", f"--object-dir={second.root}", cwd=user)
+    git("multi-pack-index", f"--object-dir={second.root}", "verify", cwd=user)
     for idx in second.indexes:
-        assert git(user, "verify-pack", "-v", str(idx.path)).rstrip().endswith(": ok")
+        assert git_out("verify-pack", "-v", str(idx.path), cwd=user).rstrip().endswith(": ok")
 
 
 def test_intake_packs_are_consolidated_geometrically(app, make_repo, tmp_path):
@@ -174,10 +161,10 @@ def test_intake_packs_are_consolidated_geometrically(app, make_repo, tmp_path):
     gen = d.current()
     assert pack_ids(gen) == store_ids(app, Algorithm.GIT_SHA1)
     user = user_of(tmp_path, "sha1", gen.root)
-    git(user, "update-ref", "refs/heads/main", repo.rev("main"))
-    git(user, "fsck", "--full", "--strict", "--no-dangling")
-    git(user, "commit-graph", "verify", f"--object-dir={gen.root}")
-    git(user, "multi-pack-index", f"--object-dir={gen.root}", "verify")
+    git("update-ref", "refs/heads/main", repo.rev("main"), cwd=user)
+    git("fsck", "--full", "--strict", "--no-dangling", cwd=user)
+    git("commit-graph", "verify", f"--object-dir={gen.root}", cwd=user)
+    git("multi-pack-index", f"--object-dir={gen.root}", "verify", cwd=user)
 
 
 def test_a_sweep_publishes_a_set_without_every_object_it_deletes(app, make_repo, tmp_path):
@@ -224,9 +211,9 @@ def test_a_sweep_publishes_a_set_without_every_object_it_deletes(app, make_repo,
     assert dead.isdisjoint(ids)
     assert ids == store_ids(app, Algorithm.GIT_SHA1)
     user = user_of(tmp_path, "sha1", after.root)
-    git(user, "update-ref", "refs/heads/main", repo.rev("main"))
-    git(user, "fsck", "--full", "--strict", "--no-dangling")
-    git(user, "commit-graph", "verify", f"--object-dir={after.root}")
+    git("update-ref", "refs/heads/main", repo.rev("main"), cwd=user)
+    git("fsck", "--full", "--strict", "--no-dangling", cwd=user)
+    git("commit-graph", "verify", f"--object-dir={after.root}", cwd=user)
 
 
 def test_the_graph_commits_read_from_a_set_are_the_commits_it_graphs(app, make_repo):
@@ -265,14 +252,14 @@ def test_a_commit_on_a_staged_parent_stays_out_of_the_intakes_graph(app, make_re
     assert gen.meta["mode"] == "intake" and child.digest in gen
     assert {child.digest, bytes.fromhex(side)}.isdisjoint(gen.graph_commits())
     user = user_of(tmp_path, "sha1", gen.root)
-    git(user, "commit-graph", "verify", f"--object-dir={gen.root}")
+    git("commit-graph", "verify", f"--object-dir={gen.root}", cwd=user)
     # both die: the sweep that deletes them drops the staged pack and keeps the graph
     assert store.sweep(0).deleted == 3  # (the side objects; the child is staged now)
     after = d.current()
     assert after.meta["mode"] == "drop" and after.graph_commits() == gen.graph_commits()
     user = user_of(tmp_path, "sha1", after.root, "after")
-    git(user, "commit-graph", "verify", f"--object-dir={after.root}")
-    git(user, "multi-pack-index", f"--object-dir={after.root}", "verify")
+    git("commit-graph", "verify", f"--object-dir={after.root}", cwd=user)
+    git("multi-pack-index", f"--object-dir={after.root}", "verify", cwd=user)
 
 
 def left_out_by_scan(d: packs.Derived, gen: packs.Generation) -> set[bytes]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from helpers import git as run_git
+from helpers import git, git_out
 
 from alkfs.app import Alkfs
 from alkfs.gc import sweep as gc_sweep
@@ -17,10 +17,6 @@ from alkfs.keys import Algorithm
 
 COMMITS = 700  # a commit, a root tree, a subtree and a blob each: ~2,800 objects
 BATCH = 500  # the sweep's take batch here: its deletions span at least 3 batches
-
-
-def git(*args: str | Path, input: bytes | None = None) -> str:
-    return run_git(*args, input=input).stdout.decode()
 
 
 def bare_repo(path: Path, name: str, commits: int) -> Path:
@@ -39,7 +35,7 @@ def bare_repo(path: Path, name: str, commits: int) -> Path:
 
 
 def ids(gitdir: Path) -> set[bytes]:
-    out = git(f"--git-dir={gitdir}", "cat-file", "--batch-all-objects", "--batch-check")
+    out = git_out(f"--git-dir={gitdir}", "cat-file", "--batch-all-objects", "--batch-check")
     return {bytes.fromhex(line.split()[0]) for line in out.splitlines()}
 
 
@@ -62,7 +58,7 @@ def test_a_sweep_deleting_many_batches_publishes_one_set_without_them_all(tmp_pa
         doomed = ids(big) - ids(small)
         kept = ids(small)
         assert len(doomed) >= 3 * BATCH and doomed | kept <= published(d)
-        main = git(f"--git-dir={big}", "rev-parse", "main").strip()
+        main = git_out(f"--git-dir={big}", "rev-parse", "main").strip()
         [out] = app.refs.update("big", [RefUpdate("refs/heads/main", None, main)])
         assert out.ok
 

@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 from helpers import GIT_ENV
+from helpers import git_out as git  # (stdout str; test_crash_matrix.py imports it from here)
 
 SOAK = os.environ.get("ALKFS_SOAK") == "1"
 
@@ -249,19 +250,6 @@ def crash_restart(m, client: Client) -> int:
     assert_no_residue(m.store_path)
     verify_through_mount(m)
     return done
-
-
-def git(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None) -> str:
-    done = subprocess.run(
-        ["git", *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, **GIT_ENV, **(env or {})},
-    )
-    assert done.returncode == 0, (args, done.stderr)
-    return done.stdout
 
 
 def make_commits(work: Path, rng: random.Random, count: int, tag: str) -> list[str]:

@@ -16,7 +16,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from helpers import GIT_ENV, os_errno, sha, write_close
+from helpers import git_out, os_errno, sha, write_close
 
 PIN_RE = re.compile(rb"[A-Za-z0-9][A-Za-z0-9._-]{0,127}\Z")
 TEMP_RE = re.compile(rb"\.[A-Za-z0-9][A-Za-z0-9._-]{0,127}\.[A-Za-z0-9]{1,16}\Z")  # rsync's
@@ -25,14 +25,6 @@ PIN_X = "user.alkfs.pin."
 REPO = "setup-repo"  # longer than any name the byte loop makes
 OBJECT = b"the hostile-input object\n"
 PINNED = b"pinned by the hostile-input test\n"
-
-
-def git(*args: str, env: dict[str, str], stdin: bytes = b"") -> str:
-    done = subprocess.run(
-        ["git", *args], input=stdin, env={**os.environ, **GIT_ENV, **env}, capture_output=True
-    )
-    assert done.returncode == 0, (args, done.stderr)
-    return done.stdout.decode().strip()
 
 
 def git_accepts_ref(name: bytes) -> bool:
@@ -44,9 +36,9 @@ def setup(m) -> dict[str, str]:
     """A repository REPO with refs/heads/main at a commit, a pin `keep`, an object."""
     os.mkdir(m.path("repos", REPO))
     env = {"GIT_DIR": str(m.path("repos", REPO))}
-    blob = git("hash-object", "-w", "--stdin", env=env, stdin=b"a blob\n")
-    tree = git("mktree", env=env, stdin=f"100644 blob {blob}\tf\n".encode())
-    commit = git("commit-tree", "-m", "one", tree, env=env)
+    blob = git_out("hash-object", "-w", "--stdin", env=env, input=b"a blob\n").strip()
+    tree = git_out("mktree", env=env, input=f"100644 blob {blob}\tf\n".encode()).strip()
+    commit = git_out("commit-tree", "-m", "one", tree, env=env, input=b"").strip()
     write_close(m.path("repos", REPO, "refs", "heads", "main"), f"{commit}\n".encode())
     write_close(m.path("pins", "keep"), PINNED)
     write_close(m.path("objects", "sha256", "new"), OBJECT)

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from helpers import GIT_ENV
+from helpers import git, git_out
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -344,20 +344,14 @@ class MountModel(RuleBasedStateMachine):
         """The same through a repository, by git itself (hash-object, mktree, commit-tree)."""
         self.step("git_commit")
         repo = data.draw(st.sampled_from(sorted(self.repos)))
-        env = {**os.environ, **GIT_ENV, "GIT_DIR": str(self.mnt / "repos" / repo)}
-
-        def git(*args: str, stdin: bytes) -> str:
-            done = subprocess.run(["git", *args], input=stdin, env=env, capture_output=True)
-            assert done.returncode == 0, (args, done.stderr)
-            return done.stdout.decode().strip()
-
+        env = {"GIT_DIR": str(self.mnt / "repos" / repo)}
         body = self.fresh("git blob")
-        bhex = git("hash-object", "-w", "--stdin", stdin=body)
-        thex = git("mktree", stdin=b"100644 blob %s\tf\n" % bhex.encode())
+        bhex = git_out("hash-object", "-w", "--stdin", input=body, env=env).strip()
+        thex = git_out("mktree", input=b"100644 blob %s\tf\n" % bhex.encode(), env=env).strip()
         parents = self.commits()
         p = parents[0] if parent and parents else None
         msg = self.fresh("git commit")
-        chex = git("commit-tree", thex, *(("-p", p) if p else ()), stdin=msg)
+        chex = git_out("commit-tree", thex, *(("-p", p) if p else ()), input=msg, env=env).strip()
         raw_commit = (self.mnt / "objects" / "git-sha1" / chex).read_bytes()
         assert raw_commit.startswith(b"commit ") and f"tree {thex}".encode() in raw_commit
         self.add(Obj("git-sha1", bhex, git_object("blob", body), (), True))
@@ -365,7 +359,7 @@ class MountModel(RuleBasedStateMachine):
         self.add(Obj("git-sha1", thex, tree, (bhex,), True))
         self.add(Obj("git-sha1", chex, raw_commit, (thex,) + ((p,) if p else ()), True))
         if ref is not None:  # git's own lockfile protocol, in the repository it wrote to
-            git("update-ref", ref, chex, stdin=b"")
+            git("update-ref", ref, chex, input=b"", env=env)
             self.repos[repo].refs[ref] = chex
 
     # -- pins -----------------------------------------------------------------------

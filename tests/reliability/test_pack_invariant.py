@@ -60,7 +60,7 @@ import pytest
 import trio
 from alkfsd import listings
 from alkfsd.listings import Listings
-from helpers import GIT_ENV
+from helpers import git, git_out
 
 from alkfs.keys import Algorithm
 
@@ -79,23 +79,6 @@ PACK_ENV = {
 }
 
 pytestmark = pytest.mark.timeout(int(SOAK_S) + 600)
-
-
-def run_git(*args, input: bytes | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        ["git", *map(str, args)],
-        env={**os.environ, **GIT_ENV},
-        input=input,
-        capture_output=True,
-        timeout=timeout,
-    )
-
-
-def git(*args, input: bytes | None = None, timeout: float = 120) -> str:
-    done = run_git(*args, input=input, timeout=timeout)
-    if done.returncode != 0:
-        raise RuntimeError(f"git {args}: {done.stderr.decode(errors='replace')}")
-    return done.stdout.decode()
 
 
 # -- the workload ------------------------------------------------------------------------------
@@ -164,7 +147,7 @@ class Pusher:
             "--force",
             input="".join(out).encode(),
         )
-        oid = git(f"--git-dir={self.local}", "rev-parse", "refs/heads/scratch").strip()
+        oid = git_out(f"--git-dir={self.local}", "rev-parse", "refs/heads/scratch").strip()
         self.files[oid] = tuple(sorted((set(paths) | set(news)) - set(removed)))
         self.parents[oid] = parent
         return oid
@@ -392,7 +375,9 @@ def test_every_reachable_object_is_packed_or_listed(start_mount, tmp_path: Path)
 
         def body() -> None:
             p = rng.choice(pushers)
-            refs = git(f"--git-dir={p.remote}", "for-each-ref", "--format=%(objectname)").split()
+            refs = git_out(
+                f"--git-dir={p.remote}", "for-each-ref", "--format=%(objectname)"
+            ).split()
             if not refs:
                 return
             tip = rng.choice(refs)
@@ -404,7 +389,7 @@ def test_every_reachable_object_is_packed_or_listed(start_mount, tmp_path: Path)
             ):
                 if args[0] == "cat-file" and rng.random() < 0.7:
                     continue
-                done = run_git(f"--git-dir={user}", *args, timeout=300)
+                done = git(f"--git-dir={user}", *args, check=False)
                 counts["read"] += 1
                 if done.returncode != 0:
                     reader_failures.append(
@@ -430,9 +415,11 @@ def test_every_reachable_object_is_packed_or_listed(start_mount, tmp_path: Path)
         t0 = time.monotonic()
         reachable: set[str] = set()
         for p in pushers:
-            tips = git(f"--git-dir={p.remote}", "for-each-ref", "--format=%(objectname)").split()
+            tips = git_out(
+                f"--git-dir={p.remote}", "for-each-ref", "--format=%(objectname)"
+            ).split()
             if tips:
-                listed = git(f"--git-dir={p.local}", "rev-list", "--objects", *tips)
+                listed = git_out(f"--git-dir={p.local}", "rev-list", "--objects", *tips)
                 reachable.update(line[:40] for line in listed.splitlines())
         gen1 = generation(store)
         names1, packed1 = packs.read()
@@ -506,7 +493,7 @@ def test_every_reachable_object_is_packed_or_listed(start_mount, tmp_path: Path)
     git("init", "-q", "--bare", user)
     (user / "objects" / "info" / "alternates").write_text(f"{mnt}/git/sha1\n")
     for p in pushers:
-        refs = git(f"--git-dir={p.remote}", "for-each-ref", "--format=%(objectname) %(refname)")
+        refs = git_out(f"--git-dir={p.remote}", "for-each-ref", "--format=%(objectname) %(refname)")
         for line in refs.splitlines():
             oid, ref = line.split()
             git(f"--git-dir={user}", "update-ref", f"refs/{p.name}/{ref[5:]}", oid)

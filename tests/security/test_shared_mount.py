@@ -33,6 +33,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from helpers import git, git_out
 
 MOUNT_TIMEOUT_S = 20.0
 EACCES, EPERM = errno.errorcode[errno.EACCES], errno.errorcode[errno.EPERM]
@@ -262,17 +263,6 @@ def put(mnt: Path, data: bytes) -> Path:
     return path
 
 
-def git(
-    *args: str, cwd: Path | str | None = None, check: bool = True
-) -> subprocess.CompletedProcess:
-    r = subprocess.run(
-        ["git", *args], capture_output=True, text=True, cwd=cwd, env={**os.environ, **GIT_ENV}
-    )
-    if check:
-        assert r.returncode == 0, (args, r.stdout, r.stderr)
-    return r
-
-
 def small_repo(path: Path, user: pwd.struct_passwd | None = None) -> str:
     """A two-commit repository at `path` (made by `user`, or root); the head's oid."""
     steps = [
@@ -287,7 +277,7 @@ def small_repo(path: Path, user: pwd.struct_passwd | None = None) -> str:
             r = as_user(user, *cmd)
         assert r.returncode == 0, (cmd, r.stderr)
     if user is None:
-        return git("-C", str(path), "rev-parse", "HEAD").stdout.strip()
+        return git_out("-C", str(path), "rev-parse", "HEAD").strip()
     return as_user(user, "git", "-C", str(path), "rev-parse", "HEAD").stdout.strip()
 
 
@@ -344,7 +334,7 @@ def test_another_user_reads_and_freshens_and_changes_nothing(base: Path, daemon,
 
     # and nothing else: control, refs, pins, repositories, objects (EACCES)
     ref = mnt / "repos" / "r" / "refs" / "heads" / "main"
-    first = git("-C", str(src), "rev-parse", "HEAD~1").stdout.strip()
+    first = git_out("-C", str(src), "rev-parse", "HEAD~1").strip()
     sha = hashlib.sha256(b"x").hexdigest()
     got = probe(
         other,
@@ -372,7 +362,7 @@ def test_another_user_reads_and_freshens_and_changes_nothing(base: Path, daemon,
         other, "git", f"--git-dir={mnt}/repos/r", "update-ref", "refs/heads/main", first
     )
     assert update.returncode != 0
-    assert git("--git-dir", str(mnt / "repos" / "r"), "rev-parse", "main").stdout.strip() == head
+    assert git_out("--git-dir", str(mnt / "repos" / "r"), "rev-parse", "main").strip() == head
     assert os.getxattr(pinned, "user.alkfs.pins") == b"keep"
     assert not (mnt / "repos" / "mine").exists()
 
@@ -477,9 +467,9 @@ def test_the_owner_pushes_updates_refs_and_pins_but_not_the_control_file(base: P
     push = as_user(owner, "git", "-C", str(src), "push", "-q", str(mnt / "repos" / "r"), "main")
     assert push.returncode == 0, push.stderr
     assert (
-        git(
+        git_out(
             "-c", "safe.directory=*", "--git-dir", str(mnt / "repos" / "r"), "rev-parse", "main"
-        ).stdout.strip()
+        ).strip()
         == head
     )
     first = as_user(owner, "git", "-C", str(src), "rev-parse", "HEAD~1").stdout.strip()

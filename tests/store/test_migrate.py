@@ -8,14 +8,12 @@ repository, pin and delete-window row must survive the round trip exactly.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
-from helpers import GIT_ENV
+from helpers import git
 
 from alkfs import migrate
 from alkfs.app import Alkfs
@@ -42,19 +40,14 @@ def with_password(uri: str) -> str:
 
 
 def git_repo(path: Path) -> Path:
-    env = {**os.environ, **GIT_ENV}
-
-    def git(*args: str) -> None:
-        subprocess.run(["git", *args], cwd=path, env=env, check=True, capture_output=True)
-
     path.mkdir()
-    git("init", "-q", "-b", "main")
+    git("init", "-q", "-b", "main", cwd=path)
     for i in range(3):
         (path / f"f{i}.txt").write_bytes(f"file {i}\n".encode() * (1 + i * 400))
-        git("add", "-A")
-        git("commit", "-q", "-m", f"commit {i}")
-    git("tag", "v1")
-    git("branch", "side", "HEAD~1")
+        git("add", "-A", cwd=path)
+        git("commit", "-q", "-m", f"commit {i}", cwd=path)
+    git("tag", "v1", cwd=path)
+    git("branch", "side", "HEAD~1", cwd=path)
     return path / ".git"
 
 
