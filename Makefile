@@ -72,12 +72,19 @@ $(STAMP): pyproject.toml $(PATCHES) | apt
 # make install: quick when nothing changed (two stamps in OPT: the venv with pyfuse3,
 # then the project). The project is installed from a copy of the checkout (pip install
 # of a directory, not -e): the install does not depend on the checkout, and its build
-# leaves nothing in it.
+# leaves nothing in it. The man pages and bash completions (committed: tools/manpages.py
+# writes them from the parsers) are copied under PREFIX/share.
 install: $(OPT)/.alkfs-installed
 	mkdir -p $(BINDIR) $(SBIN)
 	ln -sfn $(OPT)/bin/alkfs $(BINDIR)/alkfs
 	ln -sfn $(OPT)/bin/alkfsd $(BINDIR)/alkfsd
 	ln -sfn $(OPT)/bin/mount.fuse.alkfs $(SBIN)/mount.fuse.alkfs
+	install -d $(PREFIX)/share/man/man1 $(PREFIX)/share/man/man8 \
+	  $(PREFIX)/share/bash-completion/completions
+	install -m 644 man/alkfs.1 $(PREFIX)/share/man/man1/alkfs.1
+	install -m 644 man/alkfsd.8 $(PREFIX)/share/man/man8/alkfsd.8
+	install -m 644 completion/alkfs.bash $(PREFIX)/share/bash-completion/completions/alkfs
+	install -m 644 completion/alkfsd.bash $(PREFIX)/share/bash-completion/completions/alkfsd
 
 $(OPT)/.pyfuse3-installed: $(PATCHES) | install-apt
 	test -x $(OPT_PY) || $(INSTALL_PYTHON) -m venv $(OPT)
@@ -97,8 +104,8 @@ $(OPT)/.alkfs-installed: $(OPT)/.pyfuse3-installed $(SOURCES) $(HELPER)
 	mv $(OPT)/bin/mount.fuse.alkfs.new $(OPT)/bin/mount.fuse.alkfs
 	touch $@
 
-# Removes what make install made: the three links (those that still point into OPT)
-# and the venv at OPT.
+# Removes what make install made: the three links (those that still point into OPT),
+# the venv at OPT, the man pages and the completions.
 uninstall:
 	for link in $(BINDIR)/alkfs:alkfs $(BINDIR)/alkfsd:alkfsd \
 	            $(SBIN)/mount.fuse.alkfs:mount.fuse.alkfs; do \
@@ -106,6 +113,9 @@ uninstall:
 	  if [ "$$(readlink $$path)" = "$(OPT)/bin/$${link##*:}" ]; then rm -f $$path; fi; \
 	done
 	if [ -f $(OPT)/pyvenv.cfg ]; then rm -rf $(OPT); fi
+	rm -f $(PREFIX)/share/man/man1/alkfs.1 $(PREFIX)/share/man/man8/alkfsd.8 \
+	  $(PREFIX)/share/bash-completion/completions/alkfs \
+	  $(PREFIX)/share/bash-completion/completions/alkfsd
 
 test: apt $(STAMP)
 	$(PY) -X dev -bb -m pytest -q $(PYTEST_ARGS)
