@@ -28,7 +28,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 SYS_HELPER = Path("/sbin/mount.fuse.alkfs")
-TREE = ["git", "objects", "pins", "repos", "roots"]
+TREE = ["git", "lfs", "objects", "pins", "repos", "roots"]
 VERSION = "0.1.0"
 GONE_WITHIN_S = 10.0
 

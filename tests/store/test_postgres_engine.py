@@ -26,7 +26,17 @@ from alkfs.tiers.postgres import PgTier
 
 from .conftest import register, sha256_key
 
-TABLES = ("meta", "blobs", "gc_window", "catalog", "git_repos", "git_refs", "pins", "roots")
+TABLES = (
+    "meta",
+    "blobs",
+    "gc_window",
+    "catalog",
+    "git_repos",
+    "git_refs",
+    "pins",
+    "roots",
+    "lfs_pointers",
+)
 FLEET = (
     "fleet_nodes",
     "fleet_machines",
