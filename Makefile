@@ -124,7 +124,8 @@ test: apt $(STAMP)
 	  tests/daemon/test_write_refs.py tests/daemon/test_write_git.py \
 	  tests/daemon/test_lifecycle.py tests/daemon/test_mount_basic.py \
 	  tests/daemon/test_push_pins.py tests/test_cli.py \
-	  tests/daemon/test_roots.py tests/daemon/test_gc_steer.py
+	  tests/daemon/test_roots.py tests/daemon/test_gc_steer.py \
+	  tests/daemon/test_lfs_mount.py
 
 # The crash matrix and the other reliability tests at soak length (>= 50 rounds a case;
 # the fan-out invariant's mixed git workload, tests/reliability/test_pack_invariant.py,
