@@ -55,6 +55,7 @@ VALUED = (
     "database",
     "owner",
     "log_level",
+    "metrics_listen",
     "config",
     "threshold",
 )

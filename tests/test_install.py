@@ -310,7 +310,8 @@ def test_helper_maps_options_to_daemon_flags(installed: Install, tmp_path: Path)
         "rw,defaults,_netdev,nofail,noauto,auto,user,nouser,x-systemd.automount,"
         "comment=x,dev,suid,exec,nodev,nosuid,noexec,relatime,noatime,atime,"
         "create,window=1h,sweep_every=0,allow_other,ro,read_only,kv_only,threshold=4096,"
-        'push_grace=10m,owner=0:0,log_level=debug,config=conf.toml,"database=postgresql:'
+        "push_grace=10m,owner=0:0,log_level=debug,metrics_listen=127.0.0.1:9101,"
+        'config=conf.toml,"database=postgresql:'
         '//u:secret@db/alk?host=/run/pg,x",demo'
     )
     done = run(helper, "alkfs:store", tmp_path, "-f", "-v", "-n", "-o", opts, "-t", "fuse.alkfs")
@@ -319,7 +320,7 @@ def test_helper_maps_options_to_daemon_flags(installed: Install, tmp_path: Path)
         f"mount.fuse.alkfs: running {installed.opt}/bin/alkfsd {os.getcwd()}/store {tmp_path} "
         "--create --window 1h --sweep-every 0 --allow-other --read-only --read-only --kv-only "
         f"--threshold 4096 --push-grace 10m --owner 0:0 --log-level debug "
-        f"--config {os.getcwd()}/conf.toml --database postgresql://u:***@db/alk?host=/run/pg,x "
+        f"--metrics-listen 127.0.0.1:9101 --config {os.getcwd()}/conf.toml --database postgresql://u:***@db/alk?host=/run/pg,x "
         "--demo"
     ]
     assert not (Path.cwd() / "store").exists()
