@@ -30,6 +30,7 @@ is_mounted = _daemon.is_mounted
 mount_entry = _daemon.mount_entry
 unmount = _daemon.unmount
 start_mount = _daemon.start_mount
+start_pg_mount = _daemon.start_pg_mount
 mount = _daemon.mount
 populate_fixture = _daemon.populate_fixture
 pytest_collection_modifyitems = _daemon.pytest_collection_modifyitems
