@@ -38,6 +38,7 @@ from .requests import (
     of_dh,
     of_fh,
     of_ino,
+    of_xattr,
 )
 
 if TYPE_CHECKING:
@@ -414,7 +415,7 @@ class Operations(pyfuse3.Operations):
             self.guard.seen(req)
         return await self._getxattr(inode, name, req)
 
-    @fuse_op(lambda self, ino, name, *r: f"{of_ino(self, ino)} [{name!r}]")
+    @fuse_op(of_xattr)
     async def _getxattr(self, inode: int, name: bytes, req: RequestContext) -> bytes:
         return await self.node(inode).getxattr(name, req)
 
@@ -423,7 +424,7 @@ class Operations(pyfuse3.Operations):
         self.guard.seen(req)
         return await self.node(inode).listxattr(req)
 
-    @fuse_op(lambda self, ino, name, *r: f"{of_ino(self, ino)} [{name!r}]")
+    @fuse_op(of_xattr)
     async def setxattr(self, inode: int, name: bytes, value: bytes, req: RequestContext) -> None:
         if not name.startswith(b"user."):
             fail(errno.EOPNOTSUPP, "only user.* extended attributes exist here")
@@ -434,7 +435,7 @@ class Operations(pyfuse3.Operations):
         self.guard.may_change(req, node)  # (a pin is a change: root's and the owner's)
         await node.setxattr(name, value, req)
 
-    @fuse_op(lambda self, ino, name, *r: f"{of_ino(self, ino)} [{name!r}]")
+    @fuse_op(of_xattr)
     async def removexattr(self, inode: int, name: bytes, req: RequestContext) -> None:
         if not name.startswith(b"user."):
             fail(errno.EOPNOTSUPP, "only user.* extended attributes exist here")

@@ -141,10 +141,14 @@ def _invalidate(item: Invalidation) -> None:
     except OSError as exc:
         if exc.errno not in (errno.ENOENT, errno.ENOTDIR, errno.EBADF, errno.ENODEV):
             log.warning(
-                "invalidate %r in inode %d: errno=%s",
-                item.name,
+                "invalidate %s in inode %d: errno=%s",
+                (item.name or b"").decode("utf-8", "backslashreplace"),
                 item.parent,
                 errno.errorcode.get(exc.errno or 0, exc.errno),
             )
     except Exception:
-        log.exception("invalidate %r in inode %d failed", item.name, item.parent)
+        log.exception(
+            "invalidate %s in inode %d failed",
+            (item.name or b"").decode("utf-8", "backslashreplace"),
+            item.parent,
+        )

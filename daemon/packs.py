@@ -368,7 +368,7 @@ class Served:
                 "(held past ALKFS_PACK_RETIRE_HOLD or beyond ALKFS_PACK_RETIRED_MAX)",
                 fmt,
                 len(handles),
-                sorted(revoked),
+                " ".join(map(str, sorted(revoked))),
             )
         try:
             on_disk = set(d.generations_on_disk())
@@ -377,7 +377,11 @@ class Served:
             mine = (keep | {n for (f, n) in self._holds if f == fmt}) - revoked
             gone = d.prune(on_disk - doomed, mine=mine)
             if gone:
-                log.info("derived %s: removed retired generation(s) %s", fmt, gone)
+                log.info(
+                    "derived %s: removed retired generation(s) %s",
+                    fmt,
+                    " ".join(map(str, sorted(gone))),
+                )
             left = set(d.generations_on_disk())
             with self._lock:  # (in a fleet another member may have removed them)
                 for key in [k for k in self._retired if k[0] == fmt and k[1] not in left]:

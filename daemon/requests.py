@@ -54,6 +54,11 @@ def of_child(self: Operations, ino: int, name: bytes, *rest: Any) -> str:
     return f"{base.rstrip('/')}/{name.decode('utf-8', 'backslashreplace')}"
 
 
+def of_xattr(self: Operations, ino: int, name: bytes, *rest: Any) -> str:
+    """The node and the attribute's name, as text (`/pins/x [user.alkfs.pin.y]`)."""
+    return f"{of_ino(self, ino)} [{name.decode('utf-8', 'backslashreplace')}]"
+
+
 def of_fh(self: Operations, fh: int, *rest: Any) -> str:
     h = self.handles.get(fh)
     return h.node.describe() if h is not None else f"handle {fh}"

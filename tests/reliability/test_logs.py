@@ -53,3 +53,16 @@ def test_repeated_identical_refusals_are_counted_not_logged_one_by_one(mount):
     assert one_by_one + counted == n, (one_by_one, counted)
     assert one_by_one <= n // 10, one_by_one  # 10 a second: 1000 opens take far less than 100 s
     assert longest(log) <= LINE_MAX
+
+
+def test_an_xattr_refusal_names_the_attribute_as_text_not_as_a_python_bytes_repr(mount):
+    m = mount
+    key = sha(b"an object to pin\n")
+    write_close(m.path("objects", "sha256", "new"), b"an object to pin\n")
+    obj = m.path("objects", "sha256", key)
+    bad = "user.alkfs.pin.no spaces allowed"
+    assert os_errno(os.setxattr, obj, bad, b"") == errno.EINVAL
+    assert m.stop() == 0
+    line = next(x for x in m.log().splitlines() if "setxattr" in x and "errno=EINVAL" in x)
+    assert f"sha256/{key} [{bad}]: errno=EINVAL" in line, line
+    assert "b'" not in line, line
