@@ -482,11 +482,14 @@ def _own_objects(layout: Layout, reach: Reach, stop: threading.Event | None = No
         )
         wanted: list[bytes] = []
         for line in listing.splitlines():
-            oid, kind, size = line.split(b" ")
+            fields = line.split(b" ")
+            oid, kind = fields[0], fields[1] if len(fields) > 1 else b""
             reach.own_objects += 1
             reach.ids.add(bytes.fromhex(oid.decode()))
-            # (a small blob may be an LFS pointer: a commit not pushed keeps its media)
-            if kind != b"blob" or int(size) < POINTER_MAX:
+            # (a small blob may be an LFS pointer: a commit not pushed keeps its media;
+            # an object git cannot read, "<id> missing", is asked for: Unreadable then)
+            small = len(fields) == 3 and fields[2].isdigit() and int(fields[2]) < POINTER_MAX
+            if kind != b"blob" or small:
                 wanted.append(oid)
         if not wanted:
             return

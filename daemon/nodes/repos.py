@@ -299,7 +299,7 @@ class RepoDir(Dir):
         if start < FIRST_OFFSET or "entries" not in dh.state:
             packed = await packed_refs_node(self)
             out: Entries = [(b"packed-refs", packed)]
-            for name in (b"refs", b"HEAD", b"config", b"objects", b"lfs"):
+            for name in (b"refs", b"HEAD", b"config", b"objects"):  # (lfs/ resolves, unlisted)
                 node = self._child(name)
                 assert node is not None
                 out.append((name, node))
