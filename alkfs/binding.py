@@ -100,7 +100,8 @@ def settle(
             }
             if rows["mode"] not in ("dual-tier", "kv-only"):
                 raise Invalid(f"unknown mode {rows['mode']!r}")
-        version = int(rows.get("schema_version", "1"))
+        # (a new store's tables were made just now, at SCHEMA_VERSION: nothing to migrate)
+        version = SCHEMA_VERSION if fresh else int(rows.get("schema_version", "1"))
         if version > SCHEMA_VERSION:
             raise StoreIO(
                 f"the store {db.describe()} has schema version {version}, newer than this "

@@ -8,6 +8,16 @@ a pin written after the memo was built names it or is a git object (whose closur
 would need a walk: conservatively live). Only `pin` can make an object live, so only
 it moves `write_counter`; unpins and renames cannot, and a sweep under a steady
 stream of new pins of plain objects still collects what none of them names.
+
+The tree of /pins (SPEC 3.5): there a pin's name is its path (`backups/2026-11/My
+File.pdf`: any file names, `path_ok`), each directory is a row of its own (`PinDir`:
+an empty key, its mode and time), and a pin written as a file carries its mode, time and
+size (`FileAttrs`). A directory's entries are the names in the range [`dir/`, `dir0`)
+that hold no further `/` (`children`: a subdirectory's own entries are skipped over in
+one step each), so a listing or a lookup is an index range or probe whatever the count.
+The names are text: a path's bytes as UTF-8, any byte that is not (and each byte of a
+character U+F780..U+F7FF) as the character U+F700 + the byte (`path_text`,
+`path_bytes`: one-to-one, and `/` stays `/`).
 """
 
 from __future__ import annotations
@@ -19,13 +29,14 @@ import functools
 import hashlib
 import logging
 import re
+import stat
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .db import now_ns
-from .errors import Exists, Invalid, Missing
+from .errors import Exists, Invalid, Missing, NotEmpty
 from .git.closure import Walker
 from .git.tables import Tables
 from .keys import Algorithm, Key
@@ -42,6 +53,25 @@ PRIME_MAX = 2_000_000  # pins beyond which `prime` loads no filter (lookups quer
 ADDED_MAX = 100_000  # pins remembered for `contains` between two memos
 GIT_ALGOS = frozenset(a.value for a in Algorithm if a.is_git)
 PIN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}\Z")
+COMPONENT_MAX = 255  # bytes of one component of a path in /pins
+PATH_MAX = 4096  # bytes of a whole path in /pins (its components and the `/` between)
+DIR_KEY = b""  # the key column of a directory's row
+_ESCAPED = 0xF700  # a byte escaped in a name is this + the byte (U+F780..U+F7FF)
+_COLUMNS = "name, key, created_ns, mode, mtime_ns, size"
+
+
+class TooLong(Invalid):
+    """A path in /pins longer than PATH_MAX bytes (the mount answers ENAMETOOLONG)."""
+
+
+@dataclass(frozen=True)
+class FileAttrs:
+    """What a pin written as a file shows: its st_mode (S_IFREG and the permission
+    bits), modification time and size (its object's)."""
+
+    mode: int
+    mtime_ns: int
+    size: int
 
 
 @dataclass(frozen=True)
@@ -49,10 +79,117 @@ class PinRecord:
     name: str
     key: Key
     created_ns: int
+    mode: int | None = None  # a pin written as a file: its st_mode (None: a link's pin)
+    mtime_ns: int | None = None
+    size: int | None = None
+
+    @property
+    def attrs(self) -> FileAttrs | None:
+        """A file's attributes (None: a pin made by `ln -s`, setfattr or the CLI)."""
+        if self.mode is None:
+            return None
+        mtime = self.created_ns if self.mtime_ns is None else self.mtime_ns
+        return FileAttrs(self.mode, mtime, 0 if self.size is None else self.size)
+
+
+@dataclass(frozen=True)
+class PinDir:
+    """A directory of pins in /pins (a row of its own: kept when empty)."""
+
+    name: str
+    created_ns: int
+    mode: int
+    mtime_ns: int
+
+
+Entry = PinRecord | PinDir
+
+
+def _entry(row: Sequence) -> Entry:
+    """A row of _COLUMNS as its record."""
+    name, key, created, mode, mtime, size = row
+    key = bytes(key)
+    if key == DIR_KEY:
+        return PinDir(
+            name,
+            created,
+            mode if mode is not None else stat.S_IFDIR | 0o755,
+            mtime if mtime is not None else created,
+        )
+    return PinRecord(name, Key(key), created, mode, mtime, size)
 
 
 def valid_pin_name(name: str) -> bool:
     return isinstance(name, str) and PIN_NAME.match(name) is not None
+
+
+def path_text(raw: bytes) -> str:
+    """A path's bytes as a pin name (see the module docstring; `path_bytes` inverts it)."""
+    if raw.isascii():
+        return raw.decode("ascii")
+    text = raw.decode("utf-8", "surrogateescape")
+    out: list[str] = []
+    for ch in text:
+        o = ord(ch)
+        if 0xDC80 <= o <= 0xDCFF:  # (a byte that is not UTF-8: surrogateescape's)
+            out.append(chr(_ESCAPED + o - 0xDC00))
+        elif 0xF780 <= o <= 0xF7FF:  # (a character that escapes: its bytes escaped)
+            out.extend(chr(_ESCAPED + b) for b in ch.encode())
+        else:
+            out.append(ch)
+    return "".join(out)
+
+
+def path_bytes(name: str) -> bytes:
+    """The bytes of the path a pin name is (`path_text`'s inverse)."""
+    if name.isascii():
+        return name.encode("ascii")
+    out = bytearray()
+    for ch in name:
+        o = ord(ch)
+        if 0xF780 <= o <= 0xF7FF:
+            out.append(o - _ESCAPED)
+        else:
+            out += ch.encode("utf-8", "surrogatepass")
+    return bytes(out)
+
+
+def path_ok(name: str) -> bool:
+    """Whether `name` is a pin's path in /pins: components of 1-255 bytes but `.` and
+    `..`, no NUL, at most PATH_MAX bytes in all (and in `path_text`'s form)."""
+    if not isinstance(name, str) or not name:
+        return False
+    raw = path_bytes(name)
+    if len(raw) > PATH_MAX or b"\0" in raw or path_text(raw) != name:
+        return False
+    return all(
+        0 < len(part) <= COMPONENT_MAX and part not in (b".", b"..") for part in raw.split(b"/")
+    )
+
+
+def parent_of(name: str) -> str | None:
+    """The directory a path is in (None: the top of /pins)."""
+    cut = name.rfind("/")
+    return None if cut < 0 else name[:cut]
+
+
+def below(prefix: str) -> str:
+    """The upper bound of the names starting with `prefix` (which ends with `/`)."""
+    return prefix[:-1] + "0"  # ("0" follows "/")
+
+
+def intent_name(name: str, attrs: FileAttrs) -> str:
+    """The name an intent (alkfs/intents.py) of a file written into /pins carries: the
+    path and the file's mode and time after a NUL each (no name holds a NUL)."""
+    return f"{name}\0{attrs.mode}\0{attrs.mtime_ns}"
+
+
+def from_intent(name: str, size: int) -> tuple[str, FileAttrs | None]:
+    """(the pin name, the file's attributes or None) of an intent's name."""
+    if "\0" not in name:
+        return name, None
+    path, mode, mtime = name.split("\0")
+    return path, FileAttrs(int(mode), int(mtime), size)
 
 
 class NameFilter:
@@ -168,6 +305,11 @@ class Misses:
             if f is not None and not f.add_many(names):
                 self.filter = None  # (full: lookups query again, as before `prime`)
 
+    def drop_filter(self) -> None:
+        """(inside `changing()`) Too many names change at once: lookups query again."""
+        with self._lock:
+            self.filter = None
+
     def before_query(self) -> int:
         return self._epoch
 
@@ -222,8 +364,17 @@ class Pins:
         self.builds = 0
         self._memo: tuple[str | None, int, set[bytes]] | None = None
         self._lock = threading.Lock()
+        self._last_stamp = 0
         # (one opened beside the lock holder sees another process's changes)
         self.misses = Misses(on=store.sole_writer)
+
+    def _stamps(self, n: int = 1) -> int:
+        """The first of `n` creation times no other row of this process has: a file's or
+        a directory's node in the mount is known by it (and its key), across renames."""
+        with self._lock:
+            first = max(now_ns(), self._last_stamp + 1)
+            self._last_stamp = first + n - 1
+            return first
 
     def _bump(self, key: bytes) -> None:
         self._bump_many((key,))
@@ -239,24 +390,48 @@ class Pins:
             while len(added) > ADDED_MAX:  # (a deque: a list's del [0] moves 100,000)
                 self._lost = added.popleft()[0]
 
-    def _check_name(self, name: str) -> None:
-        if not valid_pin_name(name):
+    def _check_name(self, name: str, tree: bool = False) -> None:
+        """A name the xattr form and the CLI may give; `tree`: any path in /pins."""
+        if tree:
+            if not path_ok(name):
+                if isinstance(name, str) and name and len(path_bytes(name)) > PATH_MAX:
+                    raise TooLong(f"a path of {len(path_bytes(name))} bytes (at most {PATH_MAX})")
+                raise Invalid(f"invalid pin path {name!r}")
+        elif not valid_pin_name(name):
             raise Invalid(f"invalid pin name {name!r}")
 
+    @staticmethod
+    def _parent_there(conn: Any, name: str) -> None:
+        """(in a transaction) Missing unless the directory `name` is in exists."""
+        parent = parent_of(name)
+        if parent is None:
+            return
+        row = conn.execute("SELECT key FROM pins WHERE name = ?", (parent,)).fetchone()
+        if row is None or bytes(row[0]) != DIR_KEY:
+            raise Missing(f"no directory {parent!r} in /pins")
+
     # -- the names -----------------------------------------------------------------
-    def pin(self, name: str, key: Key, replace: bool | Key = False) -> PinRecord:
+    def pin(
+        self,
+        name: str,
+        key: Key,
+        replace: bool | Key = False,
+        attrs: FileAttrs | None = None,
+        tree: bool = False,
+    ) -> PinRecord:
         """Pin `key` as `name`: Missing if the object is absent, Exists if the name is
         taken by another object; pinning the same object again is a no-op. `replace`
         lets the name move to `key` in the same transaction: from any object (True) or
-        only from that one (a Key)."""
-        self._check_name(name)
+        only from that one (a Key). `attrs`: a file written into /pins (its row says so);
+        `tree`: `name` is a path there (its directory must exist: Missing)."""
+        self._check_name(name, tree)
         held = self.store.pin(key)  # waits out an in-flight delete of this key
         wrote = False
         try:
             if not self.store.has(key):
                 raise Missing(f"{key} is not in the store")
             with self.misses.changing():
-                record, wrote = self._write(name, key, replace)
+                record, wrote = self._write(name, key, replace, attrs, tree)
             return record
         finally:
             self._settle(held, wrote)
@@ -268,18 +443,20 @@ class Pins:
         algo: Algorithm = Algorithm.SHA256,
         replace: bool | Key = False,
         wait: bool = True,
+        attrs: FileAttrs | None = None,
+        tree: bool = False,
     ) -> tuple[PutResult, PinRecord]:
         """Store `source` and pin it as `name` (as `pin` does, Exists included): for an
         object of the kv tier in one transaction, so that a refused name stores
         nothing. The put's pin is released once the pin row has committed (it is not
         held in the returned result). `wait=False`: as `Store.put`'s."""
-        self._check_name(name)
+        self._check_name(name, tree)
         box: list[tuple[PinRecord, bool]] = []
         with self.misses.changing():  # (the put's transaction commits inside)
             result = self.store.put(
                 source,
                 algo=algo,
-                within=lambda key: box.append(self._write(name, key, replace)),
+                within=lambda key: box.append(self._write(name, key, replace, attrs, tree)),
                 wait=wait,
             )
         record, wrote = box[0]
@@ -289,12 +466,17 @@ class Pins:
     def put_pinned_many(self, items: Sequence[tuple[str | None, Key, bytes]]) -> None:
         """Store many small (name or None, key of the content computed by this process
         from it, content) in one transaction (not hashed again), each named
-        object pinned as its name (alkfs/intents.py: a worker thread, it may wait). A
-        name pinned to another object keeps it: that content is stored unpinned and
-        the refusal logged (the daemon refuses such a name before it acknowledges)."""
+        object pinned as its name (alkfs/intents.py: a worker thread, it may wait; a
+        name made by `intent_name` is a file written into /pins). A name pinned to
+        another object keeps it: that content is stored unpinned and the refusal logged
+        (the daemon refuses such a name before it acknowledges)."""
         if not items:
             return
         store = self.store
+        named = [
+            (None, None) if name is None else from_intent(name, len(data))
+            for name, _, data in items
+        ]
         wrote: dict[int, bool] = {}  # the results whose name was pinned: row written?
         with self.misses.changing():
             with store.tx():
@@ -303,16 +485,19 @@ class Pins:
                 )
                 try:
                     inserted = self._insert_new(
-                        [(name, r.key) for (name, _, _), r in zip(items, results, strict=True)]
+                        [
+                            (name, r.key, attrs)
+                            for (name, attrs), r in zip(named, results, strict=True)
+                        ]
                     )
-                    for n, ((name, _, _), result) in enumerate(zip(items, results, strict=True)):
+                    for n, ((name, attrs), result) in enumerate(zip(named, results, strict=True)):
                         if name is None:
                             continue
                         if name in inserted:
                             wrote[n] = True
                             continue
                         try:  # (a name taken already: the same object, or refused)
-                            wrote[n] = self._write(name, result.key, False)[1]
+                            wrote[n] = self._write(name, result.key, False, attrs)[1]
                         except Exists:
                             log.warning(
                                 "the pin %r names another object: %s stored unpinned",
@@ -334,29 +519,29 @@ class Pins:
         for hook in store.changed_hooks:  # (committed now: listings may be made anew)
             hook()
 
-    _ROWS = 300  # pin rows an INSERT of `_insert_new` takes (3 parameters each)
+    _ROWS = 200  # pin rows an INSERT of `_insert_new` takes (6 parameters each)
 
-    def _insert_new(self, pairs: Sequence[tuple[str | None, Key]]) -> set[str]:
+    def _insert_new(self, rows: Sequence[tuple[str | None, Key, FileAttrs | None]]) -> set[str]:
         """Pin rows for the names not taken yet, a few statements for all (the caller
         is inside a transaction and `misses.changing()`, holding every key's pin): the
         names whose row was written. A fleet's member writes each with `_write`."""
-        named = [(name, key) for name, key in pairs if name is not None]
+        named = [(name, key, attrs) for name, key, attrs in rows if name is not None]
         if not named or self.store.fleet is not None:
             return set()
-        stamp = now_ns()
+        stamp = self._stamps(len(named))
         done: set[str] = set()
         with self.tables.tx() as conn:
             for j in range(0, len(named), self._ROWS):
                 part = named[j : j + self._ROWS]
-                self.misses.adding_many([name for name, _ in part])
-                params: list[object] = [stamp] * (3 * len(part))
-                params[0::3] = [name for name, _ in part]
-                params[1::3] = [key.raw for _, key in part]
+                self.misses.adding_many([name for name, _, _ in part])
+                params: list[object] = []
+                for i, (name, key, attrs) in enumerate(part):
+                    params += (name, key.raw, stamp + j + i, *_attr_values(attrs))
                 done.update(
                     row[0]
                     for row in conn.execute(
-                        "INSERT INTO pins (name, key, created_ns) VALUES "
-                        + ",".join(["(?,?,?)"] * len(part))
+                        f"INSERT INTO pins ({_COLUMNS}) VALUES "
+                        + ",".join(["(?,?,?,?,?,?)"] * len(part))
                         + " ON CONFLICT (name) DO NOTHING RETURNING name",
                         params,
                     ).fetchall()
@@ -369,23 +554,42 @@ class Pins:
         bump = functools.partial(self._bump, held.key) if wrote else lambda: None
         self.store.arbiter.convert(held, bump)
 
-    def _write(self, name: str, key: Key, replace: bool | Key) -> tuple[PinRecord, bool]:
+    def _write(
+        self,
+        name: str,
+        key: Key,
+        replace: bool | Key,
+        attrs: FileAttrs | None = None,
+        tree: bool = False,
+    ) -> tuple[PinRecord, bool]:
         """The pin row (the caller holds `key`'s pin and is inside `misses.changing()`):
-        (the record, whether it was written)."""
+        (the record, whether it was written). The same object pinned again under its
+        name takes the file attributes given (a file written and closed again)."""
         self.misses.adding(name)
         with self.tables.tx() as conn:
-            record = PinRecord(name, key, now_ns())
-            new = (name, key.raw, record.created_ns)
-            insert = "INSERT INTO pins (name, key, created_ns) VALUES (?, ?, ?)"
+            if tree:
+                self._parent_there(conn, name)
+            record = PinRecord(name, key, self._stamps(), *_attr_values(attrs))
+            new = (name, key.raw, record.created_ns, *_attr_values(attrs))
+            insert = f"INSERT INTO pins ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?)"
             # a new name (as nearly always) in one statement; a taken one is looked at
             if conn.execute(insert + " ON CONFLICT (name) DO NOTHING", new).rowcount != 1:
                 row = conn.execute(
-                    "SELECT key, created_ns FROM pins WHERE name = ?", (name,)
+                    f"SELECT {_COLUMNS} FROM pins WHERE name = ?", (name,)
                 ).fetchone()
                 if row is not None:
-                    if bytes(row[0]) == key.raw:
-                        return PinRecord(name, key, row[1]), False
-                    if replace is not True and (replace is False or replace.raw != bytes(row[0])):
+                    there = _entry(row)
+                    if isinstance(there, PinDir):
+                        raise Exists(f"{name!r} is a directory of pins")
+                    if there.key == key:
+                        if attrs is None or there.attrs == attrs:
+                            return there, False
+                        conn.execute(
+                            "UPDATE pins SET mode = ?, mtime_ns = ?, size = ? WHERE name = ?",
+                            (*_attr_values(attrs), name),
+                        )
+                        return PinRecord(name, key, there.created_ns, *_attr_values(attrs)), False
+                    if replace is not True and (replace is False or replace != there.key):
                         raise Exists(f"the pin {name!r} names another object")
                     conn.execute("DELETE FROM pins WHERE name = ?", (name,))
                 conn.execute(insert, new)
@@ -394,28 +598,224 @@ class Pins:
         return record, True
 
     def unpin(self, name: str) -> None:
+        """Remove the pin `name` (Missing: no such pin; a directory is no pin)."""
         with self.misses.changing(), self.tables.tx() as conn:
-            if conn.execute("DELETE FROM pins WHERE name = ?", (name,)).rowcount != 1:
+            if (
+                conn.execute(
+                    "DELETE FROM pins WHERE name = ? AND key <> ?", (name, DIR_KEY)
+                ).rowcount
+                != 1
+            ):
                 raise Missing(f"no pin {name!r}")
         # (no counter move: an unpin makes nothing live)
 
     def rename(self, old: str, new: str, replace: bool = False) -> None:
         """Rename a pin (Missing: no `old`); a pin `new` is Exists, or with `replace`
-        is dropped in the same transaction (what `mv` expects)."""
+        is dropped in the same transaction (what `mv` expects). (`move`: in /pins.)"""
         self._check_name(new)
+        self._move(old, new, replace, tree=False)
+
+    def move(self, old: str, new: str, replace: bool = False) -> Entry:
+        """Rename an entry of /pins (a pin, or a directory with everything below it) to
+        the path `new`, as rename(2) does: Missing (no `old`, or no directory `new`
+        would be in); `new` taken: Exists, or with `replace` it is replaced in the same
+        transaction if it is of the same kind (Invalid: a directory over a pin or a
+        pin over a directory; NotEmpty: a directory that is not empty; Invalid: a
+        directory into itself; TooLong: a path below it would be too long)."""
+        self._check_name(new, tree=True)
+        return self._move(old, new, replace, tree=True)
+
+    def _move(self, old: str, new: str, replace: bool, tree: bool) -> Entry:
         with self.misses.changing(), self.tables.tx() as conn:
-            if conn.execute("SELECT 1 FROM pins WHERE name = ?", (old,)).fetchone() is None:
+            row = conn.execute(f"SELECT {_COLUMNS} FROM pins WHERE name = ?", (old,)).fetchone()
+            if row is None:
                 raise Missing(f"no pin {old!r}")
+            moved = _entry(row)
+            is_dir = isinstance(moved, PinDir)
+            if is_dir and not tree:
+                raise Missing(f"no pin {old!r} ({old!r} is a directory of pins)")
             if old == new:
-                return
-            if conn.execute("SELECT 1 FROM pins WHERE name = ?", (new,)).fetchone() is not None:
+                return moved
+            if tree:
+                self._parent_there(conn, new)
+            row = conn.execute("SELECT key FROM pins WHERE name = ?", (new,)).fetchone()
+            if row is not None:
                 if not replace:
                     raise Exists(f"the pin {new!r} exists")
+                over_dir = bytes(row[0]) == DIR_KEY
+                if over_dir != is_dir:
+                    raise Invalid(
+                        f"{new!r} is a directory of pins" if over_dir else f"{new!r} is a pin"
+                    )
+                if over_dir and self._has_below(conn, new + "/"):
+                    raise NotEmpty(f"the directory {new!r} is not empty")
                 conn.execute("DELETE FROM pins WHERE name = ?", (new,))
             self.misses.adding(new)
+            if is_dir:
+                if new.startswith(old + "/"):
+                    raise Invalid(f"{old!r} cannot move into itself")
+                self._moves_fit(conn, old, new)
+                conn.execute(
+                    "UPDATE pins SET name = ? || substr(name, ?) WHERE name >= ? AND name < ?",
+                    (new + "/", len(old) + 2, old + "/", below(old + "/")),
+                )
+                if self.misses.filter is not None:  # (the names below it are new names)
+                    names = conn.execute(
+                        "SELECT name FROM pins WHERE name >= ? AND name < ? LIMIT ?",
+                        (new + "/", below(new + "/"), self.MOVED_NAMES + 1),
+                    ).fetchall()
+                    if len(names) > self.MOVED_NAMES:
+                        self.misses.drop_filter()
+                    else:
+                        self.misses.adding_many(n for (n,) in names)
             conn.execute("UPDATE pins SET name = ? WHERE name = ?", (new, old))
         # (no counter move: the same objects stay pinned)
+        if isinstance(moved, PinDir):
+            return PinDir(new, moved.created_ns, moved.mode, moved.mtime_ns)
+        return PinRecord(new, moved.key, moved.created_ns, moved.mode, moved.mtime_ns, moved.size)
 
+    MOVED_NAMES = 100_000  # names below a moved directory added to the filter (more: dropped)
+
+    def _moves_fit(self, conn: Any, old: str, new: str) -> None:
+        """TooLong unless every path below `old` fits under `new` (PATH_MAX bytes)."""
+        grows = len(path_bytes(new)) - len(path_bytes(old))
+        if grows <= 0:
+            return
+        lo, hi = old + "/", below(old + "/")
+        # (a bound first: a name's UTF-8 is at least as long as the path it is)
+        octets = (
+            "octet_length(name)"
+            if self._engine() == "postgresql"
+            else ("length(CAST(name AS BLOB))")
+        )
+        bound = conn.execute(
+            f"SELECT max({octets}) FROM pins WHERE name >= ? AND name < ?", (lo, hi)
+        ).fetchone()[0]
+        if bound is None or bound + grows <= PATH_MAX:
+            return
+        for (name,) in conn.execute(
+            "SELECT name FROM pins WHERE name >= ? AND name < ?", (lo, hi)
+        ).fetchall():
+            if len(path_bytes(name)) + grows > PATH_MAX:
+                raise TooLong(f"{new + name[len(old) :]!r} would be longer than {PATH_MAX} bytes")
+
+    def _engine(self) -> str:
+        db = self.store.db
+        return "sqlite" if db is None else db.engine
+
+    # -- the tree of /pins -------------------------------------------------------------
+    def entry(self, name: str) -> Entry | None:
+        """The pin or directory named `name` (one probe of the primary key, or none for a
+        name `misses` knows was never there)."""
+        misses = self.misses
+        if misses.known(name):
+            return None
+        epoch = misses.before_query()
+        rows = self.tables.read(f"SELECT {_COLUMNS} FROM pins WHERE name = ?", (name,))
+        if not rows:
+            misses.missed(name, epoch)
+            return None
+        return _entry(rows[0])
+
+    def children(self, prefix: str, after: str | None = None, limit: int = 256) -> list[Entry]:
+        """Up to `limit` entries of the directory whose names start with `prefix` (`""`:
+        the top of /pins; else a directory's name and `/`), in name order, after the
+        name `after` if given. A subdirectory's own entries, which follow it in name
+        order, are stepped over with one more query each."""
+        upper = below(prefix) if prefix else None
+        lower, strict = (prefix, False) if after is None else (after, True)
+        out: list[Entry] = []
+        while len(out) < limit:
+            sql = f"SELECT {_COLUMNS} FROM pins WHERE name {'>' if strict else '>='} ?"
+            params: list[object] = [lower]
+            if upper is not None:
+                sql += " AND name < ?"
+                params.append(upper)
+            rows = self.tables.read(sql + " ORDER BY name LIMIT ?", (*params, limit))
+            jumped = False
+            for row in rows:
+                name = row[0]
+                cut = name.find("/", len(prefix))
+                if cut >= 0:  # below a subdirectory: on after its last name
+                    lower, strict, jumped = below(name[: cut + 1]), False, True
+                    break
+                out.append(_entry(row))
+                lower, strict = name, True
+                if len(out) == limit:
+                    break
+            if not jumped and len(rows) < limit:
+                break
+        return out
+
+    def has_below(self, prefix: str) -> bool:
+        """Whether any name starts with `prefix` (a directory's name and `/`): one probe."""
+        return bool(
+            self.tables.read(
+                "SELECT 1 FROM pins WHERE name >= ? AND name < ? LIMIT 1", (prefix, below(prefix))
+            )
+        )
+
+    @staticmethod
+    def _has_below(conn: Any, prefix: str) -> bool:
+        return (
+            conn.execute(
+                "SELECT 1 FROM pins WHERE name >= ? AND name < ? LIMIT 1", (prefix, below(prefix))
+            ).fetchone()
+            is not None
+        )
+
+    def mkdir(self, name: str, mode: int, mtime_ns: int | None = None) -> PinDir:
+        """Make the directory `name` in /pins (Exists: the name is taken; Missing: the
+        directory it would be in does not exist)."""
+        self._check_name(name, tree=True)
+        stamp = self._stamps()
+        made = PinDir(name, stamp, stat.S_IFDIR | stat.S_IMODE(mode), mtime_ns or stamp)
+        with self.misses.changing(), self.tables.tx() as conn:
+            self.misses.adding(name)
+            self._parent_there(conn, name)
+            inserted = conn.execute(
+                f"INSERT INTO pins ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, NULL)"
+                " ON CONFLICT (name) DO NOTHING",
+                (name, DIR_KEY, stamp, made.mode, made.mtime_ns),
+            ).rowcount
+            if inserted != 1:
+                raise Exists(f"{name!r} exists in /pins")
+        return made
+
+    def rmdir(self, name: str) -> None:
+        """Remove the empty directory `name` (Missing: no such directory; NotEmpty)."""
+        with self.misses.changing(), self.tables.tx() as conn:
+            row = conn.execute("SELECT key FROM pins WHERE name = ?", (name,)).fetchone()
+            if row is None or bytes(row[0]) != DIR_KEY:
+                raise Missing(f"no directory {name!r} in /pins")
+            if self._has_below(conn, name + "/"):
+                raise NotEmpty(f"the directory {name!r} is not empty")
+            conn.execute("DELETE FROM pins WHERE name = ?", (name,))
+
+    def set_attrs(
+        self,
+        name: str,
+        created_ns: int,
+        mode: int | None = None,
+        mtime_ns: int | None = None,
+    ) -> Entry:
+        """Set the permission bits (of `mode`) and the time of the file or directory
+        `name` made at `created_ns` (Missing: gone, replaced, or a link's pin)."""
+        with self.tables.tx() as conn:
+            row = conn.execute(f"SELECT {_COLUMNS} FROM pins WHERE name = ?", (name,)).fetchone()
+            there = None if row is None else _entry(row)
+            if there is None or there.created_ns != created_ns or there.mode is None:
+                raise Missing(f"{name!r} is gone from /pins")
+            new_mode = there.mode if mode is None else stat.S_IFMT(there.mode) | stat.S_IMODE(mode)
+            new_mtime = there.mtime_ns if mtime_ns is None else mtime_ns
+            conn.execute(
+                "UPDATE pins SET mode = ?, mtime_ns = ? WHERE name = ?", (new_mode, new_mtime, name)
+            )
+        if isinstance(there, PinDir):
+            return PinDir(name, created_ns, new_mode, new_mtime or created_ns)
+        return PinRecord(name, there.key, created_ns, new_mode, new_mtime, there.size)
+
+    # -- reading -------------------------------------------------------------------------
     def prime(self) -> bool:
         """Load every pin name into `misses`' filter, so that a name never pinned is
         answered without a query (a mount does this once at start, before it serves).
@@ -428,31 +828,32 @@ class Pins:
         return self.misses.prime(scan)
 
     def list(self) -> list[PinRecord]:
-        rows = self.tables.read("SELECT name, key, created_ns FROM pins ORDER BY name")
-        return [PinRecord(n, Key(bytes(k)), t) for n, k, t in rows]
+        """Every pin (the directories of /pins are none), in name order."""
+        rows = self.tables.read(
+            f"SELECT {_COLUMNS} FROM pins WHERE key <> ? ORDER BY name", (DIR_KEY,)
+        )
+        return [PinRecord(n, Key(bytes(k)), t, m, mt, sz) for n, k, t, m, mt, sz in rows]
 
     def get(self, name: str) -> PinRecord | None:
-        misses = self.misses
-        if misses.known(name):
-            return None
-        epoch = misses.before_query()
-        rows = self.tables.read("SELECT name, key, created_ns FROM pins WHERE name = ?", (name,))
-        if not rows:
-            misses.missed(name, epoch)
-            return None
-        return PinRecord(rows[0][0], Key(bytes(rows[0][1])), rows[0][2])
+        """The pin `name` (None: none; a directory of /pins is no pin)."""
+        found = self.entry(name)
+        return found if isinstance(found, PinRecord) else None
 
     def names_for(self, key: Key) -> builtins.list[str]:
         rows = self.tables.read("SELECT name FROM pins WHERE key = ? ORDER BY name", (key.raw,))
         return [n for (n,) in rows]
 
     def __len__(self) -> int:
-        return self.tables.read("SELECT count(*) FROM pins")[0][0]
+        return self.tables.read("SELECT count(*) FROM pins WHERE key <> ?", (DIR_KEY,))[0][0]
 
     # -- the liveness source --------------------------------------------------------------
     def live_keys(self) -> set[bytes]:
         counter = self.write_counter  # before the read: a write that the read misses moves it
-        keys = sorted({bytes(k) for (k,) in self.tables.read("SELECT DISTINCT key FROM pins")})
+        keys = sorted(
+            k
+            for k in (bytes(k) for (k,) in self.tables.read("SELECT DISTINCT key FROM pins"))
+            if k != DIR_KEY
+        )
         fingerprint = hashlib.sha256(b"".join(keys)).hexdigest()
         with self._lock:
             memo = self._memo
@@ -485,3 +886,10 @@ class Pins:
                 if added == key or added[0] in GIT_ALGOS:
                     return True
             return False
+
+
+def _attr_values(attrs: FileAttrs | None) -> tuple[int | None, int | None, int | None]:
+    """A file's (mode, mtime_ns, size) columns (NULLs: a link's pin)."""
+    if attrs is None:
+        return (None, None, None)
+    return (attrs.mode, attrs.mtime_ns, attrs.size)

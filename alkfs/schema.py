@@ -10,9 +10,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 """The version of the tables below. Version 1 is every store made before the version was
-recorded (the tables are the same), so such a store only gets the row."""
+recorded (the tables are the same), so such a store only gets the row. Version 2: the
+pins' mode, mtime_ns and size (files and directories written into /pins)."""
 
 
 @dataclass(frozen=True)
@@ -143,11 +144,22 @@ REFS = Table(
 
 PINS = Table(
     "pins",
-    "Durable named pins (SPEC 3.5): each keeps one object (and a git object's closure).",
+    "Durable named pins (SPEC 3.5): each keeps one object (and a git object's closure). "
+    "/pins is also a tree: a pin's name is its path there, and each directory of it is "
+    "a row of its own (an empty `key`), so a directory lists as the range of names "
+    "below `dir/` (alkfs/pins.py).",
     (
-        Column("name", "text", "the pin's name: [A-Za-z0-9][A-Za-z0-9._-]{0,127}"),
-        Column("key", "key", "the object it keeps"),
+        Column(
+            "name",
+            "text",
+            "the pin's name: [A-Za-z0-9][A-Za-z0-9._-]{0,127}, or its path in /pins "
+            "(components of 1-255 bytes, 4,096 in all; bytes not UTF-8 escaped: pins.py)",
+        ),
+        Column("key", "key", "the object it keeps (empty: a directory of pins)"),
         Column("created_ns", "int", "when it was set"),
+        Column("mode", "int", "a file or directory: its st_mode (NULL: a link's pin)", null=True),
+        Column("mtime_ns", "int", "a file or directory: its modification time", null=True),
+        Column("size", "int", "a file: its object's size", null=True),
     ),
     ("name",),
     indexes=(("pins_key", ("key",)),),
@@ -310,8 +322,16 @@ TABLES = (
     FLEET_PACK_HOLDS,
 )
 
-MIGRATIONS: dict[int, tuple[str, ...]] = {}
-"""version -> statements that bring a store of the version before it up to it."""
+MIGRATIONS: dict[int, tuple[str, ...]] = {
+    # (each statement is the same for both engines: `bigint` is sqlite's INTEGER too)
+    2: (
+        "ALTER TABLE pins ADD COLUMN mode bigint",
+        "ALTER TABLE pins ADD COLUMN mtime_ns bigint",
+        "ALTER TABLE pins ADD COLUMN size bigint",
+    ),
+}
+"""version -> statements that bring a store of the version before it up to it (a new
+store is made at SCHEMA_VERSION: alkfs/binding.py runs none of them there)."""
 
 
 def ddl(table: Table, engine: str) -> list[str]:

@@ -2,15 +2,27 @@
 
 from __future__ import annotations
 
+import stat
 import threading
 
 import pytest
 
 from alkfs.app import Alkfs
-from alkfs.errors import Exists, Invalid, Missing
+from alkfs.errors import Exists, Invalid, Missing, NotEmpty
 from alkfs.git.importer import import_repo
 from alkfs.git.objects import canonical
 from alkfs.keys import Algorithm, Key
+from alkfs.pins import (
+    FileAttrs,
+    PinDir,
+    TooLong,
+    from_intent,
+    intent_name,
+    path_bytes,
+    path_ok,
+    path_text,
+)
+from alkfs.schema import SCHEMA_VERSION
 
 from .conftest import stored_keys
 from .test_closure import WriteBlocker, _wait_pinned
@@ -381,3 +393,178 @@ def test_a_store_of_more_pins_than_prime_max_loads_no_filter(app, monkeypatch):
     assert not pins.prime() and pins.misses.filter is None
     monkeypatch.setattr(pins_mod, "PRIME_MAX", 2)
     assert pins.prime() and pins.misses.filter is not None
+
+
+# -- the tree of /pins (SPEC 3.5) ----------------------------------------------------------
+
+FILE = FileAttrs(stat.S_IFREG | 0o640, 1_234_567_890_123_456_789, 5)
+
+
+def test_a_path_in_pins_is_any_file_name_and_its_bytes_map_to_text_one_to_one():
+    for raw in [
+        b"My File.pdf",
+        b".bashrc",
+        b".x.ABCDEF",
+        "caf\u00e9".encode(),
+        b"latin-1 \xe9t\xe9",  # (not UTF-8)
+        "\uf780 escapes themselves".encode(),
+        b"\xef\x9e\x80",
+        b"a/b/c",
+    ]:
+        text = path_text(raw)
+        assert path_bytes(text) == raw and path_ok(text), raw
+    assert path_text(b"\xe9") != path_text("\uf7e9".encode())  # (no two paths share a name)
+    assert path_ok("x" * 255) and not path_ok("x" * 256)
+    deep = "ab/" + "/".join(["d" * 255] * 15) + "/"  # 3 + 15 * 256 = 3,843 bytes
+    assert path_ok(deep + "e" * 253) and not path_ok(deep + "e" * 254)  # 4,096 and 4,097
+    for bad in ["", "/a", "a/", "a//b", ".", "..", "a/./b", "a/../b", "nul\0"]:
+        assert not path_ok(bad), bad
+
+
+def test_pins_in_directories_list_a_directory_at_a_time_and_move_with_it(app):
+    pins = app.pins
+    pins.mkdir("b", 0o755)
+    pins.mkdir("b/sub", 0o700)
+    names = ["b/.bashrc", "b/My File.pdf", "b/sub/x", "b/sub/y", "b/z", "top"]
+    for name in names:
+        _, rec = pins.put_pinned(name, name.encode(), attrs=FILE, tree=True)
+        assert rec.attrs == FILE and rec.mode == FILE.mode
+    with pytest.raises(Invalid):
+        pins.pin("b/x", app.store.add(b"x"))  # (the xattr form and the CLI: the narrow names)
+    with pytest.raises(Missing):
+        pins.put_pinned("nowhere/x", b"x", tree=True)  # (its directory must exist)
+    with pytest.raises(Exists):
+        pins.mkdir("b/z", 0o755)
+    assert [e.name for e in pins.children("")] == ["b", "top"]
+    assert [e.name for e in pins.children("b/")] == ["b/.bashrc", "b/My File.pdf", "b/sub", "b/z"]
+    # a page at a time, resuming after a name (a directory's own entries are skipped)
+    assert [e.name for e in pins.children("b/", "b/My File.pdf", 1)] == ["b/sub"]
+    assert [e.name for e in pins.children("b/", "b/sub", 5)] == ["b/z"]
+    sub = pins.entry("b/sub")
+    assert isinstance(sub, PinDir) and stat.S_IMODE(sub.mode) == 0o700
+    assert pins.get("b/sub") is None  # (a directory is no pin)
+    assert len(pins) == len(names) and [r.name for r in pins.list()] == sorted(names)
+
+    moved = pins.move("b", "c d")
+    assert isinstance(moved, PinDir) and moved.created_ns == pins.entry("c d").created_ns
+    assert pins.entry("b") is None and pins.entry("b/sub/x") is None
+    assert [e.name for e in pins.children("c d/sub/")] == ["c d/sub/x", "c d/sub/y"]
+    assert pins.get("c d/sub/x").attrs == FILE
+    with pytest.raises(Invalid):
+        pins.move("c d", "c d/sub/into-itself")
+    with pytest.raises(NotEmpty):
+        pins.rmdir("c d/sub")
+    for name in ("c d/sub/x", "c d/sub/y"):
+        pins.unpin(name)
+    pins.rmdir("c d/sub")
+    assert [e.name for e in pins.children("c d/")] == ["c d/.bashrc", "c d/My File.pdf", "c d/z"]
+    with pytest.raises(Missing):
+        pins.unpin("c d")  # (a directory is removed with rmdir)
+
+
+def test_a_move_that_would_make_a_path_too_long_is_refused_and_changes_nothing(app):
+    pins = app.pins
+    parts = ["a"] + ["d" * 255] * 15  # "a/ddd.../ddd": 1 + 15 * 256 = 3,841 bytes
+    for i in range(1, len(parts) + 1):
+        pins.mkdir("/".join(parts[:i]), 0o755)
+    leaf = "/".join(parts) + "/" + "f" * 250  # 4,092 bytes
+    pins.put_pinned(leaf, b"deep", attrs=FILE, tree=True)
+    with pytest.raises(TooLong):
+        pins.put_pinned("/".join(parts) + "/" + "g" * 255, b"x", tree=True)  # 4,097
+    with pytest.raises(TooLong):
+        pins.move("a", "a12345")  # (5 bytes more below it: 4,097)
+    assert pins.get(leaf) is not None and pins.entry("a12345") is None
+    pins.move("a", "a1234")  # (4,096: fits)
+    assert pins.get("a1234" + leaf[1:]).key == Key.derive(Algorithm.SHA256, b"deep")
+
+
+def test_attributes_of_files_and_directories_change_and_links_have_none(app):
+    pins = app.pins
+    pins.mkdir("d", 0o755, mtime_ns=7)
+    _, rec = pins.put_pinned("d/f", b"hello", attrs=FILE, tree=True)
+    got = pins.set_attrs("d/f", rec.created_ns, 0o600, 42)
+    assert (got.mode, got.mtime_ns) == (stat.S_IFREG | 0o600, 42) and pins.get("d/f") == got
+    d = pins.entry("d")
+    assert pins.set_attrs("d", d.created_ns, 0o700) == PinDir(
+        "d", d.created_ns, stat.S_IFDIR | 0o700, 7
+    )
+    link = pins.pin("link", app.store.add(b"linked"))
+    with pytest.raises(Missing):
+        pins.set_attrs("link", link.created_ns, 0o600)
+    with pytest.raises(Missing):
+        pins.set_attrs("d/f", rec.created_ns + 1, 0o600)  # (another row of that name)
+    # the same object written again under its name takes the attributes given
+    again, _ = pins.put_pinned("d/f", b"hello", attrs=FILE, tree=True)
+    assert pins.get("d/f").attrs == FILE and pins.get("d/f").created_ns == rec.created_ns
+
+
+def test_an_intent_of_a_file_in_pins_carries_its_attributes():
+    name = intent_name("a/My File.pdf", FILE)
+    assert "\0" in name and from_intent(name, FILE.size) == ("a/My File.pdf", FILE)
+    assert from_intent("plain", 3) == ("plain", None)
+
+
+def test_pins_in_directories_keep_their_objects_across_a_reopen_and_sweeps(tmp_path, app):
+    pins = app.pins
+    pins.mkdir(".hidden dir", 0o755)
+    keys = {}
+    for name in [".hidden dir/.profile.backup", ".x.ABCDEF", "with space"]:
+        result, _ = pins.put_pinned(name, name.encode(), attrs=FILE, tree=True)
+        keys[name] = result.key
+    gone, _ = pins.put_pinned("gone", b"unpinned later", attrs=FILE, tree=True)
+    pins.unpin("gone")
+    app.close()
+    again = Alkfs.open(tmp_path / "store", window_s=0)
+    try:
+        assert again.store.sweep(0).candidates_staged == 1
+        assert again.store.sweep(0).deleted == 1
+        for name, key in keys.items():
+            assert again.pins.get(name).key == key and again.store.get(key) == name.encode()
+        assert not again.store.has(gone.key)
+    finally:
+        again.close()
+
+
+def test_a_store_made_before_the_pins_had_attributes_is_migrated(tmp_path):
+    """A store of schema version 1 (the pins table without mode, mtime_ns and size) opens,
+    gets the columns, and keeps its pins."""
+    import sqlite3 as stdlib_sqlite3
+
+    root = tmp_path / "old"
+    with Alkfs.open(root) as app:
+        key = app.store.add(b"old pin")
+        app.pins.pin("old", key)
+    conn = stdlib_sqlite3.connect(root / "store.db", isolation_level=None)
+    try:  # (as version 1 left it)
+        for column in ("mode", "mtime_ns", "size"):
+            conn.execute(f"ALTER TABLE pins DROP COLUMN {column}")
+        conn.execute("UPDATE meta SET value = '1' WHERE name = 'schema_version'")
+    finally:
+        conn.close()
+    with Alkfs.open(root) as app:
+        assert [(r.name, r.key, r.mode) for r in app.pins.list()] == [("old", key, None)]
+        app.pins.mkdir("dir", 0o755)
+        app.pins.put_pinned("dir/f", b"new", attrs=FILE, tree=True)
+        assert app.pins.get("dir/f").attrs == FILE
+        version = app.store.db.execute(
+            "SELECT value FROM meta WHERE name = 'schema_version'"
+        ).fetchone()[0]
+        assert version == str(SCHEMA_VERSION) == "2"
+
+
+def test_a_postgresql_store_made_before_the_pins_had_attributes_is_migrated(tmp_path, pg_uri):
+    import psycopg
+
+    root = tmp_path / "old"
+    with Alkfs.open(root, database=pg_uri) as app:
+        key = app.store.add(b"old pin")
+        app.pins.pin("old", key)
+    with psycopg.connect(pg_uri, autocommit=True) as pg:  # (as version 1 left it)
+        pg.execute("ALTER TABLE pins DROP COLUMN mode, DROP COLUMN mtime_ns, DROP COLUMN size")
+        pg.execute("UPDATE meta SET value = '1' WHERE name = 'schema_version'")
+    with Alkfs.open(root, database=pg_uri) as app:
+        assert [(r.name, r.key, r.mode) for r in app.pins.list()] == [("old", key, None)]
+        app.pins.mkdir("dir", 0o755)
+        app.pins.put_pinned("dir/f", b"new", attrs=FILE, tree=True)
+        assert app.pins.get("dir/f").attrs == FILE
+        assert [e.name for e in app.pins.children("")] == ["dir", "old"]

@@ -20,7 +20,7 @@ from alkfs.binding import BINDING_NAME
 from alkfs.db.postgres import PostgresDatabase
 from alkfs.db.uri import has_password, redact
 from alkfs.errors import Invalid, StoreIO, StoreLocked
-from alkfs.schema import statements
+from alkfs.schema import SCHEMA_VERSION, statements
 from alkfs.store import DB_NAME, Store
 from alkfs.tiers.postgres import PgTier
 
@@ -385,7 +385,9 @@ def test_a_directory_opened_with_another_database_is_refused(tmp_path, pg_uri, p
 def test_a_postgresql_store_of_a_newer_schema_is_refused(tmp_path, pg_uri) -> None:
     root = tmp_path / "s"
     Store.open(root, database=pg_uri).close()
-    assert pg_one(pg_uri, "SELECT value FROM meta WHERE name = 'schema_version'") == "1"
+    assert pg_one(pg_uri, "SELECT value FROM meta WHERE name = 'schema_version'") == str(
+        SCHEMA_VERSION
+    )
     pg_one(pg_uri, "UPDATE meta SET value = '999' WHERE name = 'schema_version' RETURNING 1")
     with pytest.raises(StoreIO) as caught:
         Store.open(root, database=pg_uri)
