@@ -41,7 +41,7 @@ from .errors import (
 )
 from .fleet import DEFAULT_TTL_S, NODES_DIR, Fleet
 from .gc.arbiter import Arbiter, LivenessSource, Pin, ProtectCallback
-from .gc.sweep import SweepReport, sweep
+from .gc.sweep import SweepProgress, SweepReport, sweep
 from .gc.window import MemoryWindow, SqlWindow
 from .git.objects import MAX_HEADER, check_canonical
 from .keys import HASH_OF, Algorithm, Key
@@ -164,6 +164,10 @@ class Store:
         # where the daemon keeps its in-flight files: STORE, or a fleet member's own
         self.inflight: Path | None = path if own is None or path is None else path / NODES_DIR / own
         self.last_sweep: SweepReport | None = None
+        # How far the running verify and sweep got (None when none runs), for a status to
+        # show: objects looked at by the verify; the sweep's phase and figures (SweepProgress)
+        self.verifying: int | None = None
+        self.sweep_progress: dict[str, Any] | None = None
         # Set when the store's owner stops (SIGTERM, an unmount): long work (sweeps,
         # verify, a borrower's git) checks it at its next safe point and ends (Interrupted)
         self.stopping = threading.Event()
@@ -870,21 +874,26 @@ class Store:
         corrupt ones."""
         self._verified.clear()
         bad: builtins.list[Key] = []
-        for n, raw in enumerate(self.iter_keys(), 1):
-            self.check_stopping(n)
-            key = Key(raw)
-            try:
-                if not self._verify_one(key):
-                    continue
-            except Corrupt:
-                bad.append(key)
-            if progress is not None:
-                progress(n)
-        for hook in list(self.verify_hooks):  # e.g. the derived packs (alkfs/git/packs.py)
-            try:
-                hook()
-            except AlkfsError as exc:
-                self.log.error("verify: %s", exc)
+        self.verifying = 0
+        try:
+            for n, raw in enumerate(self.iter_keys(), 1):
+                self.check_stopping(n)
+                self.verifying = n
+                key = Key(raw)
+                try:
+                    if not self._verify_one(key):
+                        continue
+                except Corrupt:
+                    bad.append(key)
+                if progress is not None:
+                    progress(n)
+            for hook in list(self.verify_hooks):  # e.g. the derived packs (alkfs/git/packs.py)
+                try:
+                    hook()
+                except AlkfsError as exc:
+                    self.log.error("verify: %s", exc)
+        finally:
+            self.verifying = None
         return sorted(bad)
 
     def _verify_one(self, key: Key) -> bool:
@@ -913,13 +922,44 @@ class Store:
     def unregister(self, token: int) -> bool:
         return self.arbiter.unregister(token)
 
-    def sweep(self, window_s: float | None = None, *, expire_now: bool = False) -> SweepReport:
+    def sweep(
+        self,
+        window_s: float | None = None,
+        *,
+        expire_now: bool = False,
+        progress: SweepProgress | None = None,
+    ) -> SweepReport:
+        """One sweep (alkfs/gc/sweep.py); `progress` is told how far it got, and
+        `sweep_progress` shows it meanwhile."""
+        tracked = False
+
+        def track(phase: str, report: SweepReport) -> None:
+            nonlocal tracked
+            tracked = True
+            self.sweep_progress = {
+                "phase": phase,
+                "scanned": report.scanned,
+                "staged": report.candidates_staged,
+                "taken": report.taken,
+                "deleted": report.deleted,
+            }
+            if progress is not None:
+                try:
+                    progress(phase, report)
+                except Exception as exc:  # (a display never changes the sweep)
+                    self.log.debug("sweep: the progress callback failed: %s", exc)
+
         try:
             if window_s is not None:  # (a staged deadline is never beyond 10 years)
                 window_s = max(0.0, min(window_s, MAX_WINDOW_S))
             report = sweep(
-                self, None if window_s is None else int(window_s * 1e9), expire_now=expire_now
+                self,
+                None if window_s is None else int(window_s * 1e9),
+                expire_now=expire_now,
+                progress=track,
             )
+            if tracked:
+                track("finishing", report)  # (inert rows, free pages given back)
             if report.aborted is None:
                 try:
                     self.reap_inert_rows()
@@ -932,6 +972,8 @@ class Store:
                     self.log.warning("sweep: the database kept its free pages: %s", exc)
             return report
         finally:
+            if tracked:  # (not another sweep's: a refused one told nothing)
+                self.sweep_progress = None
             if self.reserve is not None:
                 self.reserve.recheck(reclaim=True)  # (what it freed may end a full disk)
 

@@ -10,7 +10,7 @@ import enum
 import gc
 import json
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from itertools import filterfalse, islice, repeat
@@ -73,6 +73,13 @@ class SweepReport:
         return json.dumps(self.to_dict())
 
 
+# How far a running sweep got, told at its existing batch and chunk points (never a key
+# at a time): the phase ("live": finding what is live; "executing": deleting the staged
+# candidates due, `deleted`/`taken` so far; "marking": `scanned` so far; "staging":
+# `candidates_staged` so far) and the report as it stands (read it, do not keep it).
+SweepProgress = Callable[[str, SweepReport], None]
+
+
 def _raw_keys(keys: Iterable[Key | bytes]) -> Iterable[bytes]:
     """The keys as raw bytes, lazily; a plain collection of bytes passes as it is."""
     if type(keys) in (set, frozenset, list, tuple) and set(map(type, keys)) <= {bytes}:
@@ -93,11 +100,13 @@ def sweep(
     *,
     expire_now: bool = False,
     batch: int | None = None,
+    progress: SweepProgress | None = None,
 ) -> SweepReport:
     """Run one sweep over `store` with the given window (default: the store's).
     `expire_now`: every staged candidate is taken whatever its deadline (each is still
     re-arbitrated at its delete). `batch`: candidates taken from the window at a time
-    (default TAKE_BATCH)."""
+    (default TAKE_BATCH). `progress`: told how far it got (SweepProgress), from this
+    thread."""
     report = SweepReport()
     t0 = time.monotonic()
     arbiter = store.arbiter
@@ -118,6 +127,7 @@ def sweep(
                     max(0, min(window, MAX_WINDOW_NS)),
                     expire_now,
                     TAKE_BATCH if batch is None else max(1, batch),
+                    progress,
                 )
             else:
                 report.aborted = AbortCause.SWEEPER_LOCK.value  # (another daemon's sweep)
@@ -233,8 +243,11 @@ def _run(
     window_ns: int,
     expire_now: bool = False,
     batch_size: int = TAKE_BATCH,
+    progress: SweepProgress | None = None,
 ) -> None:
     epoch = None if store.fleet is None else store.fleet.epoch()  # (before what is live)
+    if progress is not None:
+        progress("live", report)
     live = _live(store, report)
     if live is None:
         return
@@ -245,6 +258,8 @@ def _run(
     # due now, and held until the last batch is done: a guard that must publish a set
     # without them publishes one for the whole sweep, not one a batch.
     cutoff = END_OF_TIME if expire_now else now_ns()
+    if progress is not None:
+        progress("executing", report)
     with contextlib.ExitStack() as guards:
         guarded: set[bytes] = set()
         kept: set[bytes] = set()
@@ -272,6 +287,8 @@ def _run(
                     continue
                 for i in range(0, len(batch), DELETE_TX):
                     _delete(store, report, batch[i : i + DELETE_TX], protected_now, epoch)
+                    if progress is not None:
+                        progress("executing", report)
 
     # Mark and stage. It makes no reference cycles, so the cyclic collector is paused
     # meanwhile: the window's row tuples would otherwise trigger collections that walk
@@ -279,7 +296,7 @@ def _run(
     collecting = gc.isenabled()
     gc.disable()
     try:
-        _mark_and_stage(store, report, live, window_ns)
+        _mark_and_stage(store, report, live, window_ns, progress)
     finally:
         if collecting:
             gc.enable()
@@ -310,7 +327,13 @@ def _enter_guards(store: Store, stack: contextlib.ExitStack, raws: list[bytes]) 
     return kept
 
 
-def _mark_and_stage(store: Store, report: SweepReport, live: set[bytes], window_ns: int) -> None:
+def _mark_and_stage(
+    store: Store,
+    report: SweepReport,
+    live: set[bytes],
+    window_ns: int,
+    progress: SweepProgress | None = None,
+) -> None:
     """Stage every stored object neither live nor already staged."""
     arbiter = store.arbiter
     window = store.window
@@ -318,23 +341,31 @@ def _mark_and_stage(store: Store, report: SweepReport, live: set[bytes], window_
     staged = window.staged_keys()
     dead: list[bytes] = []
     keys = store.iter_keys()
+    if progress is not None:
+        progress("marking", report)
     while chunk := list(islice(keys, SCAN_CHUNK)):
         store.check_stopping()
         report.scanned += len(chunk)
         not_live = list(filterfalse(live.__contains__, chunk))
         report.live += len(chunk) - len(not_live)
         dead += filterfalse(staged.__contains__, not_live)
+        if progress is not None:
+            progress("marking", report)
     pinned = arbiter.pinned_keys()  # taken after the scan: covers puts that raced it
     if pinned:
         kept = [k for k in dead if k in pinned]
         report.live += len(kept)
         dead = [k for k in dead if k not in pinned]
     visible = now_ns() + window_ns
+    if progress is not None:
+        progress("staging", report)
     for i in range(0, len(dead), STAGE_BATCH):
         store.check_stopping()
         report.candidates_staged += window.stage(
             zip(dead[i : i + STAGE_BATCH], repeat(visible)), mark_started
         )
+        if progress is not None:
+            progress("staging", report)
 
 
 def dry_run(store: Store, limit: int = DRY_RUN_LIST) -> dict:
