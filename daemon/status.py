@@ -38,6 +38,15 @@ def figures(ctx: Context) -> dict[str, Any]:
         None if nxt is None else datetime.fromtimestamp(nxt, UTC).isoformat(timespec="seconds")
     )
     fig["next_sweep_ts"] = nxt
+    # long work running now (`alkfs verify` and `alkfs sweep` through the mount show it as
+    # they wait): a verify's objects looked at of those stored, a sweep's phase and figures
+    # (alkfs/gc/sweep.py SweepProgress); null when none runs
+    store = ctx.app.store
+    done = store.verifying
+    total = sum(c["count"] for c in fig["objects"].values())
+    fig["verifying"] = None if done is None else {"done": done, "total": max(done, total)}
+    progress = store.sweep_progress
+    fig["sweep_progress"] = None if progress is None else dict(progress)
     # the git views' derived packs (daemon/packs.py keeps them on the context once started):
     # per format, the published generation, its object and pack counts, bytes, build time
     fig["packs"] = ctx.packs_status()
