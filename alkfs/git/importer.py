@@ -17,6 +17,7 @@ from __future__ import annotations
 import binascii
 import collections
 import concurrent.futures
+import contextlib
 import fcntl
 import itertools
 import os
@@ -36,7 +37,7 @@ from .objects import FORMATS, MAX_HEADER
 from .refs import Outcome, RefUpdate, algo_of, valid_ref_name, valid_repo_id
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Iterator
 
     from ..app import Alkfs
     from ..store import Store
@@ -48,6 +49,7 @@ SAMPLE = 256  # ids looked up first: none present means a first import
 READ = 1 << 20  # bytes a read of git's pipe
 PIPE_SIZE = 1 << 20  # git's pipe, enlarged where the system allows
 F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
+TICK_S = 0.5  # a phase's elapsed time is redrawn this often
 
 
 @dataclass
@@ -180,13 +182,38 @@ def _sizes(gitdir: str, hexes: list[bytes]) -> list[int]:
         raise Missing(f"the source lost object {bad.decode(errors='replace')}") from None
 
 
-def _progress(progress: bool | None, total: int, desc: str):
+def _progress(progress: bool | None, total: int | None, desc: str, **kw: Any):
+    """A tqdm bar on stderr, when `progress` says (None: when stderr is a terminal)."""
     enabled = sys.stderr.isatty() if progress is None else progress
     if not enabled:
         return None
     from tqdm import tqdm
 
-    return tqdm(total=total, unit="obj", desc=desc, file=sys.stderr, leave=False)
+    return tqdm(total=total, unit="obj", desc=desc, file=sys.stderr, leave=False, **kw)
+
+
+@contextlib.contextmanager
+def _phase(progress: bool | None, desc: str) -> Iterator[None]:
+    """While the block runs, a line naming the phase and its elapsed time, redrawn from a
+    thread (when `progress` says, as _progress); cleared when it ends."""
+    bar = _progress(progress, None, desc, bar_format="{desc} [{elapsed}]")
+    if bar is None:
+        yield
+        return
+    done = threading.Event()
+
+    def tick() -> None:
+        while not done.wait(TICK_S):
+            bar.refresh()
+
+    ticker = threading.Thread(target=tick, name="alkfs-import-progress", daemon=True)
+    ticker.start()
+    try:
+        yield
+    finally:
+        done.set()
+        ticker.join()
+        bar.close()
 
 
 def import_repo(
@@ -205,7 +232,8 @@ def import_repo(
     if not valid_repo_id(repo_id):
         raise Invalid(f"invalid repository id {repo_id!r}")
     _check_format(app, repo_id, fmt)
-    check_connected(gitdir)  # as git's fetch does: a hole refuses the import
+    with _phase(progress, "connectivity check"):
+        check_connected(gitdir)  # as git's fetch does: a hole refuses the import
     algo = algo_of(fmt)
     store = app.store
     prefix = bytes([algo.value])
@@ -270,23 +298,28 @@ def import_repo(
             raws = [prefix + x for x in map(binascii.unhexlify, hexes)]
             store.pin_raws(raws)
             pinned.append(raws)
-            present = _present(store, raws, lambda rest: _sizes(gitdir, [hexes[i] for i in rest]))
+            with _phase(progress, "objects: looking up what the store holds"):
+                present = _present(
+                    store, raws, lambda rest: _sizes(gitdir, [hexes[i] for i in rest])
+                )
             missing = [x for x, p in zip(hexes, present, strict=True) if not p]
             result.present = count - len(missing)
             if missing:
                 everything = len(missing) == count
                 proc = _cat_file(gitdir, everything)
                 _store_objects(store, proc, algo, missing, everything, result, progress, pinned)
-        n_stored, n_present, absent, media_pins = lfs.import_media(store, gitdir)
+        with _phase(progress, "LFS media"):
+            n_stored, n_present, absent, media_pins = lfs.import_media(store, gitdir)
         held.extend(media_pins)
         result.media_stored, result.media_present = n_stored, n_present
         result.media_missing = absent
-        if not _check_format(app, repo_id, fmt):
-            try:
-                app.refs.create_repo(repo_id, fmt)
-            except Exists:  # created meanwhile
-                _check_format(app, repo_id, fmt)
-        _import_refs(app, gitdir, repo_id, result)
+        with _phase(progress, "refs"):
+            if not _check_format(app, repo_id, fmt):
+                try:
+                    app.refs.create_repo(repo_id, fmt)
+                except Exists:  # created meanwhile
+                    _check_format(app, repo_id, fmt)
+            _import_refs(app, gitdir, repo_id, result)
     finally:
         if stream is not None:
             _stop(stream)
@@ -296,8 +329,10 @@ def import_repo(
             store.unpin_raws(raws)
         for pin in held:
             pin.release()
-    app.lfs.scan()  # (its pointers recorded now, not at the next sweep)
-    _pack(store, fmt)
+    with _phase(progress, "LFS pointers"):
+        app.lfs.scan()  # (its pointers recorded now, not at the next sweep)
+    with _phase(progress, "packs: building the derived packs"):
+        _pack(store, fmt)
     return result
 
 
