@@ -22,6 +22,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
@@ -125,6 +126,125 @@ def progress_bar(desc: str, total: int | None = None) -> Any:
     return tqdm(total=total, desc=desc, unit="obj", disable=not sys.stderr.isatty(), leave=False)
 
 
+SPINNER = "{desc} [{elapsed}]"  # a phase without a count: its name and elapsed time
+TICK_S = 0.5  # the progress line is redrawn this often
+FIRST_POLL_S = 0.2  # a running command's progress is first asked for after this
+POLL_S = 1.0  # and then this often (through a mount: a read of /.alkfs/status)
+
+Shown = tuple[str, int | None, int | None]  # what a progress line shows: (label, done, total)
+
+
+class Progress:
+    """While long work runs, on a terminal only (nothing, and free, otherwise): one line on
+    stderr with its label and elapsed time, redrawn from a thread, and a bar once a total
+    is known. How far it got comes from `show` (any thread) or from `poll`, called from
+    the thread (an exception from it is ignored: the line stays as it was)."""
+
+    def __init__(self, label: str, poll: Callable[[], Shown | None] | None = None) -> None:
+        self.label = label
+        self.poll = poll
+        self.bar: Any = None
+        self.lock = threading.Lock()
+        self.done = threading.Event()
+        self.thread: threading.Thread | None = None
+
+    def __enter__(self) -> Progress:
+        if sys.stderr.isatty():
+            from tqdm import tqdm
+
+            self.bar = tqdm(desc=self.label, unit="obj", leave=False, bar_format=SPINNER)
+            self.thread = threading.Thread(target=self._tick, name="alkfs-progress", daemon=True)
+            self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.done.set()
+        if self.thread is not None:
+            self.thread.join(POLL_S + TICK_S)  # (a status read that hangs is left behind)
+        with self.lock:
+            if self.bar is not None:
+                self.bar.close()
+                self.bar = None
+
+    def show(self, label: str, done: int | None = None, total: int | None = None) -> None:
+        with self.lock:
+            bar = self.bar
+            if bar is None:
+                return
+            bar.set_description_str(label, refresh=False)
+            if total:  # a bar
+                bar.bar_format = None
+                bar.total = total
+                bar.n = min(done or 0, total)
+            else:
+                bar.bar_format = SPINNER
+                bar.total = None
+            bar.refresh()
+
+    def _tick(self) -> None:
+        next_poll = time.monotonic() + FIRST_POLL_S
+        while not self.done.wait(TICK_S if self.poll is None else min(TICK_S, FIRST_POLL_S)):
+            if self.poll is not None and time.monotonic() >= next_poll:
+                try:
+                    shown = self.poll()
+                except Exception:
+                    shown = None
+                next_poll = time.monotonic() + POLL_S
+                if shown is not None and not self.done.is_set():
+                    self.show(*shown)
+                    continue
+            with self.lock:
+                if self.bar is not None:
+                    self.bar.refresh()
+
+
+def summary(line: str) -> None:
+    """The last line of long work on a terminal (on stderr, after what stdout got)."""
+    if sys.stderr.isatty():
+        sys.stdout.flush()
+        print(line, file=sys.stderr, flush=True)
+
+
+SWEEP_PHASES = {
+    "live": "sweep: finding what is live",
+    "executing": "sweep: executing, {deleted:,} deleted of {taken:,} taken",
+    "marking": "sweep: marking, {scanned:,} objects scanned",
+    "staging": "sweep: staging, {staged:,} staged",
+    "finishing": "sweep: finishing",
+}
+
+
+def sweep_shown(figures: dict[str, Any] | None) -> Shown | None:
+    """A running sweep's progress line from its figures (Store.sweep_progress, the
+    status's `sweep_progress`); None when none runs."""
+    if not figures:
+        return None
+    text = SWEEP_PHASES.get(figures.get("phase", ""), "sweep: {phase}")
+    try:
+        return text.format(**figures), None, None
+    except (KeyError, ValueError):
+        return f"sweep: {figures.get('phase')}", None, None
+
+
+def sweep_summary(report: dict[str, Any], seconds: float) -> str:
+    """The one line that ends a sweep on a terminal."""
+    if report.get("dry_run"):
+        return (
+            f"sweep --dry-run: {report.get('scanned', 0):,} objects scanned, "
+            f"{report.get('would_stage', 0):,} would be staged "
+            f"({report.get('would_stage_bytes', 0):,} bytes) in {seconds:.1f} s"
+        )
+    line = (
+        f"sweep: {report.get('scanned', 0):,} objects scanned, {report.get('live', 0):,} live, "
+        f"{report.get('candidates_staged', 0):,} staged, {report.get('deleted', 0):,} deleted "
+        f"({report.get('bytes_freed', 0):,} bytes freed), "
+        f"{report.get('cancelled_by_arbitration', 0):,} kept by arbitration in {seconds:.1f} s"
+    )
+    if report.get("aborted"):
+        line += f"; aborted: {report['aborted']}"
+    return line
+
+
 def open_input(name: str) -> IO[bytes]:
     return sys.stdin.buffer if name == "-" else open(name, "rb")  # noqa: SIM115
 
@@ -206,7 +326,7 @@ class Target(Protocol):
     def sweep(self, window_s: float | None, expire_now: bool = False) -> dict[str, Any]: ...
     def dry_run(self) -> dict[str, Any]: ...
     def staged(self) -> Iterator[str]: ...
-    def verify(self) -> list[str]: ...
+    def verify(self) -> tuple[list[str], int]: ...
     def status(self) -> dict[str, Any]: ...
     def close(self) -> None: ...
 
@@ -312,23 +432,43 @@ class StoreTarget:
         return r.summary()
 
     def sweep(self, window_s: float | None, expire_now: bool = False) -> dict[str, Any]:
-        return self.store.sweep(window_s, expire_now=expire_now).to_dict()
+        with Progress("sweep") as shown:
+
+            def progress(phase: str, report: Any) -> None:
+                line = sweep_shown(self.store.sweep_progress)
+                if line is not None:
+                    shown.show(*line)
+
+            report = self.store.sweep(
+                window_s,
+                expire_now=expire_now,
+                progress=progress if shown.bar is not None else None,
+            )
+        return report.to_dict()
 
     def dry_run(self) -> dict[str, Any]:
         from .gc.sweep import dry_run
 
-        return dry_run(self.store)
+        with Progress("sweep --dry-run"):
+            return dry_run(self.store)
 
     def staged(self) -> Iterator[str]:
         from .gc import staged
 
         return staged.lines(self.store)
 
-    def verify(self) -> list[str]:
+    def verify(self) -> tuple[list[str], int]:
         total = sum(c["count"] for c in self.store.counts().values())
+        seen = 0
+
+        def progress(n: int) -> None:
+            nonlocal seen
+            seen += 1
+            bar.update(n - bar.n)
+
         with progress_bar("verify", total) as bar:
-            bad = self.store.verify(progress=lambda n: bar.update(n - bar.n))
-        return [str(k) for k in bad]
+            bad = self.store.verify(progress=progress)
+        return [str(k) for k in bad], seen
 
     def status(self) -> dict[str, Any]:
         return self.app.status()
@@ -517,14 +657,16 @@ class MountTarget:
         from .git.connected import check_connected
         from .git.importer import resolve_gitdir
 
-        check_connected(resolve_gitdir(gitdir))
+        with Progress("connectivity check"):
+            check_connected(resolve_gitdir(gitdir))
         repo = self.root / "repos" / repo_id
         if not repo.is_dir():
             src_format = _git(gitdir, "rev-parse", "--show-object-format").strip()
             self.repo_create(repo_id, src_format)
         from .git import lfs  # the media first, as git-lfs's pre-push does
 
-        media = lfs.copy_media_into(self.root, repo_id, resolve_gitdir(gitdir))
+        with Progress("LFS media"):
+            media = lfs.copy_media_into(self.root, repo_id, resolve_gitdir(gitdir))
         # (--no-verify: the source's hooks are not run; a git-lfs pre-push would refuse the
         # bare path, and its media are already in)
         cmd = [
@@ -546,7 +688,10 @@ class MountTarget:
             with through(f"repos/{repo_id}/HEAD"):
                 (repo / "HEAD").write_text(f"ref: {head}\n")
         # the import returns with its objects served from derived packs (SPEC 3.2)
-        with through("the control file's repack"):
+        with (
+            Progress("packs: the mount builds the derived packs"),
+            through("the control file's repack"),
+        ):
             (self.root / ".alkfs" / "control").write_text("repack\n")
         refs = _git(gitdir, "for-each-ref", "--format=%(refname)", check=False).split()
         return f"{len(refs)} refs pushed through the mount" + lfs.media_summary(*media)
@@ -567,14 +712,16 @@ class MountTarget:
         words = ["sweep"] + (["--expire-now"] if expire_now else [])
         if window_s is not None:
             words.append(format_duration(window_s))
-        self.control(" ".join(words))
+        with Progress("sweep", lambda: sweep_shown(self.status().get("sweep_progress"))):
+            self.control(" ".join(words))  # (returns once the sweep is done)
         report = self.status().get("last_sweep")
         if report is None:
             raise StoreIO("sweep: the daemon reported no sweep")
         return report
 
     def dry_run(self) -> dict[str, Any]:
-        self.control("sweep --dry-run")
+        with Progress("sweep --dry-run"):
+            self.control("sweep --dry-run")
         with through("dry-run"):
             text = (self.root / ".alkfs" / "dry-run").read_text()
         try:
@@ -587,9 +734,16 @@ class MountTarget:
             for line in f:
                 yield line.rstrip("\n")
 
-    def verify(self) -> list[str]:
-        self.control("verify")
-        return list(self.status().get("corrupt", []))
+    def verify(self) -> tuple[list[str], int]:
+        def poll() -> Shown | None:
+            running = self.status().get("verifying")
+            return None if not running else ("verify", running["done"], running["total"])
+
+        with Progress("verify", poll):
+            self.control("verify")  # (returns once the daemon's verify is done)
+        status = self.status()
+        checked = sum(c.get("count", 0) for c in status.get("objects", {}).values())
+        return list(status.get("corrupt", [])), checked
 
     def status(self) -> dict[str, Any]:
         with through("status"):
@@ -722,12 +876,15 @@ def cmd_git_import(t: Target, a: argparse.Namespace) -> int:
 
 
 def cmd_sweep(t: Target, a: argparse.Namespace) -> int:
+    t0 = time.monotonic()
     if a.dry_run:
         if a.window is not None or a.expire_now:
             raise Invalid("sweep --dry-run takes neither --window nor --expire-now")
-        emit_json(t.dry_run())
+        report = t.dry_run()
     else:
-        emit_json(t.sweep(a.window, a.expire_now))
+        report = t.sweep(a.window, a.expire_now)
+    emit_json(report)
+    summary(sweep_summary(report, time.monotonic() - t0))
     return 0
 
 
@@ -736,8 +893,13 @@ class VerifyFailed(AlkfsError):
 
 
 def cmd_verify(t: Target, a: argparse.Namespace) -> int:
-    bad = t.verify()
+    t0 = time.monotonic()
+    bad, checked = t.verify()
     emit_json({"corrupt": bad})
+    summary(
+        f"verify: {checked:,} object{'s' if checked != 1 else ''} verified, {len(bad):,} "
+        f"corrupt in {time.monotonic() - t0:.1f} s"
+    )
     if bad:
         raise VerifyFailed(f"{len(bad)} corrupt object{'s' if len(bad) != 1 else ''}")
     return 0
