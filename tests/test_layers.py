@@ -15,7 +15,8 @@ its own name (a daemon module missing here fails):
                     access    13 fs
     write state  20 staging.spool, staging.writes, packs    21 staging.writer, staging.scratch
                  22 staging.staged, staging.overlay, staging.ingest    25 context
-    views        30 status, nodes.pinning, nodes.largefile    31 nodes.objfile, nodes.control
+    views        30 status, nodes.pinning, nodes.largefile    31 nodes.objfile, nodes.control,
+                    nodes.pintree
                  32 nodes.objects, nodes.loose, nodes.pins, nodes.roots    33 nodes.gitview, nodes.refwrites
                  34 nodes.refdir, nodes.repoobjects    35 nodes.repos
     main         40 config, main
@@ -107,6 +108,7 @@ DAEMON_RANKS = {
     "alkfsd.nodes.objects": 32,
     "alkfsd.nodes.loose": 32,
     "alkfsd.nodes.lfs": 32,
+    "alkfsd.nodes.pintree": 31,
     "alkfsd.nodes.pins": 32,
     "alkfsd.nodes.roots": 32,
     "alkfsd.nodes.gitview": 33,

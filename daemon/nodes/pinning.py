@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from alkfs.errors import Missing, WouldWait
 from alkfs.keys import Key
-from alkfs.pins import PinRecord
+from alkfs.pins import Entry, FileAttrs, PinDir, PinRecord
 
 from ..errors import fail
 
@@ -38,15 +38,30 @@ def changed(ctx: Context, *names: str) -> None:
 
 
 # -- pin changes (worker threads, under PIN_LOCK) ---------------------------------------
-def pin(pins: Any, name: str, key: Key, replace: Key | None = None) -> PinRecord:
+# (`tree`: a path in /pins, any file name, its directory must exist; otherwise a name of
+# the xattr form. `attrs`: a file written into /pins.)
+def pin(
+    pins: Any,
+    name: str,
+    key: Key,
+    replace: Key | None = None,
+    attrs: FileAttrs | None = None,
+    tree: bool = False,
+) -> PinRecord:
     """Pin `key` as `name` (Invalid: bad name; Missing: not stored). A pin `name` on
     `replace` (what this writer stored before) is replaced; on any other object, Exists."""
     with PIN_LOCK:
-        return pins.pin(name, key, replace=replace or False)
+        return pins.pin(name, key, replace=replace or False, attrs=attrs, tree=tree)
 
 
 def put_pinned(
-    pins: Any, name: str, data: bytes, replace: Key | None = None, wait: bool = True
+    pins: Any,
+    name: str,
+    data: bytes,
+    replace: Key | None = None,
+    wait: bool = True,
+    attrs: FileAttrs | None = None,
+    tree: bool = False,
 ) -> PutResult:
     """Store `data` and pin it as `name` in one transaction (as `pin`: Invalid, Exists);
     the result's pin is released already. `wait=False` (the trio thread): WouldWait,
@@ -54,25 +69,47 @@ def put_pinned(
     if not PIN_LOCK.acquire(blocking=wait):
         raise WouldWait("another pin change is under way")
     try:
-        result, _ = pins.put_pinned(name, data, replace=replace or False, wait=wait)
+        result, _ = pins.put_pinned(
+            name, data, replace=replace or False, wait=wait, attrs=attrs, tree=tree
+        )
         return result
     finally:
         PIN_LOCK.release()
 
 
-def pin_over(pins: Any, name: str, key: Key) -> PinRecord:
-    """Pin `key` as `name`, replacing whatever `name` named (a rename onto it): one transaction."""
+def move(pins: Any, old: str, new: str) -> Entry:
+    """Rename the pin or directory `old` of /pins to `new`, replacing an entry `new` of
+    its kind (a directory only if empty): one transaction."""
     with PIN_LOCK:
-        return pins.pin(name, key, replace=True)
+        return pins.move(old, new, replace=True)
 
 
-def rename_over(pins: Any, old: str, new: str) -> PinRecord:
-    """Rename the pin `old` to `new`, replacing a pin `new`: one transaction."""
+def mkdir(pins: Any, name: str, mode: int) -> PinDir:
     with PIN_LOCK:
-        pins.rename(old, new, replace=True)
-        rec = pins.get(new)
-        assert rec is not None
-        return rec
+        return pins.mkdir(name, mode)
+
+
+def rmdir(pins: Any, name: str) -> None:
+    with PIN_LOCK:
+        pins.rmdir(name)
+
+
+def set_attrs(
+    pins: Any, name: str, created_ns: int, mode: int | None, mtime_ns: int | None
+) -> Entry:
+    with PIN_LOCK:
+        return pins.set_attrs(name, created_ns, mode, mtime_ns)
+
+
+def set_file_attrs(
+    pins: Any, name: str, key: Key, mode: int | None, mtime_ns: int | None
+) -> Entry | None:
+    """`set_attrs` of the file pin `name` if it still names `key` (None: it does not)."""
+    with PIN_LOCK:
+        rec = pins.get(name)
+        if rec is None or rec.key != key or rec.mode is None:
+            return None
+        return pins.set_attrs(name, rec.created_ns, mode, mtime_ns)
 
 
 def unpin(pins: Any, name: str, key: Key | None = None) -> None:

@@ -1,175 +1,248 @@
-"""/pins: every durable pin as a symbolic link `<name> -> ../objects/<algo>/<hex>`.
+"""/pins (SPEC 3.5): every durable pin, and a tree of them to back files up into.
 
-Pins come and go (setfattr on an object, the command line), so entries and
-attributes expire after a second. A link's identity includes the object it
-names: a name pinned again to another object is another inode.
+Its entries (nodes/pintree.py): a pin made by `ln -s`, setfattr or the CLI is a symbolic
+link `<name> -> ../objects/<algo>/<hex>` (one `../` more per directory level); a pin
+written as a file is a regular file with its object's size and the mode and time its
+writer gave; a directory of pins is a directory. Pins come and go (setfattr on an
+object, the command line, another daemon of a fleet), so entries and attributes expire
+after a second.
 
-Writing (SPEC 3.5):
+A directory's listing is read a page at a time (`Pins.children`: a range of the
+primary key), never held whole; a lookup is one probe of it (or none: `Misses`).
+
+Writing (SPEC 3.5), with any file name as a component (not `.`/`..`, at most 255 bytes;
+at most 4,096 bytes in all: ENAMETOOLONG, nothing changed):
+- `mkdir` makes a directory of pins; `rmdir` removes an empty one (ENOTEMPTY).
+- A new regular file is a PinFile: on close its content is stored (sha256) and pinned
+  under its path with its mode and time, in one transaction (a refused name stores
+  nothing); `chmod`/`touch` before or after set them. `.x.ABCDEF` (rsync's temporary)
+  is a name like any other: kept durably, then renamed.
 - `ln -s ../objects/<algo>/<hex> NAME` pins (EINVAL: a target that is not an object
-  path, an object not stored, a bad name; EEXIST: the name is taken).
-- `rm NAME` unpins; `mv A B` renames, replacing a pin B (as rename does).
-- A new regular file NAME is a StagedFile: on close its content is stored (sha256)
-  and pinned as NAME, and the entry becomes the symlink. A file named as rsync names
-  its temporary for NAME (`.NAME.XXXXXX`: a dot, a valid pin name, a dot, 1-16 letters
-  or digits) is a temporary: on close its content is stored and held by an in-process
-  pin while the file stays listed; renaming it to a valid NAME pins it as NAME
-  (replacing a pin NAME), unlinking it releases it (nothing durable was made). The
-  in-process pin is released only after the durable pin row has committed, so a sweep
-  never finds the object unprotected.
-- Any other name is EINVAL at create (and as a rename target), so no tool reports
-  success for a file that would never be pinned (SPEC 3.5).
-- One writer per name: a create of a name being written (or stored under a temporary
-  name, or pinned) is EEXIST, and so is a second write open of a file being written
-  (it would truncate or interleave with the first writer's bytes).
+  path, an object not stored; EEXIST: the name is taken); `ln` of a pin pins its object
+  again under the new name.
+- `rm NAME` unpins (so `rm -r` of a directory unpins everything in it); `mv` renames a
+  pin, a file being written or a directory with everything below it, replacing an entry
+  of the same kind (rename(2)'s rules: EISDIR, ENOTDIR, ENOTEMPTY); RENAME_EXCHANGE and
+  RENAME_WHITEOUT are EINVAL; only within /pins (EXDEV).
+- One writer per name: a create of a name being written (or pinned, or acknowledged
+  and not committed yet) is EEXIST, and so is a second write open of a file being
+  written (it would truncate or interleave with the first writer's bytes).
 """
 
 from __future__ import annotations
 
 import errno
 import re
+import stat
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import pyfuse3
 from pyfuse3 import RequestContext
 
-from alkfs.errors import Invalid, Missing, WouldWait
+from alkfs.errors import Invalid, Missing, NotEmpty, WouldWait
 from alkfs.keys import Algorithm, Key
-from alkfs.pins import PinRecord, valid_pin_name
+from alkfs.pins import (
+    PATH_MAX,
+    Entry,
+    PinDir,
+    PinRecord,
+    TooLong,
+    intent_name,
+    path_bytes,
+    path_text,
+)
 from alkfs.store import ObjectStat, PutResult
 
 from ..errors import clip, fail
-from ..staging.staged import StagedFile
 from . import pinning
-from .base import DYNAMIC_TIMEOUT, Dir, Emit, File, Node, Symlink
-from .handles import DirHandle, Handle, wants_write
-from .listing import readdir_snapshot
-from .listing import text_of as _text
+from .base import DYNAMIC_TIMEOUT, FIRST_OFFSET, Dir, Emit, File, Node
+from .handles import DirHandle, Handle
 from .objfile import ObjectFile
+from .pintree import PinFile, PinFileEntry, PinLink, Tree, leaf_of
 from .policy import noop_setattr
 
 if TYPE_CHECKING:
     from ..context import Context
 
-LINK_TARGET = re.compile(rb"\.\./objects/([a-z0-9-]+)/([0-9a-f]+)\Z")
-# rsync's temporary for NAME is `.NAME.XXXXXX`; any short suffix of letters and digits
-TEMPORARY = re.compile(r"\.([A-Za-z0-9][A-Za-z0-9._-]{0,127})\.[A-Za-z0-9]{1,16}\Z")
-
-
-def target(rec: PinRecord) -> bytes:
-    return f"../objects/{rec.key.algo.label}/{rec.key.hex}".encode()
-
-
-def is_temporary(text: str | None) -> bool:
-    """`.NAME.XXXXXX` for a valid pin NAME (what rsync writes before renaming to NAME)."""
-    if text is None:
-        return False
-    m = TEMPORARY.match(text)
-    return m is not None and valid_pin_name(m.group(1))
-
-
-def _writable_name(name: bytes) -> bool:
-    """A name a new file in /pins may have: a pin name or a temporary of one."""
-    text = _text(name)
-    return text is not None and (valid_pin_name(text) or is_temporary(text))
+# `../objects/<algo>/<hex>` with any number of `../` (one per level is what `ls` shows)
+LINK_TARGET = re.compile(rb"(?:\.\./)+objects/([a-z0-9-]+)/([0-9a-f]+)\Z")
+PAGE = 256  # entries a listing reads at a time
 
 
 def _shown(name: bytes) -> str:
     return clip(repr(name), 160)
 
 
-class PinsDir(Dir):
-    """/pins: the pins in name order, then the files being written here."""
+def _rebased(name: str, old: str, new: str) -> str:
+    """`name` (at or below `old`) after `old` was renamed `new`."""
+    return new + name[len(old) :]
+
+
+class TreeDir(Dir):
+    """/pins or one of its directories: `raw` is its path below /pins (b"": /pins),
+    `prefix` the names of its entries start with ("" or its name and `/`)."""
 
     entry_timeout = DYNAMIC_TIMEOUT
     attr_timeout = DYNAMIC_TIMEOUT
-    __slots__ = ("staged", "unpinned", "unpinned_epoch")
+    __slots__ = ("tree", "raw", "prefix")
 
-    def __init__(self, ctx: Context, parent: Node) -> None:
-        super().__init__(ctx, ("dir", "/pins"), parent, b"pins")
-        self.staged: dict[bytes, StagedFile] = {}
-        self.unpinned = b""  # the last name found unpinned (`_pin`), at this pins epoch
-        self.unpinned_epoch = -1
+    def _place(self, tree: Tree, raw: bytes) -> None:
+        self.tree = tree
+        self.raw = raw
+        self.prefix = path_text(raw) + "/" if raw else ""
+
+    def path_of(self, name: bytes) -> bytes:
+        return self.raw + b"/" + name if self.raw else name
 
     def passes_intents(self, name: bytes | None) -> bool:
-        # (cp's lookups and creates of new names; a pending name waits for its commit)
-        return name is not None and not self.ctx.pending.pending_name(name)
+        # (cp's lookups and creates of new names, and a directory's own attributes; a
+        # pending name waits for its commit)
+        return name is None or not self.tree.pending(self.ctx, self.path_of(name))
 
-    async def lookup(self, name: bytes, req: RequestContext) -> Node:
-        staged = self.staged.get(name)
-        if staged is not None:
-            return staged
-        rec = self._pin(name)
-        if rec is None:
-            fail(errno.ENOENT)
-        return PinLink(self.ctx, self, rec)
-
-    def _pin(self, name: bytes) -> PinRecord | None:
-        """The pin `name` names (None: none, or not a pin name). The last name found
-        unpinned is remembered until any pin changes: cp's stat, the kernel's O_EXCL
-        lookup, the create and the close each ask for the same new name."""
+    # -- finding entries -------------------------------------------------------------------
+    def _find(self, path: bytes) -> Entry | None:
+        """The pin or directory at `path` (None: none). The last path found empty is
+        remembered until any pin changes: cp's stat, the kernel's O_EXCL lookup, the
+        create and the close each ask for the same new name."""
+        tree = self.tree
         misses = self.ctx.pins.misses
         epoch = misses.before_query()
-        if name == self.unpinned and epoch == self.unpinned_epoch:
+        if path == tree.unpinned and epoch == tree.unpinned_epoch:
             return None
-        text = _text(name)
-        if text is None or not valid_pin_name(text):
+        if len(path) > PATH_MAX:
             return None
-        rec = self.ctx.pins.get(text)
-        if rec is None and misses.steady(epoch):
-            self.unpinned, self.unpinned_epoch = name, epoch
-        return rec
+        found = self.ctx.pins.entry(path_text(path))
+        if found is None and misses.steady(epoch):
+            tree.unpinned, tree.unpinned_epoch = path, epoch
+        return found
 
+    def _node(self, found: Entry) -> Node:
+        if isinstance(found, PinDir):
+            return PinSubdir(self.ctx, self, self.tree, found)
+        if found.mode is not None:
+            return PinFileEntry(self.ctx, self, found)
+        return PinLink(self.ctx, self, found)
+
+    async def lookup(self, name: bytes, req: RequestContext) -> Node:
+        path = self.path_of(name)
+        staged = self.tree.staged.get(path)
+        if staged is not None:
+            return staged
+        found = self._find(path)
+        if found is None:
+            fail(errno.ENOENT)
+        return self._node(found)
+
+    # -- listing -------------------------------------------------------------------------------
     async def readdir(self, dh: DirHandle, start: int, emit: Emit) -> None:
-        def entries() -> list[tuple[bytes, Node]]:
-            records = self.ctx.pins.list()
-            out: list[tuple[bytes, Node]] = [
-                (r.name.encode(), PinLink(self.ctx, self, r)) for r in records
-            ]
-            taken = {name for name, _ in out}
-            out += sorted((n, f) for n, f in self.staged.items() if n not in taken)
-            return out
+        """The entries in name order, a page at a time, then the files being written
+        here. Offsets count the entries; each one this open gave in its last two
+        replies resumes after its entry's name (a name, not a position: entries made or
+        removed meanwhile shift nothing); another offset (a seekdir) counts from the
+        start."""
+        state = dh.state
+        marks: dict[int, tuple[str, Any]] = state.setdefault("marks", {})
+        if start < FIRST_OFFSET:
+            resume: tuple[str, Any] = ("db", None)
+            state["staged"] = None
+            offset = FIRST_OFFSET
+        elif start in marks:
+            resume, offset = marks[start], start + 1
+        else:  # (a seek to an offset not given lately: count entries from the start)
+            state["staged"] = None
+            resume, offset = ("db", None), FIRST_OFFSET
+            for mark, _, _ in self._walk(resume, state):
+                resume, offset = mark, offset + 1
+                if offset > start:
+                    break
+        for old in state.get("before", ()):  # (only the last two replies' marks stay)
+            marks.pop(old, None)
+        state["before"] = state.get("last", ())
+        state["last"] = now = set()
+        for mark, name, node in self._walk(resume, state):
+            if not emit(name, node, offset):
+                return
+            marks[offset] = mark
+            now.add(offset)
+            offset += 1
 
-        await readdir_snapshot(dh, start, emit, entries)
+    def _walk(self, resume: tuple[str, Any], state: dict) -> Iterator[tuple[Any, bytes, Node]]:
+        """(mark to resume after it, name, node) of every entry after `resume`."""
+        phase, at = resume
+        cut = len(self.prefix)
+        if phase == "db":
+            pins = self.ctx.pins
+            while True:
+                page = pins.children(self.prefix, at, PAGE)
+                for found in page:
+                    yield ("db", found.name), path_bytes(found.name[cut:]), self._node(found)
+                if len(page) < PAGE:
+                    break
+                at = page[-1].name
+            at = 0
+        staged = state.get("staged")
+        if staged is None:
+            staged = state["staged"] = self._staged_here()
+        for i in range(at, len(staged)):
+            yield ("staged", i + 1), staged[i][0], staged[i][1]
 
-    async def setattr(
-        self, attr: Any, fields: Any, handle: Handle | None, req: RequestContext
-    ) -> Any:
-        noop_setattr(self, attr, fields)  # times are accepted and ignored (rsync -a, cp -rp)
-        return self.attr()
+    def _staged_here(self) -> list[tuple[bytes, Node]]:
+        """The files being written in this directory that the database does not list."""
+        out = []
+        for path, node in self.tree.staged.items():
+            cut = path.rfind(b"/")
+            if (path[:cut] if cut >= 0 else b"") != self.raw:
+                continue
+            if self.ctx.pins.entry(path_text(path)) is None:
+                out.append((path[cut + 1 :], node))
+        return sorted(out, key=lambda e: e[0])
 
-    # -- new pins --------------------------------------------------------------------------
-    def _taken(self, name: bytes) -> bool:
-        if name in self.staged or self.ctx.pending.pending_name(name):
+    # -- new entries -----------------------------------------------------------------------
+    def _new(self, name: bytes) -> tuple[bytes, str]:
+        """The path and pin name of a new entry `name` here (ENAMETOOLONG past PATH_MAX
+        bytes in all: nothing is made)."""
+        path = self.path_of(name)
+        if len(path) > PATH_MAX:
+            fail(errno.ENAMETOOLONG, f"/pins/{_shown(path[:64])}...: {len(path)} bytes")
+        if not name or name in (b".", b"..") or b"\0" in name or b"/" in name:
+            fail(errno.EINVAL, f"{_shown(name)} is no file name")
+        return path, path_text(path)
+
+    def _taken(self, path: bytes) -> bool:
+        tree = self.tree
+        if path in tree.staged or tree.pending(self.ctx, path):
             return True
-        return self._pin(name) is not None
+        return self._find(path) is not None
 
     async def create(
         self, name: bytes, mode: int, flags: int, req: RequestContext
     ) -> tuple[Node, Handle]:
-        if not _writable_name(name):
-            fail(
-                errno.EINVAL,
-                f"{_shown(name)} is not a pin name ([A-Za-z0-9][A-Za-z0-9._-]{{0,127}}) "
-                "nor a temporary .NAME.XXXXXX of one: it would never be pinned",
-            )
-        if self._taken(name):
-            fail(errno.EEXIST, f"/pins/{clip(name.decode(errors='replace'))} exists")
-        node = PinFile(self.ctx, self, name, Algorithm.SHA256, mode=mode)
-        self.staged[name] = node
+        path, _ = self._new(name)
+        if self._taken(path):
+            fail(errno.EEXIST, f"/pins/{_shown(path)} exists")
+        node = PinFile(self.ctx, self, self, name, path, mode)
+        self.tree.staged[path] = node
         return node, node.new_handle(flags)
 
+    async def mkdir(self, name: bytes, mode: int, req: RequestContext) -> Node:
+        path, text = self._new(name)
+        if self._taken(path):
+            fail(errno.EEXIST, f"/pins/{_shown(path)} exists")
+        made = await self.ctx.run_sync(pinning.mkdir, self.ctx.pins, text, mode)
+        return PinSubdir(self.ctx, self, self.tree, made)
+
     async def symlink(self, name: bytes, link: bytes, req: RequestContext) -> Node:
-        pins = self.ctx.pins
-        text = _text(name)
-        if text is None or not valid_pin_name(text):
-            fail(errno.EINVAL, f"invalid pin name {_shown(name)}")
-        if self._taken(name):
-            fail(errno.EEXIST, f"/pins/{text} exists")
+        path, text = self._new(name)
+        if self._taken(path):
+            fail(errno.EEXIST, f"/pins/{_shown(path)} exists")
         key = self._target_key(link)
-        try:
-            rec = await self.ctx.run_sync(pinning.pin, pins, text, key)
-        except Missing:
+        if not self.ctx.store.has(key):
             fail(errno.EINVAL, f"{key} is not in the store")
+        try:
+            rec = await self.ctx.run_sync(pinning.pin, self.ctx.pins, text, key, None, None, True)
+        except Missing as exc:
+            fail(errno.EINVAL if not self.ctx.store.has(key) else errno.ENOENT, str(exc))
         return PinLink(self.ctx, self, rec)
 
     def _target_key(self, link: bytes) -> Key:
@@ -187,203 +260,286 @@ class PinsDir(Dir):
         except Invalid:
             fail(errno.EINVAL, f"{_shown(link)} does not name an object")
 
-    # -- files written here ---------------------------------------------------------------
-    @staticmethod
-    def _pin_name(node: StagedFile) -> str | None:
-        """The pin a file written here makes at close: None for a temporary (held
-        in-process until renamed) or a file unlinked while open."""
-        text = _text(node.name)
-        if node.unlinked or text is None or not valid_pin_name(text):
-            return None
-        return text
+    async def link(self, name: bytes, node: Node, req: RequestContext) -> Node:
+        """`ln PIN NAME` (tar's and cp -a's hard links): the same object pinned again
+        under NAME, with the same attributes (another row: its own inode)."""
+        if not isinstance(node, (PinFileEntry, PinLink)):
+            fail(errno.EPERM, "only a pin can be linked in /pins")
+        path, text = self._new(name)
+        if self._taken(path):
+            fail(errno.EEXIST, f"/pins/{_shown(path)} exists")
+        rec = node.record
+        made = await self.ctx.run_sync(
+            pinning.pin, self.ctx.pins, text, rec.key, None, rec.attrs, True
+        )
+        return self._node(made)
 
-    def store_small(self, node: StagedFile, data: bytes, wait: bool) -> PutResult | None:
-        """A pin name: the object and its pin in one transaction (a refused name stores
-        nothing); otherwise the plain put."""
+    # -- files written here (the StagingParent of their PinFile) --------------------------
+    @staticmethod
+    def _pin_name(node: Any) -> str | None:
+        """The pin a file written here makes at close (None: it was unlinked)."""
+        return None if node.unlinked else node.pin_name
+
+    def store_small(self, node: Any, data: bytes, wait: bool) -> PutResult | None:
+        """The object and its pin in one transaction (a refused name stores nothing)."""
         text = self._pin_name(node)
         if text is None:
             return None
+        attrs = node.file_attrs(len(data))
         # A first commit of a name no pin took meanwhile (an object's pin xattr): its
         # intent logged, it is acknowledged (staging/pending.py).
-        if not wait and node.key is None and self._pin(node.name) is None:
-            ahead = self.ctx.pending.put(text, node.writer.algo, data, None)
+        if not wait and node.key is None and self._find(node.pin_path) is None:
+            intent = intent_name(text, attrs)
+            ahead = self.ctx.pending.put(intent, node.writer.algo, data, None)
             if ahead is not None:
+                self.tree.logged(self.ctx, node.pin_path, intent.encode())
                 return ahead
-        return pinning.put_pinned(self.ctx.pins, text, data, node.key, wait)
+        return pinning.put_pinned(self.ctx.pins, text, data, node.key, wait, attrs, True)
 
-    def publish_in_thread(self, node: StagedFile, result: PutResult, wait: bool) -> None:
-        """After the put (content that was spooled): a pin name is pinned, then the
+    def publish_in_thread(self, node: Any, result: PutResult, wait: bool) -> None:
+        """After the put (content that was spooled): pinned under its path, then the
         in-process pin goes (after the pin row committed); EEXIST if the name is
-        another object's now. (Only a worker thread pins here: store_small pins a
-        small file's name.)"""
+        another object's now. (Only a worker thread pins here.)"""
         text = self._pin_name(node)
         if text is None:
             return
         if not wait:
             raise WouldWait("a pin is written from a worker thread")
-        pinning.pin(self.ctx.pins, text, result.key, node.key)
+        st = self.ctx.store.stat(result.key)
+        size = st.size if st is not None else node.writer.size
+        pinning.pin(self.ctx.pins, text, result.key, node.key, node.file_attrs(size), True)
         result.pin.release()
 
     def stored_file(self, st: ObjectStat) -> File:
         return ObjectFile(self.ctx, self, st)
 
-    async def publish(self, node: StagedFile, result: PutResult) -> None:
-        if node.unlinked:
-            result.pin.release()
-            return
-        if not result.pin.held:  # pinned under its name: the entry is the symlink now
-            self._forget(node)
-            return
-        # a temporary: stored, held in-process until renamed or unlinked
-        held, node.extra = node.extra, result.pin
-        if held is not None:
-            held.release()
+    async def publish(self, node: Any, result: PutResult) -> None:
+        result.pin.release()  # (pinned under its path already: a second release is a no-op)
+        self._forget(node)
 
-    async def closed(self, node: StagedFile) -> None:
-        if node.extra is None:  # nothing stored to keep under a temporary name
-            self._forget(node)
+    async def closed(self, node: Any) -> None:
+        self._forget(node)
 
-    def _forget(self, node: StagedFile) -> None:
+    def _forget(self, node: Any) -> None:
         # (no kernel invalidation needed: a StagedFile's entry timeout is 0, so the next
-        # use of the name asks again and finds the link, or nothing)
-        if self.staged.get(node.name) is node:
-            del self.staged[node.name]
+        # use of the name asks again and finds the pin, or nothing)
+        staged, path = self.tree.staged, node.pin_path
+        if staged.get(path) is node:
+            del staged[path]
 
-    def _drop(self, name: bytes) -> bool:
-        """Remove a file being written (or a stored temporary): nothing durable stays."""
-        node = self.staged.pop(name, None)
+    def _drop(self, path: bytes) -> bool:
+        """Remove a file being written: nothing of it is kept."""
+        node = self.tree.staged.pop(path, None)
         if node is None:
             return False
         node.unlinked = True
-        held, node.extra = node.extra, None
-        if held is not None:
-            held.release()
         return True
 
-    # -- removing and renaming ----------------------------------------------------------------
+    # -- removing and renaming -------------------------------------------------------------
+    async def _settle(self, path: bytes) -> PinFile | None:
+        """The file being written at `path`, once no commit of it is under way (None:
+        none, or it is pinned there now)."""
+        writing = self.tree.staged.get(path)
+        if writing is None:
+            return None
+        await writing.settled()
+        if self.tree.staged.get(path) is writing:
+            return writing
+        if self.tree.pending(self.ctx, path):  # (acknowledged meanwhile: in the database)
+            await self.ctx.pending.drain()
+        return None
+
     async def unlink(self, name: bytes, req: RequestContext) -> None:
-        if self._drop(name):
+        path = self.path_of(name)
+        await self._settle(path)
+        if self._drop(path):
             return
-        pins = self.ctx.pins
-        text = _text(name)
-        if text is None or not valid_pin_name(text):
+        found = self._find(path)
+        if found is None:
             fail(errno.ENOENT)
-        await self.ctx.run_sync(pinning.unpin, pins, text)
+        if isinstance(found, PinDir):
+            fail(errno.EISDIR, f"/pins/{found.name} is a directory")
+        try:
+            await self.ctx.run_sync(pinning.unpin, self.ctx.pins, found.name)
+        except Missing:
+            fail(errno.ENOENT)
+
+    async def rmdir(self, name: bytes, req: RequestContext) -> None:
+        path = self.path_of(name)
+        if path in self.tree.staged:
+            fail(errno.ENOTDIR)
+        found = self._find(path)
+        if found is None:
+            fail(errno.ENOENT)
+        if not isinstance(found, PinDir):
+            fail(errno.ENOTDIR, f"/pins/{found.name} is no directory")
+        if any(p.startswith(path + b"/") for p in self.tree.staged):
+            fail(errno.ENOTEMPTY, f"/pins/{found.name}: a file is being written in it")
+        await self.ctx.run_sync(pinning.rmdir, self.ctx.pins, found.name)
 
     async def rename(
         self, name: bytes, new_parent: Node, new_name: bytes, flags: int, req: RequestContext
     ) -> None:
         if flags & pyfuse3.RENAME_EXCHANGE:
             fail(errno.EINVAL, "pins cannot be exchanged")
-        if new_parent is not self:
-            fail(errno.EXDEV, "a pin can only be renamed within /pins")
-        pins = self.ctx.pins
-        staged = self.staged.get(name)
-        text = _text(name)
-        is_pin = (
-            staged is None
-            and text is not None
-            and valid_pin_name(text)
-            and pins.get(text) is not None
-        )
-        if staged is None and not is_pin:
+        if not isinstance(new_parent, TreeDir):
+            fail(errno.EXDEV, "an entry of /pins can only be renamed within /pins")
+        tree = self.tree
+        old = self.path_of(name)
+        new, new_text = new_parent._new(new_name)
+        writer = tree.staged.get(old)  # (its commit may be under way: wait for it)
+        staged = await self._settle(old)
+        moving = None if staged is not None else self._find(old)
+        if staged is None and moving is None:
             fail(errno.ENOENT)
-        if name == new_name:
+        if old == new:
             return
-        new_text = _text(new_name)
-        new_valid = new_text is not None and valid_pin_name(new_text)
-        if not new_valid and (is_pin or not is_temporary(new_text)):
-            # a pin renames to a pin name; a file being written also to a temporary name
-            fail(errno.EINVAL, f"invalid pin name {_shown(new_name)}")
-        if flags & pyfuse3.RENAME_NOREPLACE and self._taken(new_name):
-            fail(errno.EEXIST, f"/pins/{new_name.decode(errors='replace')} exists")
-        if is_pin:
-            assert text is not None
-            self._drop(new_name)
-            rec = await self.ctx.run_sync(pinning.rename_over, pins, text, new_text)
-            self._renamed_link(text, rec)
-            pinning.changed(self.ctx, text, rec.name)
+        over_staged = new in tree.staged
+        over = None if over_staged else new_parent._find(new)
+        if flags & pyfuse3.RENAME_NOREPLACE and (
+            over_staged or over is not None or tree.pending(self.ctx, new)
+        ):
+            fail(errno.EEXIST, f"/pins/{_shown(new)} exists")
+        is_dir = isinstance(moving, PinDir)
+        if is_dir and (over_staged or isinstance(over, PinRecord)):
+            fail(errno.ENOTDIR, f"/pins/{_shown(new)} is no directory")
+        if not is_dir and isinstance(over, PinDir):
+            fail(errno.EISDIR, f"/pins/{_shown(new)} is a directory")
+        if is_dir and new.startswith(old + b"/"):
+            fail(errno.EINVAL, "a directory cannot move into itself")
+        if is_dir and any(p.startswith(new + b"/") for p in tree.staged):
+            fail(errno.ENOTEMPTY, f"/pins/{_shown(new)}: a file is being written in it")
+        if over_staged:
+            self._drop(new)
+        if staged is not None:
+            # still being written: pinned at close under its new name (replacing a pin)
+            if over is not None:
+                try:
+                    await self.ctx.run_sync(pinning.unpin, self.ctx.pins, new_text)
+                except Missing:
+                    pass
+            del tree.staged[old]
+            staged.name, staged.parent, staged.pin_path = new_name, new_parent, new
+            tree.staged[new] = staged
+            self.ctx.invalidator.submit(new_parent.ino, new_name, 0)
             return
-        assert staged is not None
-        if staged.extra is not None and new_valid:
-            # a stored temporary becomes the pin NAME, replacing one; then its
-            # in-process pin goes (after the pin row committed)
-            assert staged.key is not None and new_text is not None
-            self._drop_other(new_name, staged)
-            await self.ctx.run_sync(pinning.pin_over, pins, new_text, staged.key)
-            held, staged.extra = staged.extra, None
-            held.release()
-            if self.staged.get(name) is staged:
-                del self.staged[name]
-            staged.name = new_name
-            pinning.changed(self.ctx, new_text)
-            return
-        # still being written (pinned at close under its new name), or a temporary
-        # renamed to another temporary name
-        self._drop_other(new_name, staged)
-        if new_valid:
-            assert new_text is not None
-            try:
-                await self.ctx.run_sync(pinning.unpin, pins, new_text)
-            except Missing:
-                pass
-        if self.staged.get(name) is staged:
-            del self.staged[name]
-        staged.name = new_name
-        self.staged[new_name] = staged
-        self.ctx.invalidator.submit(self.ino, new_name, 0)
+        assert moving is not None
+        try:
+            moved = await self.ctx.run_sync(pinning.move, self.ctx.pins, moving.name, new_text)
+        except TooLong as exc:
+            fail(errno.ENAMETOOLONG, str(exc))
+        except NotEmpty as exc:
+            fail(errno.ENOTEMPTY, str(exc))
+        if isinstance(moved, PinDir):
+            self._moved_dir(moving.name, moved, new_parent)
+        else:
+            self._moved_pin(moved, new_parent)
+            if writer is not None and writer.pin_path == old:  # (pinned, still open)
+                writer.name, writer.parent, writer.pin_path = new_name, new_parent, new
+        self.ctx.invalidator.submit(new_parent.ino, new_name, 0)
 
-    def _drop_other(self, name: bytes, keep: StagedFile) -> None:
-        other = self.staged.get(name)
-        if other is not None and other is not keep:
-            self._drop(name)
+    def _moved_pin(self, rec: PinRecord, parent: Node) -> None:
+        """The kernel keeps the renamed entry's inode under the new name: that inode
+        now stands for it."""
+        for kind in ("pin", "pinfile"):
+            node = self.ctx.inodes.known((kind, rec.created_ns, rec.key.raw))
+            if isinstance(node, (PinLink, PinFileEntry)):
+                node.moved(parent, rec)
 
-    def _renamed_link(self, old: str, rec: PinRecord) -> None:
-        """The kernel keeps the renamed link's inode under the new name until it asks
-        again: that inode now stands for the new name."""
-        node = self.ctx.inodes.known(("pin", old.encode(), rec.key.raw))
-        if isinstance(node, PinLink):
-            node.record = rec
-            node.name = rec.name.encode()
+    def _moved_dir(self, old: str, moved: PinDir, parent: Node) -> None:
+        """A directory was renamed: what the kernel holds of it and below it, and the
+        files being written below it, now stand for their new paths."""
+        new = moved.name
+        old_raw, new_raw = path_bytes(old) + b"/", path_bytes(new) + b"/"
+        staged = self.tree.staged
+        for path in [p for p in staged if p.startswith(old_raw)]:
+            writing = staged.pop(path)
+            writing.pin_path = new_raw + path[len(old_raw) :]
+            staged[writing.pin_path] = writing
+        below = old + "/"
+        for node in self.ctx.inodes.nodes():
+            if isinstance(node, PinSubdir):
+                rec = node.record
+                if rec.created_ns == moved.created_ns:
+                    node.moved(parent, moved)
+                elif rec.name.startswith(below):
+                    name = _rebased(rec.name, old, new)
+                    node.moved(node.parent, PinDir(name, rec.created_ns, rec.mode, rec.mtime_ns))
+            elif isinstance(node, (PinLink, PinFileEntry)):
+                rec2 = node.record
+                if rec2.name.startswith(below):
+                    name = _rebased(rec2.name, old, new)
+                    node.moved(
+                        node.parent,
+                        PinRecord(
+                            name, rec2.key, rec2.created_ns, rec2.mode, rec2.mtime_ns, rec2.size
+                        ),
+                    )
 
 
-class PinFile(StagedFile):
-    """A new file in /pins: one writer only (a second write open would truncate or
-    interleave with the first writer's bytes, and the last close would win)."""
+class PinsDir(TreeDir):
+    """/pins: the pins and directories of its top, then the files being written there."""
 
     __slots__ = ()
 
-    async def open(self, flags: int, req: RequestContext) -> Handle:
-        if wants_write(flags) and self.opens > 0 and not self.writer.closed:
-            fail(errno.EEXIST, f"{self.path} is being written by another open file")
-        return await super().open(flags, req)
-
-
-class PinLink(Symlink):
-    """One pin; its time is the pin's creation time."""
-
-    entry_timeout = DYNAMIC_TIMEOUT
-    attr_timeout = DYNAMIC_TIMEOUT
-    __slots__ = ("record",)
-
-    def __init__(self, ctx: Context, parent: Node, rec: PinRecord) -> None:
-        name = rec.name.encode()
-        super().__init__(ctx, ("pin", name, rec.key.raw), parent, name, target(rec))
-        self.record = rec
-
-    def mtime_ns(self) -> int:
-        return self.record.created_ns
-
-    async def readlink(self, req: RequestContext) -> bytes:
-        rec = self.ctx.pins.get(self.record.name)
-        if rec is None or rec.key != self.record.key:
-            fail(errno.ENOENT, f"the pin {self.record.name} is gone")
-        return self.target
+    def __init__(self, ctx: Context, parent: Node) -> None:
+        super().__init__(ctx, ("dir", "/pins"), parent, b"pins")
+        self._place(Tree(), b"")
 
     async def setattr(
         self, attr: Any, fields: Any, handle: Handle | None, req: RequestContext
     ) -> Any:
-        # `touch -h`: freshens the object; a chmod/chown to what it is is a no-op
-        if noop_setattr(self, attr, fields):
-            await self.ctx.run_sync(self.ctx.store.freshen, self.record.key)
+        noop_setattr(self, attr, fields)  # times are accepted and ignored (rsync -a, cp -rp)
+        return self.attr()
+
+
+class PinSubdir(TreeDir):
+    """A directory of pins: the mode and time it was given (its row keeps them)."""
+
+    __slots__ = ("record",)
+
+    def __init__(self, ctx: Context, parent: Node, tree: Tree, rec: PinDir) -> None:
+        super().__init__(ctx, ("pindir", rec.created_ns), parent, leaf_of(rec.name))
+        self.record = rec
+        self._place(tree, path_bytes(rec.name))
+
+    def moved(self, parent: Node | None, rec: PinDir) -> None:
+        self.record, self.parent, self.name = rec, parent, leaf_of(rec.name)
+        self._place(self.tree, path_bytes(rec.name))
+
+    def mode(self) -> int:
+        return stat.S_IFDIR | stat.S_IMODE(self.record.mode)
+
+    def mtime_ns(self) -> int:
+        return self.record.mtime_ns
+
+    async def getattr(self, req: RequestContext) -> pyfuse3.EntryAttributes:
+        found = self.ctx.pins.entry(self.record.name)
+        if not isinstance(found, PinDir) or found.created_ns != self.record.created_ns:
+            fail(errno.ENOENT, f"/pins/{self.record.name} is gone")
+        self.record = found
+        return self.attr()
+
+    async def setattr(
+        self, attr: Any, fields: Any, handle: Handle | None, req: RequestContext
+    ) -> Any:
+        a = self.attr()
+        if fields.update_size:
+            fail(errno.EISDIR, f"/pins/{self.record.name} is a directory")
+        if (fields.update_uid and attr.st_uid != a.st_uid) or (
+            fields.update_gid and attr.st_gid != a.st_gid
+        ):
+            fail(errno.EPERM, f"/pins/{self.record.name}: its owner cannot change")
+        mode = stat.S_IMODE(attr.st_mode) if fields.update_mode else None
+        mtime = attr.st_mtime_ns if fields.update_mtime else None
+        if mode is not None or mtime is not None:
+            rec = self.record
+            try:
+                got = await self.ctx.run_sync(
+                    pinning.set_attrs, self.ctx.pins, rec.name, rec.created_ns, mode, mtime
+                )
+            except Missing:
+                fail(errno.ENOENT, f"/pins/{rec.name} is gone")
+            assert isinstance(got, PinDir)
+            self.record = got
         return self.attr()

@@ -1,0 +1,263 @@
+"""The entries of /pins and of its directories (SPEC 3.5); the directories themselves
+are nodes/pins.py's.
+
+- `PinLink`: a pin made by `ln -s`, setfattr or the CLI, a symbolic link
+  `<name> -> ../objects/<algo>/<hex>` with one `../` more per directory level.
+- `PinFileEntry`: a pin written as a file, a regular file of its object's size with the
+  mode and time its writer gave (chmod, touch, utime set them: the pin's row keeps
+  them), its key in `user.alkfs.key`; reads are its object's, verified.
+- `PinFile`: a file being written (a StagedFile): one writer only; on close its content
+  is stored and pinned under its path with its attributes, and the entry becomes a
+  `PinFileEntry`.
+- `Tree`: what the mount keeps of /pins besides the database: the files being written
+  (by their path), the paths whose intent is logged and not applied yet, the last path
+  found unpinned.
+
+An entry's identity is its row's (creation time and key), never its name: a rename
+keeps its inode, a name pinned again is another inode (another row).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+from typing import TYPE_CHECKING, Any
+
+import pyfuse3
+import trio
+from pyfuse3 import RequestContext
+
+from alkfs.errors import Missing
+from alkfs.keys import Algorithm
+from alkfs.pins import FileAttrs, PinRecord, path_bytes, path_text
+
+from ..errors import fail
+from ..staging.staged import StagedFile
+from . import pinning
+from .base import DYNAMIC_TIMEOUT, File, Node, Symlink
+from .handles import Handle, wants_write
+from .objfile import ObjectFile
+from .policy import noop_setattr
+
+if TYPE_CHECKING:
+    from ..context import Context
+
+X_KEY = b"user.alkfs.key"
+
+
+def link_target(rec: PinRecord) -> bytes:
+    """`../objects/<algo>/<hex>`, one `../` more for each directory the pin is in."""
+    up = "../" * rec.name.count("/")
+    return f"{up}../objects/{rec.key.algo.label}/{rec.key.hex}".encode()
+
+
+def leaf_of(name: str) -> bytes:
+    """The last component of a pin's path, as the kernel names it."""
+    return path_bytes(name[name.rfind("/") + 1 :])
+
+
+class Tree:
+    """The state of /pins the database does not hold (one per mount: PinsDir's)."""
+
+    __slots__ = ("staged", "ahead", "unpinned", "unpinned_epoch")
+
+    def __init__(self) -> None:
+        self.staged: dict[bytes, PinFile] = {}  # path -> the file being written there
+        self.ahead: dict[bytes, bytes] = {}  # path -> its logged intent's name (pending)
+        self.unpinned = b""  # the last path found unpinned, at this pins epoch
+        self.unpinned_epoch = -1
+
+    def pending(self, ctx: Context, path: bytes) -> bool:
+        """A file written at `path` is acknowledged and not in the database yet."""
+        intent = self.ahead.get(path)
+        if intent is None:
+            return False
+        if ctx.pending.pending_name(intent):
+            return True
+        del self.ahead[path]
+        return False
+
+    def logged(self, ctx: Context, path: bytes, intent: bytes) -> None:
+        ahead = self.ahead
+        if len(ahead) > 2 * ctx.pending.count + 1024:  # (the applied ones go now and then)
+            for p in [p for p, i in ahead.items() if not ctx.pending.pending_name(i)]:
+                del ahead[p]
+        ahead[path] = intent
+
+
+class PinLink(Symlink):
+    """A pin made by `ln -s`, setfattr or the CLI; its time is the pin's creation time."""
+
+    entry_timeout = DYNAMIC_TIMEOUT
+    attr_timeout = DYNAMIC_TIMEOUT
+    __slots__ = ("record",)
+
+    def __init__(self, ctx: Context, parent: Node, rec: PinRecord) -> None:
+        ident = ("pin", rec.created_ns, rec.key.raw)
+        super().__init__(ctx, ident, parent, leaf_of(rec.name), link_target(rec))
+        self.record = rec
+
+    def mtime_ns(self) -> int:
+        return self.record.created_ns
+
+    def moved(self, parent: Node | None, rec: PinRecord) -> None:
+        """The pin was renamed (the kernel keeps this inode under its new name)."""
+        self.record, self.parent, self.name = rec, parent, leaf_of(rec.name)
+        self.target = link_target(rec)
+
+    async def readlink(self, req: RequestContext) -> bytes:
+        rec = self.ctx.pins.get(self.record.name)
+        if rec is None or rec.key != self.record.key:
+            fail(errno.ENOENT, f"the pin {self.record.name} is gone")
+        return self.target
+
+    async def setattr(
+        self, attr: Any, fields: Any, handle: Handle | None, req: RequestContext
+    ) -> Any:
+        # `touch -h`: freshens the object; a chmod/chown to what it is is a no-op
+        if noop_setattr(self, attr, fields):
+            await self.ctx.run_sync(self.ctx.store.freshen, self.record.key)
+        return self.attr()
+
+
+class PinFileEntry(File):
+    """A pin written as a file: its object's bytes, the mode and time it was given."""
+
+    entry_timeout = DYNAMIC_TIMEOUT
+    attr_timeout = DYNAMIC_TIMEOUT
+    __slots__ = ("record",)
+
+    def __init__(self, ctx: Context, parent: Node, rec: PinRecord) -> None:
+        super().__init__(ctx, ("pinfile", rec.created_ns, rec.key.raw), parent, leaf_of(rec.name))
+        self.record = rec
+
+    def moved(self, parent: Node | None, rec: PinRecord) -> None:
+        self.record, self.parent, self.name = rec, parent, leaf_of(rec.name)
+
+    def mode(self) -> int:
+        return stat.S_IFREG | stat.S_IMODE(self.record.mode or 0o644)
+
+    def size(self) -> int:
+        return self.record.size or 0
+
+    def mtime_ns(self) -> int:
+        rec = self.record
+        return rec.created_ns if rec.mtime_ns is None else rec.mtime_ns
+
+    def _fresh(self) -> PinRecord:
+        """The row as it is now (ENOENT: unpinned, or the name pinned anew)."""
+        rec = self.ctx.pins.get(self.record.name)
+        if rec is None or rec.created_ns != self.record.created_ns or rec.key != self.record.key:
+            fail(errno.ENOENT, f"the pin {self.record.name} is gone")
+        self.record = rec
+        return rec
+
+    async def getattr(self, req: RequestContext) -> pyfuse3.EntryAttributes:
+        self._fresh()
+        return self.attr()
+
+    async def open(self, flags: int, req: RequestContext) -> Handle:
+        if flags & (os.O_WRONLY | os.O_RDWR | os.O_TRUNC):
+            fail(errno.EPERM, f"/pins/{self.record.name} is a pin: it is immutable")
+        st = self.ctx.store.stat(self.record.key)
+        if st is None:
+            fail(errno.ENOENT, f"{self.record.key} is gone")
+        return await ObjectFile(self.ctx, self, st).open(flags, req)
+
+    async def setattr(
+        self, attr: Any, fields: Any, handle: Handle | None, req: RequestContext
+    ) -> Any:
+        """chmod and the modification time are the pin's (its row keeps them); a size,
+        owner or group other than its own is EPERM, an access time alone is ignored."""
+        a = self.attr()
+        if fields.update_size and attr.st_size != a.st_size:
+            fail(errno.EPERM, f"/pins/{self.record.name}: its size cannot change")
+        if (fields.update_uid and attr.st_uid != a.st_uid) or (
+            fields.update_gid and attr.st_gid != a.st_gid
+        ):
+            fail(errno.EPERM, f"/pins/{self.record.name}: its owner cannot change")
+        mode = stat.S_IMODE(attr.st_mode) if fields.update_mode else None
+        mtime = attr.st_mtime_ns if fields.update_mtime else None
+        if mode is not None or mtime is not None:
+            rec = self.record
+            try:
+                got = await self.ctx.run_sync(
+                    pinning.set_attrs, self.ctx.pins, rec.name, rec.created_ns, mode, mtime
+                )
+            except Missing:
+                fail(errno.ENOENT, f"the pin {rec.name} is gone")
+            assert isinstance(got, PinRecord)
+            self.record = got
+        return self.attr()
+
+    async def getxattr(self, name: bytes, req: RequestContext) -> bytes:
+        if name == X_KEY:
+            return str(self.record.key).encode()
+        fail(errno.ENODATA)
+
+    async def listxattr(self, req: RequestContext) -> list[bytes]:
+        return [X_KEY]
+
+    async def setxattr(self, name: bytes, value: bytes, req: RequestContext) -> None:
+        if name == X_KEY:
+            fail(errno.EPERM, f"{X_KEY.decode()} is read-only")
+        fail(errno.ENOTSUP, f"no settable attribute {name!r}")
+
+
+class PinFile(StagedFile):
+    """A new file in /pins (its path there: `pin_path`): one writer only (a second write
+    open would truncate or interleave with the first writer's bytes, and the last close
+    would win)."""
+
+    __slots__ = ("pin_path",)
+
+    def __init__(self, ctx: Context, host: Any, parent: Node, name: bytes, path: bytes, mode: int):
+        super().__init__(ctx, host, name, Algorithm.SHA256, mode=mode)
+        self.parent = parent  # (the directory it is listed in; `host` stores it)
+        self.pin_path = path
+
+    @property
+    def pin_name(self) -> str:
+        return path_text(self.pin_path)
+
+    def file_attrs(self, size: int) -> FileAttrs:
+        return FileAttrs(stat.S_IFREG | self.perm, self.times_ns, size)
+
+    async def open(self, flags: int, req: RequestContext) -> Handle:
+        if wants_write(flags) and self.opens > 0 and not self.writer.closed:
+            fail(errno.EEXIST, f"{self.path} is being written by another open file")
+        return await super().open(flags, req)
+
+    async def settled(self) -> None:
+        """Until no commit of this file is under way (one that was is pinned now, or
+        failed): what a rename, an unlink or a chmod of it then does stays done."""
+        while self.committing:
+            if self.idle is None:
+                self.idle = trio.Event()
+            await self.idle.wait()
+
+    async def setattr(
+        self, attr: Any, fields: Any, handle: Handle | None, req: RequestContext
+    ) -> Any:
+        """Recorded until the content is stored (the pin takes them); once it is (a
+        chmod right after the close, racing the commit of an empty file at release; a
+        descriptor still open), they go to the pin's row too."""
+        out = await super().setattr(attr, fields, handle, req)
+        if not (fields.update_mode or fields.update_mtime):
+            return out
+        await self.settled()
+        if self.key is not None and not self.writer.dirty and not self.unlinked:
+            ctx = self.ctx
+            tree: Tree | None = getattr(self.host, "tree", None)
+            if tree is not None and tree.pending(ctx, self.pin_path):
+                await ctx.pending.drain()
+            await ctx.run_sync(
+                pinning.set_file_attrs,
+                ctx.pins,
+                self.pin_name,
+                self.key,
+                self.perm if fields.update_mode else None,
+                self.times_ns if fields.update_mtime else None,
+            )
+        return out
