@@ -294,6 +294,14 @@ class Fleet:
             "ON CONFLICT (id) DO UPDATE SET n = fleet_epoch.n + 1"
         )
 
+    def bump_epoch(self, conn: Any) -> None:
+        """Inside a write transaction: the epoch moves (a sweep's delete batch that began
+        before re-checks), as a ref or pin change moves it."""
+        conn.execute(
+            "INSERT INTO fleet_epoch (id, n) VALUES (1, 1) "
+            "ON CONFLICT (id) DO UPDATE SET n = fleet_epoch.n + 1"
+        )
+
     def _depends(self, keys: list[bytes], tainted: set[bytes]) -> bool:
         """Whether a publish of `keys` needs one of the `tainted` objects: one of them, or
         (a git object) in its closure, walked whole (a rare path: only after a lapse).

@@ -176,6 +176,9 @@ class Store:
         # absent and saw no put end meanwhile may answer the same until one does.
         self.puts = 0
         self.deleted_hooks: list[Callable[[bytes], None]] = []
+        # called with (raw keys, contents) of every kv put, new or not, right after the
+        # insert (inside its transaction where it has one): e.g. LFS pointers recorded
+        self.put_hooks: list[Callable[[Sequence[bytes], Sequence[bytes]], None]] = []
         # called (in the calling thread) after every put ends and every deletion: what a
         # listing of the store shows may have changed (the daemon's cached listings)
         self.changed_hooks: list[Callable[[], None]] = []
@@ -474,10 +477,12 @@ class Store:
                 elif within is not None or not wait:
                     with self.tx(wait):
                         created = self.kv.put(key.raw, bytes(buf), stamp)
+                        self._put_done((key.raw,), (buf,))
                         if within is not None:
                             within(key)
                 else:
                     created = self.kv.put(key.raw, bytes(buf), stamp)
+                    self._put_done((key.raw,), (buf,))
             except BaseException:
                 pin.release()
                 raise
@@ -1171,7 +1176,12 @@ class Store:
                 first.append(c and raw not in seen)
                 seen.add(raw)
             created = first
+        self._put_done(raws, datas)
         return created
+
+    def _put_done(self, raws: Sequence[bytes], datas: Sequence[bytes | bytearray]) -> None:
+        for hook in self.put_hooks:
+            hook(raws, datas)  # type: ignore[arg-type]  # (read, never kept)
 
     def pin_many(self, raws: builtins.list[bytes]) -> builtins.list[Pin]:
         """In-process pins on many keys (raw bytes) in one locked step: `pin` for each,

@@ -14,34 +14,32 @@ object `/objects/sha256/X`.
 `LfsMedia` is the liveness source of the media:
 
 - **Rows, not a walk.** The table `lfs_pointers` holds (pointer blob, media) for every
-  pointer blob stored. It is filled by `scan`: the kv tier's rows read in arrival order
-  from where the last scan stopped (`meta.lfs_scanned`), only those small enough to be a
-  pointer. The first scan of a store made before the table is the backfill; it is
-  resumable (the position moves with each page's rows, in one transaction). Every put
-  path is covered (import, push, loose writes, another fleet member's), whichever wrote
-  the blob.
+  pointer blob stored: `record`, a put hook of the store, writes them with every kv put
+  of a pointer blob (new or already stored) and moves `pointer_writes` before and after.
+  `scan` reads the kv tier in arrival order from where the last scan stopped
+  (`meta.lfs_scanned`): the backfill of a store made before the table (resumable page
+  by page) and the safety net of a put whose process ended before its row.
 - **The mark** (`live_from`, run by the sweep after every other source): the media of
-  every row whose pointer blob is live (refs, pins, borrowers). One media named by many
-  pointers is one key; a row whose blob is no longer live stops protecting at that mark.
+  every row whose pointer blob is live (refs, pins, borrowers) or pinned now (a push in
+  flight). One media named by many pointers is one key; a row whose blob is gone goes.
   Borrowers' own pointer blobs (commits not pushed) are not in the store: `Roots` adds
   the media they name itself (alkfs/git/borrower.py reads them).
 - **Arbitration** (`contains`, at each delete): a media key the mark found live is live;
-  one it did not find is live anyway when a ref or a root changed since the mark (a ref
-  may now reach an old pointer blob); and `protect` (a protect callback, called before
-  each delete batch) scans what arrived since the mark and keeps the media of every
-  pointer blob among it, live or not. A pointer pushed between a sweep's mark and its
-  delete therefore keeps its media.
-- A row whose pointer blob was deleted goes at the next mark.
+  one it did not find is live anyway when a pointer was put, or a ref or a root changed,
+  since the mark (the refs' and roots' own sources answer the same for every key); the
+  media of pointers a scan found since the mark are protected (`protect`). In a fleet a
+  pointer put moves the fleet's epoch, which every delete batch compares.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import subprocess
 import tempfile
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -53,6 +51,8 @@ from .tables import Tables
 
 if TYPE_CHECKING:
     from ..store import Store
+
+log = logging.getLogger("alkfs")
 
 SCAN_PAGE = 50_000  # arrival numbers a scan reads per transaction
 SCANNED = "lfs_scanned"
@@ -76,15 +76,59 @@ class LfsMedia:
         self._since_mark: set[bytes] = set()
         self._mem_seen: set[bytes] = set()  # (a memory store: the kv keys already scanned)
         self.scanned_rows = 0  # rows the scans read (tests, status)
+        self.pointer_writes = 0  # moved by every put of a pointer blob, new or not
+        store.put_hooks.append(self.record)
+        if store.threshold < STORED_MAX and store.mode != "mem":
+            log.warning(
+                "the store's threshold (%d bytes) keeps git-lfs pointer blobs as files: "
+                "they do not keep their media alive (docs/lfs.md)",
+                store.threshold,
+            )
+
+    # -- rows written with the pointer blob ------------------------------------------------
+    def record(self, raws: Sequence[bytes], datas: Sequence[bytes]) -> None:
+        """A put hook: the pointer blobs among a put's objects, new or already stored,
+        get their rows (in the put's transaction where it has one), and the pointer
+        counter moves before and after them: a sweep's delete in between answers live
+        for media its mark did not find (`contains`). In a fleet the epoch moves too
+        (every member's delete batch then re-checks)."""
+        found = [
+            (raw, media)
+            for raw, data in zip(raws, datas, strict=True)
+            if len(data) <= STORED_MAX
+            and data[:5] == b"blob "
+            and _GIT_LO <= raw[:1] < _GIT_HI
+            and (media := media_of(bytes(data))) is not None
+        ]
+        if not found:
+            return
+        with self._lock:
+            self.pointer_writes += 1
+        with self.tables.tx() as conn:
+            for row in found:
+                conn.execute(
+                    "INSERT INTO lfs_pointers (blob, media) VALUES (?, ?) "
+                    "ON CONFLICT (blob) DO NOTHING",
+                    row,
+                )
+            if self.store.fleet is not None:
+                self.store.fleet.bump_epoch(conn)
+        with self._lock:
+            self.pointer_writes += 1
+            self._since_mark.update(media for _blob, media in found)
 
     # -- rows -------------------------------------------------------------------------
-    def scan(self) -> list[tuple[bytes, bytes]]:
-        """Record the pointer blobs that arrived since the last scan; returns the
-        (blob, media) rows found by this one."""
+    def scan(self) -> set[bytes]:
+        """Record the pointer blobs that arrived since the last scan (a store made before
+        the rows, a put the process did not end); returns the media they name, which are
+        also protected until the next mark."""
         with self._scan_lock:
-            if self.store.db is None:
-                return self._scan_memory()
-            return self._scan_db()
+            found = self._scan_memory() if self.store.db is None else self._scan_db()
+        media = {m for _blob, m in found}
+        if media:
+            with self._lock:
+                self._since_mark |= media
+        return media
 
     def _scan_db(self) -> list[tuple[bytes, bytes]]:
         store = self.store
@@ -93,7 +137,8 @@ class LfsMedia:
         a = db.arrival
         top = store.kv.high_water()  # type: ignore[union-attr]
         found: list[tuple[bytes, bytes]] = []
-        pos = self._position()
+        pos = min(self._position(), top)  # (rows deleted from the top, or a migrated
+        # store's arrival numbers: a position past the top would skip what comes next)
         while pos < top:
             store.check_stopping()
             end = min(top, pos + SCAN_PAGE)
@@ -169,14 +214,23 @@ class LfsMedia:
         has = self.store.has_raw
         gone = [blob for blob, _media in rows if blob not in live and not has(blob)]
         if gone:
+            # (in the transaction: a blob stored again meanwhile keeps its row)
+            absent = (
+                ""
+                if self.store.db is None
+                else (" AND NOT EXISTS (SELECT 1 FROM blobs WHERE key = ?)")
+            )
             with self.tables.tx() as conn:
                 for blob in gone:
-                    conn.execute("DELETE FROM lfs_pointers WHERE blob = ?", (blob,))
+                    conn.execute(
+                        f"DELETE FROM lfs_pointers WHERE blob = ?{absent}",
+                        (blob, blob) if absent else (blob,),
+                    )
             self._mem_seen.difference_update(gone)
 
     # -- the liveness source ------------------------------------------------------------
     def _epoch(self) -> tuple[int, ...]:
-        return tuple(c() for c in self.counters)
+        return (self.pointer_writes, *(c() for c in self.counters))
 
     def live_keys(self) -> set[bytes]:
         return set()  # (the media follow the other sources: see `live_from`)
@@ -189,16 +243,24 @@ class LfsMedia:
         self.scan()
         rows = self.rows()
         keys = {media for blob, media in rows if blob in live}
-        self._drop_gone(rows, live)
+        # a pointer blob pinned now (a push in flight, until its ref commits) keeps its
+        # media too: the ref that will name it may come after this mark
+        rest = [blob for blob, media in rows if media not in keys]
+        pinned = self.store.arbiter.pinned_keys()
+        held = {blob for blob in rest if blob in pinned}
+        fleet = self.store.fleet
+        if fleet is not None and rest:
+            held |= fleet.pinned_elsewhere(rest)
+        keys |= {media for blob, media in rows if blob in held}
+        self._drop_gone(rows, live | held)
         with self._lock:
             self._memo = (epoch, keys)
         return keys
 
     def protect(self) -> set[bytes]:
         """The media of every pointer blob that arrived since the mark (live or not)."""
-        found = self.scan()
+        self.scan()
         with self._lock:
-            self._since_mark |= {media for _blob, media in found}
             return set(self._since_mark)
 
     def contains(self, key: bytes) -> bool:
@@ -281,9 +343,12 @@ def import_media(store: Store, gitdir: str) -> tuple[int, int, list[str], list[A
     dirs = media_dirs(gitdir)
     for oid in sorted(source_pointers(gitdir)):
         key = Key.from_hex(Algorithm.SHA256, oid)
+        pin = store.pin(key)  # (what is present stays so until the refs commit)
         if store.has(key):
+            pins.append(pin)
             present += 1
             continue
+        pin.release()
         path = next((p for d in dirs if (p := d / oid[:2] / oid[2:4] / oid).is_file()), None)
         if path is None:
             missing.append(oid)
@@ -325,7 +390,9 @@ def copy_media_into(mount: Path, repo_id: str, gitdir: str) -> tuple[int, int, l
     dirs = media_dirs(gitdir)
     lfs_dir = mount / "repos" / repo_id / "lfs"
     for oid in sorted(source_pointers(gitdir)):
-        if (mount / "objects" / "sha256" / oid).exists():
+        # (looked up in the repository's lfs view, as git-lfs does: the daemon keeps a
+        # medium it finds staged for deletion until the push grace after we exit)
+        if (lfs_dir / "objects" / oid[:2] / oid[2:4] / oid).exists():
             present += 1
             continue
         path = next((p for d in dirs if (p := d / oid[:2] / oid[2:4] / oid).is_file()), None)

@@ -14,11 +14,11 @@ repositories one deduplicated media store, and `git lfs prune` there finds nothi
 delete. `/repos/<id>/lfs` is the same view inside a repository, for git-lfs's transfer
 to a `file://` remote.
 
-Media written here stays pinned for the push grace (alkfsd --push-grace): in
-/repos/<id>/lfs it joins the writing process's session of that repository (released
-when a ref of it commits, as a push's objects are), in /lfs a session of its own
-(released after the grace once the writer has exited). git-lfs uploads before git
-pushes, so a sweep between the two must not take the media.
+Media written here stay pinned until the push grace (alkfsd --push-grace) has passed
+since their writer exited, in a session of their own per view that no ref write ends:
+git-lfs uploads before git pushes, and another push to the repository must not end
+them. A medium looked up here while staged for deletion is pinned the same way (git-lfs
+looks before it decides not to upload).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from alkfs.keys import Algorithm, Key
 from ..errors import fail
 from ..staging.overlay import ScratchOverlay
 from ..staging.scratch import SCRATCH_TIMEOUT, ScratchDir, ScratchFile
-from ..staging.writes import RepoKey, pid_of, repo_key
+from ..staging.writes import RepoKey, pid_of
 from .base import DYNAMIC_TIMEOUT, Dir, Emit, Node
 from .handles import DirHandle, Handle
 from .listing import Entries, readdir_snapshot
@@ -68,7 +68,12 @@ class LfsDir(Dir):
         self.overlay = ScratchOverlay(self)
 
     def session(self) -> RepoKey:
-        return LFS_SESSION if self.repo is None else repo_key(self.repo)
+        """Where media written or found here are pinned: a session no ref write ends
+        (the push grace after the writer exited ends it): git-lfs's upload agent exits
+        before git pushes, and another push to the repository must not end its pins."""
+        if self.repo is None:
+            return LFS_SESSION
+        return (f"lfs:{self.repo.id}", self.repo.created_ns)
 
     def scratch(self) -> ScratchOverlay:
         return self.overlay
@@ -121,8 +126,9 @@ class LfsDir(Dir):
 
     async def rmdir(self, name: bytes, req: RequestContext) -> None:
         if name == b"tmp":
-            self.tmp().destroy()  # (emptied: git-lfs's cleanup; the directory stays)
-            return
+            if self.tmp().entries:  # (shared by every writer of this view)
+                fail(errno.ENOTEMPTY)
+            return  # (empty: the directory stays, as git-lfs makes it again anyway)
         if name == b"objects":
             fail(errno.EPERM, "the store's objects are removed by its sweeps")
         if not self.overlay.rmdir(name):
@@ -188,7 +194,9 @@ class LfsFanDir(Dir):
             return LfsFanDir(self.ctx, self, self.top, self.xx, name)
         key = self.key_of(name)
         if key is not None:
-            st = await self.ctx.run_sync(self.ctx.store.stat, key)
+            st, pin = await self.ctx.run_sync(_stat_and_hold, self.ctx, key)
+            if pin is not None:
+                self.ctx.writes.hold(self.top.session(), pid_of(req), pin)
             if st is not None:
                 return MediaFile.fresh(self.ctx, self, st)
         node = self.overlay.lookup(name)
@@ -251,14 +259,33 @@ class LfsFanDir(Dir):
         return None
 
 
+def _stat_and_hold(ctx: Context, key: Key) -> tuple[ObjectStat | None, Any]:
+    """The medium's attributes, and a pin on it if a sweep staged it for deletion: git-lfs
+    looks a medium up before it decides not to upload it, and the pointer that names it
+    comes with the push after that (the pin lasts the push grace)."""
+    store = ctx.store
+    st = store.stat(key)
+    if st is None or store.window.visible_after(key.raw) is None:
+        return st, None
+    pin = store.pin(key)
+    if not store.has(key):  # (deleted meanwhile)
+        pin.release()
+        return None, None
+    return st, pin
+
+
 async def _drop_later(node: ScratchFile) -> None:
     """The temporary file's bytes go once the kernel has let go of its entry under the
     media's name (until then it shows the renamed inode: SCRATCH_TIMEOUT), not at the
     daemon's end as a loose object's do: media may be gigabytes."""
     await trio.sleep(SCRATCH_TIMEOUT + 1.0)
     if node.names <= 0:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(node.disk)
+        await node.ctx.run_sync(_unlink, node.disk)
+
+
+def _unlink(path: Any) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
 
 
 def _store_media(ctx: Context, node: ScratchFile, key: Key) -> Any:

@@ -119,7 +119,10 @@ def test_two_repositories_store_media_once_and_prune_in_shared_storage_deletes_n
     assert status(mount)["objects"]["sha256"]["count"] == 4
 
 
-def test_sweeps_keep_referenced_media_and_drop_it_after_its_last_branch(mount, tmp_path, lfs_env):
+def test_sweeps_keep_referenced_media_and_drop_it_after_its_last_branch(
+    start_mount, tmp_path, lfs_env
+):
+    mount = start_mount(None, "--window", "0", "--push-grace", "1s")
     keep, drop, both = os.urandom(100_000), os.urandom(100_001), os.urandom(100_002)
     w = work(lfs_env, tmp_path / "w", {"keep.bin": keep, "both.bin": both})
     git(lfs_env, "checkout", "-q", "-b", "side", cwd=w)
@@ -130,6 +133,7 @@ def test_sweeps_keep_referenced_media_and_drop_it_after_its_last_branch(mount, t
     for repo, src, refs in (("r", w, ("main", "side")), ("o", other, ("main",))):
         os.mkdir(mount.path("repos", repo))
         git(lfs_env, "push", f"file://{mount.path('repos', repo)}", *refs, cwd=src)
+    time.sleep(2.5)  # the uploads' push grace is over: only the pointers keep the media
     for _ in range(3):
         assert sweep(mount)["aborted"] is None
     assert all(stored(mount, c) for c in (keep, drop, both))
@@ -155,6 +159,9 @@ def test_media_uploaded_before_the_push_survives_sweeps_within_the_push_grace(
     remote = f"file://{mount.path('repos', 'r')}"
     git(lfs_env, "lfs", "push", "--object-id", remote, oid(content), cwd=w)  # media only
     assert stored(mount, content)
+    # another push to the same repository (a ref written) does not end the media's grace
+    other = work(lfs_env, tmp_path / "other", {"o.bin": os.urandom(1000)})
+    git(lfs_env, "push", remote, "main:refs/heads/other", cwd=other)
     for _ in range(3):
         sweep(mount)
     assert stored(mount, content)  # (the window is 0: the push grace keeps it)
@@ -281,12 +288,13 @@ def test_a_fleet_media_pushed_through_one_member_swept_through_the_other(
     the member that did not see the push keep the media while a ref reaches it, and drop
     it two sweeps after the branch is deleted through the first."""
     store = tmp_path / "store"
-    m1 = start_pg_mount(store, "--window", "0", mnt=tmp_path / "mnt1")
-    m2 = start_pg_mount(store, "--window", "0", "--push-grace", "0", mnt=tmp_path / "mnt2")
+    m1 = start_pg_mount(store, "--window", "0", "--push-grace", "1s", mnt=tmp_path / "mnt1")
+    m2 = start_pg_mount(store, "--window", "0", mnt=tmp_path / "mnt2")
     content = os.urandom(250_000)
     w = work(lfs_env, tmp_path / "w", {"m.bin": content})
     os.mkdir(m1.path("repos", "r"))
     git(lfs_env, "push", f"file://{m1.path('repos', 'r')}", "main", cwd=w)
+    time.sleep(2.5)  # the upload's push grace is over: only the pointer keeps the media
     for _ in range(3):
         assert sweep(m2)["aborted"] is None
     assert m2.path("objects", "sha256", oid(content)).read_bytes() == content
@@ -296,3 +304,18 @@ def test_a_fleet_media_pushed_through_one_member_swept_through_the_other(
     assert not stored(m2, content)
     for m in (m1, m2):
         assert m.tracebacks() == [], m.all_logs()
+
+
+def test_a_staged_medium_looked_up_through_a_repository_stays_for_the_push_grace(mount):
+    """git-lfs looks a medium up before it decides not to upload it (the server has it),
+    and the pointer comes with the push after: a staged medium found there is kept."""
+    content = os.urandom(5000)
+    with open(mount.path("objects", "sha256", "new"), "wb") as f:
+        f.write(content)
+    os.mkdir(mount.path("repos", "r"))
+    sweep(mount)  # staged: nothing names it
+    h = oid(content)
+    assert mount.path("repos", "r", "lfs", "objects", h[:2], h[2:4], h).stat().st_size == 5000
+    for _ in range(3):
+        sweep(mount)
+    assert mount.path("objects", "sha256", h).read_bytes() == content

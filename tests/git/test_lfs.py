@@ -189,3 +189,80 @@ def test_a_borrowers_own_pointer_keeps_media_not_pushed(make_repo, app: Alkfs):
     app.store.sweep(0)
     app.store.sweep(0)
     assert not app.store.has(key)
+
+
+def _pointer_object(content: bytes) -> bytes:
+    body = pointer_text(hashlib.sha256(content).hexdigest(), len(content))
+    return b"blob %d\0" % len(body) + body
+
+
+def test_a_pointer_blob_pinned_by_a_push_in_flight_keeps_its_media(app: Alkfs):
+    """The push's pointer blob is stored and pinned, its ref not written yet, when the
+    sweep that would delete the (staged) media runs."""
+    media = os.urandom(3000)
+    key = app.store.add(media)
+    app.store.sweep(0)  # staged
+    result = app.store.put(_pointer_object(media), algo=Algorithm.GIT_SHA1)  # held
+    try:
+        for _ in range(3):
+            app.store.sweep(0)
+        assert app.store.get(key) == media
+    finally:
+        result.pin.release()
+
+
+def test_a_staged_pointer_blob_sent_again_keeps_its_media(app: Alkfs):
+    """A branch deleted (pointer and media staged together), then pushed again while a
+    sweep runs: the pointer blob is put again (a dedup) and pinned; the media stay."""
+    media = os.urandom(3000)
+    key = app.store.add(media)
+    pointer = app.store.add(_pointer_object(media), algo=Algorithm.GIT_SHA1)
+    staged = app.store.window.visible_after
+    for _ in range(3):  # until both are staged (an arrival's media wait one sweep more)
+        if staged(key.raw) is not None and staged(pointer.raw) is not None:
+            break
+        app.store.sweep(3600)
+    assert staged(key.raw) is not None and staged(pointer.raw) is not None
+    fired = []
+    calls = []
+
+    def push_again():  # at the delete batch, after the mark: the same pointer again
+        calls.append(1)
+        if len(calls) == 2:  # (the first call is the mark's)
+            fired.append(app.store.put(_pointer_object(media), algo=Algorithm.GIT_SHA1))
+        return ()
+
+    token = app.store.arbiter.register_protect(push_again)
+    try:
+        app.store.sweep(0, expire_now=True)  # both due now
+    finally:
+        app.store.unregister(token)
+    try:
+        assert fired and app.store.has(pointer) and app.store.get(key) == media
+    finally:
+        fired[0].pin.release()
+
+
+def test_a_pointer_stored_inside_a_delete_batch_keeps_its_media(app: Alkfs, monkeypatch):
+    """A pointer stored after the batch's protect snapshot, just before the media's
+    arbitration: the media stay, the other (non-sha256) candidates of the batch go."""
+    media = os.urandom(3000)
+    others = [app.store.add(os.urandom(100), algo=Algorithm.BLAKE3) for _ in range(3)]
+    key = app.store.add(media)
+    app.store.sweep(0)
+    held = []
+    arbiter = app.store.arbiter
+    real = arbiter.arbitrate
+
+    def arbitrate(raw, protected=None):
+        if raw == key.raw and not held:
+            held.append(app.store.put(_pointer_object(media), algo=Algorithm.GIT_SHA1))
+        return real(raw, protected)
+
+    monkeypatch.setattr(arbiter, "arbitrate", arbitrate)
+    app.store.sweep(0)
+    try:
+        assert held and app.store.get(key) == media
+        assert not any(app.store.has(k) for k in others)
+    finally:
+        held[0].pin.release()
