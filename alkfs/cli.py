@@ -298,6 +298,14 @@ def window_arg(text: str) -> float:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def pin_key(path: Path) -> Key:
+    """The key a pin under MNT/pins names: a symbolic link's target, or a pin written as a
+    file's `user.alkfs.key` (`<algo>/<hex>`)."""
+    if path.is_symlink():
+        return key_from_link(os.readlink(path))
+    return key_from_link(os.getxattr(path, "user.alkfs.key").decode())
+
+
 def key_from_link(target: str) -> Key:
     """The key a pin symlink (`../objects/<algo>/<hex>`) points at."""
     parts = target.rstrip("/").split("/")
@@ -558,24 +566,27 @@ class MountTarget:
 
     def unpin(self, name: str) -> Key:
         with through(f"unpin {name}", ENOENT=f"no pin {name!r}"):
-            key = key_from_link(os.readlink(self.root / "pins" / name))
+            key = pin_key(self.root / "pins" / name)
             os.unlink(self.root / "pins" / name)
         return key
 
     def pins(self) -> list[tuple[str, Key]]:
+        """Every pin, by its path under /pins (directories of pins walked)."""
         pins_dir = self.root / "pins"
         out = []
         with through("pins"):
-            names = os.listdir(pins_dir)
-        for name in names:
-            try:
-                target = os.readlink(pins_dir / name)
-            except FileNotFoundError:
-                continue  # unpinned while we listed
-            except OSError as exc:
-                with through(f"pins/{name}"):
-                    raise exc
-            out.append((name, key_from_link(target)))
+            os.listdir(pins_dir)
+        for top, _dirs, names in os.walk(pins_dir):  # (symbolic links are not followed)
+            for leaf in names:
+                path = Path(top, leaf)
+                try:
+                    key = pin_key(path)
+                except FileNotFoundError:
+                    continue  # unpinned while we listed
+                except OSError as exc:
+                    with through(f"pins/{path.relative_to(pins_dir)}"):
+                        raise exc
+                out.append((str(path.relative_to(pins_dir)), key))
         return sorted(out)
 
     def roots_add(self, name: str, path: str) -> None:

@@ -460,19 +460,19 @@ def test_the_cli_puts_pins_and_unpins_through_the_mount(mount, tmp_path):
     assert pins(m) == {"by-cli": file_of(SMALL)}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="alkfs/cli.py (MountTarget.unpin, .pins) reads a pin with readlink: a pin "
-    "written as a file is a regular file, whose key is its user.alkfs.key",
-)
 def test_the_cli_unpins_and_lists_a_pin_written_as_a_file_through_the_mount(mount, tmp_path):
     m = mount
     alkfs = Path(sys.executable).parent / "alkfs"
     f = tmp_path / "file"
     f.write_bytes(SMALL)
     key = run(alkfs, "--mount", m.mnt, "put", "--pin", "by-cli", f).strip()
-    assert run(alkfs, "--mount", m.mnt, "pins") == f"by-cli {key}\n"
-    run(alkfs, "--mount", m.mnt, "unpin", "by-cli")
+    os.mkdir(m.path("pins", "dir"))
+    (m.path("pins", "dir", "My File")).write_bytes(SMALL)  # a pin in a directory of pins
+    listed = run(alkfs, "--mount", m.mnt, "pins")
+    assert listed == f"by-cli {key}\ndir/My File {key}\n", listed
+    assert run(alkfs, "--mount", m.mnt, "unpin", "by-cli").strip().endswith(key)
+    assert run(alkfs, "--mount", m.mnt, "unpin", "dir/My File").strip().endswith(key)
+    os.rmdir(m.path("pins", "dir"))  # (now empty)
     assert pins(m) == {}
 
 
