@@ -839,8 +839,12 @@ class Pins:
         found = self.entry(name)
         return found if isinstance(found, PinRecord) else None
 
-    def names_for(self, key: Key) -> builtins.list[str]:
-        rows = self.tables.read("SELECT name FROM pins WHERE key = ? ORDER BY name", (key.raw,))
+    def names_for(self, key: Key, limit: int | None = None) -> builtins.list[str]:
+        """The names of the pins of `key`, in name order (the first `limit` of them)."""
+        sql = "SELECT name FROM pins WHERE key = ? ORDER BY name"
+        if limit is not None:
+            sql += f" LIMIT {int(limit)}"
+        rows = self.tables.read(sql, (key.raw,))
         return [n for (n,) in rows]
 
     def __len__(self) -> int:

@@ -17,6 +17,7 @@ from pyfuse3 import RequestContext
 from alkfs.errors import Corrupt
 from alkfs.git.objects import MAX_HEADER, parse_header
 from alkfs.keys import Key
+from alkfs.pins import valid_pin_name
 from alkfs.store import ObjectStat
 
 from ..errors import fail
@@ -39,6 +40,8 @@ X_SIZE = b"user.alkfs.size"
 X_TIER = b"user.alkfs.tier"
 X_GIT_TYPE = b"user.alkfs.git.type"
 X_PINS = b"user.alkfs.pins"
+PINS_LISTED = 256  # pin names an object's xattrs show at most
+PINS_VALUE_MAX = 16 << 10  # bytes of user.alkfs.pins at most (the kernel's limit: 64 KiB)
 X_PIN = b"user.alkfs.pin."
 READ_ONLY_XATTRS = (X_ALGO, X_SIZE, X_TIER, X_GIT_TYPE, X_PINS)
 OBJECT_MODE = stat.S_IFREG | 0o444
@@ -192,7 +195,21 @@ class ObjectFile(File):
 
     # -- extended attributes -----------------------------------------------------------------
     def _pin_names(self) -> list[str]:
-        return sorted(str(n) for n in self.ctx.pins.names_for(self.key))
+        """The first PINS_LISTED names of its pins: an object may be pinned by thousands of
+        paths (the empty file in a backup tree), and an xattr list or value over 64 KiB
+        fails for the reader (E2BIG) with cp -a, rsync -X or getfattr -d."""
+        return [str(n) for n in self.ctx.pins.names_for(self.key, PINS_LISTED)]
+
+    def _pins_value(self, names: list[str]) -> bytes:
+        """user.alkfs.pins: the names, comma-separated, at most PINS_VALUE_MAX bytes (then
+        `,...` after the last whole name)."""
+        out = b""
+        for n in names:
+            part = (b"," if out else b"") + n.encode("utf-8", "surrogateescape")
+            if len(out) + len(part) > PINS_VALUE_MAX:
+                return out + b",..."
+            out += part
+        return out + (b",..." if len(names) >= PINS_LISTED else b"")
 
     def _git_type(self) -> str:
         store = self.ctx.store
@@ -213,7 +230,8 @@ class ObjectFile(File):
         if self.key.algo.is_git:
             names.append(X_GIT_TYPE)
         names.append(X_PINS)
-        names += [X_PIN + n.encode() for n in self._pin_names()]
+        # (the xattr form's names only: a pin path with '/' or odd bytes is no xattr name)
+        names += [X_PIN + n.encode() for n in self._pin_names() if valid_pin_name(n)]
         return names
 
     async def getxattr(self, name: bytes, req: RequestContext) -> bytes:
@@ -226,7 +244,7 @@ class ObjectFile(File):
         if name == X_GIT_TYPE and self.key.algo.is_git:
             return self._git_type().encode()
         if name == X_PINS:
-            return ",".join(self._pin_names()).encode()
+            return self._pins_value(self._pin_names())
         if name.startswith(X_PIN):
             pin_name = name[len(X_PIN) :].decode("utf-8", "surrogateescape")
             rec = self.ctx.pins.get(pin_name)

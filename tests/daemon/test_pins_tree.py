@@ -445,3 +445,22 @@ def test_a_file_acknowledged_ahead_of_its_commit_keeps_its_mode_and_time(start_m
     st = os.lstat(m.path("pins", "d", "f"))
     assert (st.st_mode, st.st_mtime_ns) == (0o100600, T0)
     assert m.path("pins", "d", "f").read_bytes() == b"acknowledged\n"
+
+
+def test_an_object_pinned_by_many_paths_keeps_readable_bounded_xattrs(mount):
+    """The empty file of a backup tree, pinned under hundreds of long paths: its xattrs
+    list and read within the kernel's 64 KiB (cp -a, rsync -X, getfattr -d), naming the
+    first pins, xattr-form names only in the list."""
+    m = mount
+    d = m.path("pins", "backup dir with a long name " + "x" * 100)
+    os.mkdir(d)
+    for i in range(400):
+        (d / (f"an empty file with a long name number {i:04d} " + "y" * 120)).write_bytes(b"")
+    (m.path("pins", "a-plain-name")).write_bytes(b"")
+    obj = m.path("objects", "sha256", sha(b""))
+    names = os.listxattr(obj)  # (E2BIG if the list were over 64 KiB)
+    assert "user.alkfs.pin.a-plain-name" in names
+    assert not any("/" in n for n in names)
+    value = os.getxattr(obj, "user.alkfs.pins")
+    assert len(value) <= 16 << 10 and value.endswith(b",...")
+    assert subprocess.run(["getfattr", "-d", str(obj)], capture_output=True).returncode == 0
