@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import stat
 import subprocess
 import time
 from pathlib import Path
@@ -113,6 +114,44 @@ def put(m, data: bytes) -> str:
     finally:
         os.close(fd)
     return sha(data)
+
+
+PIN_KEY_XATTR = "user.alkfs.key"
+
+
+def pin_key(path: str | bytes | os.PathLike) -> str:
+    """The key (`<algo>/<hex>`) of the pin at `path` under a mount's /pins, of either kind
+    (SPEC 3.5): a symlink made by `ln -s`/setfattr/the CLI names it by its target, a pin
+    written as a file (a regular file) holds it in `user.alkfs.key`."""
+    st = os.lstat(path)
+    if stat.S_ISLNK(st.st_mode):
+        algo, hexd = os.fsdecode(os.readlink(path)).split("/")[-2:]
+        return f"{algo}/{hexd}"
+    assert stat.S_ISREG(st.st_mode), f"{path!r} is no pin: {st}"
+    return os.getxattr(path, PIN_KEY_XATTR).decode()
+
+
+def pin_target(path: str | bytes | os.PathLike) -> str:
+    """What the pin at `path` names as a link target, for either kind: a symlink's own
+    target (`os.readlink`), or for a pin written as a file the target a link in its place
+    would have, built from `user.alkfs.key`: `../objects/<algo>/<hex>` with one `../` more
+    per directory of pins it is in."""
+    st = os.lstat(path)
+    if stat.S_ISLNK(st.st_mode):
+        return os.fsdecode(os.readlink(path))
+    return "../" * _depth_in_pins(path) + "../objects/" + pin_key(path)
+
+
+def _depth_in_pins(path: str | bytes | os.PathLike) -> int:
+    """How many directories of pins hold `path` (0 for MNT/pins/<name>): the levels up to
+    the `pins` directory at the root of a mount."""
+    here = os.path.dirname(os.path.abspath(os.fsdecode(path)))
+    depth = 0
+    while not (os.path.basename(here) == "pins" and os.path.ismount(os.path.dirname(here))):
+        up = os.path.dirname(here)
+        assert up != here, f"{path!r} is not under a mount's /pins"
+        here, depth = up, depth + 1
+    return depth
 
 
 def open_fds(pid: int) -> dict[int, str]:

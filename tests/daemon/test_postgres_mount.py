@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import cat, cp, git, put, sha, status, sweep
+from helpers import cat, cp, git, pin_target, put, sha, status, sweep
 
 ALKFSD = str(Path(sys.executable).with_name("alkfsd"))
 SMALL = b"a small object kept in PostgreSQL\n"
@@ -57,7 +57,7 @@ def test_small_and_large_files_go_in_and_come_back_byte_identical(pg_mount, tmp_
     assert cat(m.path("pins", "small-one")) == SMALL
     assert cat(m.path("objects", "sha256", sha(SMALL))) == SMALL
     assert cat(m.path("objects", "sha256", sha(LARGE))) == LARGE
-    assert os.readlink(m.path("pins", "small-one")) == f"../objects/sha256/{sha(SMALL)}"
+    assert pin_target(m.path("pins", "small-one")) == f"../objects/sha256/{sha(SMALL)}"
     assert sorted(os.listdir(m.path("objects", "sha256"))) == sorted([sha(SMALL), sha(LARGE)])
     assert os.getxattr(m.path("objects", "sha256", sha(LARGE)), "user.alkfs.tier") == b"large"
     assert os.getxattr(m.path("objects", "sha256", sha(SMALL)), "user.alkfs.tier") == b"kv"

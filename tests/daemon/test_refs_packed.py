@@ -13,7 +13,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from helpers import GIT_ENV, git, git_out
+from helpers import GIT_ENV, git, git_out, pin_target
 
 from alkfs.app import Alkfs
 from alkfs.git.importer import import_repo
@@ -369,7 +369,7 @@ def test_rm_r_of_a_repository_removes_it_and_two_sweeps_collect_what_only_it_kep
     mnt = m.mnt
     pinned = mnt / "pins" / "keep"
     pinned.write_bytes(b"a pinned object\n")
-    pinned_target = os.readlink(pinned)
+    pinned_target = pin_target(pinned)
 
     subprocess.run(["rm", "-r", str(mnt / "repos" / "b")], check=True, timeout=120)
     assert not (mnt / "repos" / "b").exists()
@@ -380,7 +380,7 @@ def test_rm_r_of_a_repository_removes_it_and_two_sweeps_collect_what_only_it_kep
     assert not (loose / only_b[:2] / only_b[2:]).exists()
     assert not (loose / blob_b[:2] / blob_b[2:]).exists()
     assert (loose / shared[:2] / shared[2:]).exists()  # repository a still keeps it
-    assert os.readlink(pinned) == pinned_target
+    assert pin_target(pinned) == pinned_target
     assert pinned.read_bytes() == b"a pinned object\n"
     check = subprocess.run(
         ["git", "--git-dir", str(mnt / "repos" / "a"), "fsck", "--full"],

@@ -7,7 +7,9 @@ must agree with a model of what is live (SPEC §1 "Pins and liveness", §3):
 
 - every live object (pinned, in a pinned git object's closure, or reachable from a ref)
   reads back byte-identical through /objects/<algo>/<hex>;
-- /pins lists exactly the model's pins, each a symlink to its object;
+- /pins lists exactly the model's pins, each naming its object (SPEC 3.5): one written as a
+  file is a regular file of the object's size (its key in user.alkfs.key), one made by
+  `ln -s` or setxattr a symlink to it;
 - every ref and HEAD reads its model value, packed-refs lists exactly the model's refs,
   /repos lists the model's repositories, and `status` counts them;
 - no operation fails with an errno the model did not expect.
@@ -28,6 +30,7 @@ import hashlib
 import itertools
 import json
 import os
+import stat
 import subprocess
 import sys
 import time
@@ -36,7 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from helpers import git, git_out
+from helpers import git, git_out, pin_target
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -171,6 +174,7 @@ class MountModel(RuleBasedStateMachine):
         self.counter = itertools.count()
         self.objects: dict[tuple[str, str], Obj] = {}
         self.pins: dict[str, tuple[str, str]] = {}  # name -> object ident
+        self.pin_files: set[str] = set()  # the pins written as files (the others: links)
         self.repos: dict[str, Repo] = {}
         s = status(self.mnt)
         self.base_pins, self.base_repos = s["pins"], s["repos"]
@@ -187,6 +191,7 @@ class MountModel(RuleBasedStateMachine):
             done = subprocess.run(["rm", "-r", str(self.mnt / "repos" / repo)], capture_output=True)
             assert (done.returncode, done.stderr) == (0, b"")
         self.pins.clear()
+        self.pin_files.clear()
         self.repos.clear()
         s = status(self.mnt)
         assert (s["pins"], s["repos"]) == (self.base_pins, self.base_repos)
@@ -295,14 +300,16 @@ class MountModel(RuleBasedStateMachine):
         data = self.fresh("pinned", large)
         path = self.mnt / "pins" / pin
         if pin in self.pins:
-            # a pin is written once: the link reaches the object (EPERM), or an exclusive
-            # create finds the name taken (EEXIST); nothing changes
+            # a pin is written once: a pin written as a file is immutable and a link
+            # reaches the object (EPERM), or an exclusive create finds the name taken
+            # (EEXIST); nothing changes
             assert errno_of(write_new, path, data, os.O_TRUNC) == errno.EPERM
             assert errno_of(write_new, path, data) == errno.EEXIST
             return
         write_new(path, data)
         obj = self.add(Obj("sha256", digest("sha256", data), data))
         self.pins[pin] = obj.ident
+        self.pin_files.add(pin)  # shown as a regular file
 
     @rule(data=st.data(), parent=st.booleans(), ref=st.sampled_from((None, *REF_POOL)))
     def loose_commit(self, data, parent: bool, ref: str | None) -> None:
@@ -380,6 +387,7 @@ class MountModel(RuleBasedStateMachine):
             return
         call[0](*call[1:])
         self.pins[pin] = obj.ident  # (a staged delete is cancelled only if still pinned then)
+        # a new pin is a link; the xattr form on a pin of the same object changes nothing
 
     @precondition(lambda self: self.pins)
     @rule(data=st.data(), how=st.sampled_from(["rm", "xattr"]))
@@ -391,6 +399,7 @@ class MountModel(RuleBasedStateMachine):
         else:
             os.removexattr(self.opath(self.objects[self.pins[pin]]), PIN_X + pin)
         del self.pins[pin]
+        self.pin_files.discard(pin)
 
     @precondition(lambda self: self.pins)
     @rule(data=st.data(), new=st.integers(0, PIN_POOL - 1))
@@ -400,6 +409,10 @@ class MountModel(RuleBasedStateMachine):
         target = self.pin_names[new]
         os.rename(self.mnt / "pins" / old, self.mnt / "pins" / target)
         self.pins[target] = self.pins.pop(old)  # over an existing pin: replaces it
+        was_file = old in self.pin_files  # (the entry moves: a file stays a file)
+        self.pin_files -= {old, target}
+        if was_file:
+            self.pin_files.add(target)
 
     # -- repositories and refs ------------------------------------------------------
     @rule(i=st.integers(0, REPO_POOL - 1))
@@ -476,9 +489,12 @@ class MountModel(RuleBasedStateMachine):
         obj = data.draw(st.sampled_from(objs))
         path = self.opath(obj)
         if view == "pin":
-            names = sorted(n for n, i in self.pins.items() if i == obj.ident)
+            # utime follows a link (a pin written as a file takes the time as its own)
+            names = sorted(
+                n for n, i in self.pins.items() if i == obj.ident and n not in self.pin_files
+            )
             if names:
-                path = self.mnt / "pins" / names[0]  # utime follows the link
+                path = self.mnt / "pins" / names[0]
         elif view == "loose" and obj.algo == "git-sha1":
             path = self.mnt / "git" / "sha1" / obj.hex[:2] / obj.hex[2:]
         os.utime(path)
@@ -534,7 +550,14 @@ class MountModel(RuleBasedStateMachine):
         listed = sorted(n for n in os.listdir(self.mnt / "pins") if n.startswith(self.prefix + "-"))
         assert listed == sorted(self.pins)
         for name, ident in self.pins.items():
-            assert os.readlink(self.mnt / "pins" / name) == self.objects[ident].link
+            path = self.mnt / "pins" / name
+            got = os.lstat(path)
+            if name in self.pin_files:
+                assert stat.S_ISREG(got.st_mode), (name, got)
+                assert got.st_size == len(self.objects[ident].data), (name, got)
+            else:
+                assert stat.S_ISLNK(got.st_mode), (name, got)
+            assert pin_target(path) == self.objects[ident].link, name
 
     @invariant()
     def refs_and_repos_read_their_model_values(self) -> None:
