@@ -13,8 +13,9 @@ import subprocess
 
 import psycopg
 import pytest
+from helpers import git_out as git
 from helpers import status
-from test_packs_mount import git, idx_ids, last_sweep, listing, source_repo, wait_for
+from test_packs_mount import idx_ids, last_sweep, listing, source_repo, wait_for
 
 FAST_INTAKE = {"ALKFS_PACK_EVERY": "0", "ALKFS_PACK_POLL": "0.2"}
 

@@ -10,9 +10,9 @@ import os
 from pathlib import Path
 
 import pytest
+from helpers import git_out as git
 from test_packs_mount import (
     PAIR_INTAKE,
-    git,
     idx_ids,
     imported_store,
     listing,
