@@ -61,6 +61,19 @@ _GIT_LO = bytes([Algorithm.GIT_SHA1.value])
 _GIT_HI = bytes([Algorithm.GIT_SHA256.value + 1])
 
 
+def _insert_rows(conn: Any, rows: Iterable[tuple[bytes, bytes]]) -> None:
+    for row in rows:
+        conn.execute(
+            "INSERT INTO lfs_pointers (blob, media) VALUES (?, ?) ON CONFLICT (blob) DO NOTHING",
+            row,
+        )
+
+
+def _media_file(dirs: list[Path], oid: str) -> Path | None:
+    """Where git-lfs keeps the medium `oid` in one of `dirs` (None: in none of them)."""
+    return next((p for d in dirs if (p := d / oid[:2] / oid[2:4] / oid).is_file()), None)
+
+
 class LfsMedia:
     """The media liveness source (see the module docstring). Register it with
     `store.register_source` and its `protect` with `store.register_protect`; the sweep
@@ -75,7 +88,6 @@ class LfsMedia:
         self._memo: tuple[tuple[int, ...], set[bytes]] | None = None
         self._since_mark: set[bytes] = set()
         self._mem_seen: set[bytes] = set()  # (a memory store: the kv keys already scanned)
-        self.scanned_rows = 0  # rows the scans read (tests, status)
         self.pointer_writes = 0  # moved by every put of a pointer blob, new or not
         store.put_hooks.append(self.record)
         if store.threshold < STORED_MAX and store.mode != "mem":
@@ -105,12 +117,7 @@ class LfsMedia:
         with self._lock:
             self.pointer_writes += 1
         with self.tables.tx() as conn:
-            for row in found:
-                conn.execute(
-                    "INSERT INTO lfs_pointers (blob, media) VALUES (?, ?) "
-                    "ON CONFLICT (blob) DO NOTHING",
-                    row,
-                )
+            _insert_rows(conn, found)
             if self.store.fleet is not None:
                 self.store.fleet.bump_epoch(conn)
         with self._lock:
@@ -149,17 +156,11 @@ class LfsMedia:
             ).fetchall()
             page: list[tuple[bytes, bytes]] = []
             for key, value in rows:
-                self.scanned_rows += 1
                 media = media_of(bytes(value))
                 if media is not None:
                     page.append((bytes(key), media))
             with self.tables.tx() as conn:
-                for row in page:
-                    conn.execute(
-                        "INSERT INTO lfs_pointers (blob, media) VALUES (?, ?) "
-                        "ON CONFLICT (blob) DO NOTHING",
-                        row,
-                    )
+                _insert_rows(conn, page)
                 conn.execute(
                     "INSERT INTO meta (name, value) VALUES (?, ?) ON CONFLICT (name) "
                     "DO UPDATE SET value = excluded.value",
@@ -189,12 +190,7 @@ class LfsMedia:
                 found.append((key, media))
         if found:
             with self.tables.tx() as conn:
-                for row in found:
-                    conn.execute(
-                        "INSERT INTO lfs_pointers (blob, media) VALUES (?, ?) "
-                        "ON CONFLICT (blob) DO NOTHING",
-                        row,
-                    )
+                _insert_rows(conn, found)
         return found
 
     def rows(self) -> list[tuple[bytes, bytes]]:
@@ -202,12 +198,6 @@ class LfsMedia:
             (bytes(b), bytes(m))
             for b, m in self.tables.read("SELECT blob, media FROM lfs_pointers")
         ]
-
-    def pointers_to(self, media: Key) -> list[Key]:
-        """The stored pointer blobs that name `media` (after a scan)."""
-        self.scan()
-        rows = self.tables.read("SELECT blob FROM lfs_pointers WHERE media = ?", (media.raw,))
-        return sorted(Key(bytes(b)) for (b,) in rows)
 
     def _drop_gone(self, rows: list[tuple[bytes, bytes]], live: set[bytes]) -> None:
         """Rows whose pointer blob is no longer stored go (after the sweep deleted it)."""
@@ -349,7 +339,7 @@ def import_media(store: Store, gitdir: str) -> tuple[int, int, list[str], list[A
             present += 1
             continue
         pin.release()
-        path = next((p for d in dirs if (p := d / oid[:2] / oid[2:4] / oid).is_file()), None)
+        path = _media_file(dirs, oid)
         if path is None:
             missing.append(oid)
             continue
@@ -395,7 +385,7 @@ def copy_media_into(mount: Path, repo_id: str, gitdir: str) -> tuple[int, int, l
         if (lfs_dir / "objects" / oid[:2] / oid[2:4] / oid).exists():
             present += 1
             continue
-        path = next((p for d in dirs if (p := d / oid[:2] / oid[2:4] / oid).is_file()), None)
+        path = _media_file(dirs, oid)
         if path is None:
             missing.append(oid)
             continue
