@@ -302,8 +302,3 @@ class MediaFile(ObjectFile):
     entry_timeout = DYNAMIC_TIMEOUT
     attr_timeout = DYNAMIC_TIMEOUT
     __slots__ = ()
-
-    def __init__(
-        self, ctx: Context, parent: Node, st: ObjectStat, name: bytes | None = None
-    ) -> None:
-        super().__init__(ctx, parent, st, name)

@@ -231,7 +231,8 @@ class ObjectFile(File):
             names.append(X_GIT_TYPE)
         names.append(X_PINS)
         # (the xattr form's names only: a pin path with '/' or odd bytes is no xattr name)
-        names += [X_PIN + n.encode() for n in self._pin_names() if valid_pin_name(n)]
+        pinned = await self.ctx.run_sync(self._pin_names)  # (a query: off the trio thread)
+        names += [X_PIN + n.encode() for n in pinned if valid_pin_name(n)]
         return names
 
     async def getxattr(self, name: bytes, req: RequestContext) -> bytes:
@@ -244,7 +245,7 @@ class ObjectFile(File):
         if name == X_GIT_TYPE and self.key.algo.is_git:
             return self._git_type().encode()
         if name == X_PINS:
-            return self._pins_value(self._pin_names())
+            return self._pins_value(await self.ctx.run_sync(self._pin_names))
         if name.startswith(X_PIN):
             pin_name = name[len(X_PIN) :].decode("utf-8", "surrogateescape")
             rec = self.ctx.pins.get(pin_name)
