@@ -59,7 +59,7 @@ from . import pinning
 from .base import DYNAMIC_TIMEOUT, FIRST_OFFSET, Dir, Emit, File, Node
 from .handles import DirHandle, Handle
 from .objfile import ObjectFile
-from .pintree import PinFile, PinFileEntry, PinLink, Tree, leaf_of
+from .pintree import PinFile, PinFileEntry, PinLink, Tree, leaf_of, set_owned_attrs
 from .policy import noop_setattr
 
 if TYPE_CHECKING:
@@ -526,20 +526,8 @@ class PinSubdir(TreeDir):
         a = self.attr()
         if fields.update_size:
             fail(errno.EISDIR, f"/pins/{self.record.name} is a directory")
-        if (fields.update_uid and attr.st_uid != a.st_uid) or (
-            fields.update_gid and attr.st_gid != a.st_gid
-        ):
-            fail(errno.EPERM, f"/pins/{self.record.name}: its owner cannot change")
-        mode = stat.S_IMODE(attr.st_mode) if fields.update_mode else None
-        mtime = attr.st_mtime_ns if fields.update_mtime else None
-        if mode is not None or mtime is not None:
-            rec = self.record
-            try:
-                got = await self.ctx.run_sync(
-                    pinning.set_attrs, self.ctx.pins, rec.name, rec.created_ns, mode, mtime
-                )
-            except Missing:
-                fail(errno.ENOENT, f"/pins/{rec.name} is gone")
+        got = await set_owned_attrs(self.ctx, self.record, a, attr, fields)
+        if got is not None:
             assert isinstance(got, PinDir)
             self.record = got
         return self.attr()

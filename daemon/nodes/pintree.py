@@ -57,6 +57,26 @@ def leaf_of(name: str) -> bytes:
     return path_bytes(name[name.rfind("/") + 1 :])
 
 
+async def set_owned_attrs(ctx: Context, rec: Any, now: Any, attr: Any, fields: Any) -> Any:
+    """A pin's or a directory of pins' setattr: an owner or group other than its own is
+    EPERM; a mode or modification time is kept in its row. The row as it is now, or None
+    when nothing of it changed."""
+    if (fields.update_uid and attr.st_uid != now.st_uid) or (
+        fields.update_gid and attr.st_gid != now.st_gid
+    ):
+        fail(errno.EPERM, f"/pins/{rec.name}: its owner cannot change")
+    mode = stat.S_IMODE(attr.st_mode) if fields.update_mode else None
+    mtime = attr.st_mtime_ns if fields.update_mtime else None
+    if mode is None and mtime is None:
+        return None
+    try:
+        return await ctx.run_sync(
+            pinning.set_attrs, ctx.pins, rec.name, rec.created_ns, mode, mtime
+        )
+    except Missing:
+        fail(errno.ENOENT, f"/pins/{rec.name} is gone")
+
+
 class Tree:
     """The state of /pins the database does not hold (one per mount: PinsDir's)."""
 
@@ -173,20 +193,8 @@ class PinFileEntry(File):
         a = self.attr()
         if fields.update_size and attr.st_size != a.st_size:
             fail(errno.EPERM, f"/pins/{self.record.name}: its size cannot change")
-        if (fields.update_uid and attr.st_uid != a.st_uid) or (
-            fields.update_gid and attr.st_gid != a.st_gid
-        ):
-            fail(errno.EPERM, f"/pins/{self.record.name}: its owner cannot change")
-        mode = stat.S_IMODE(attr.st_mode) if fields.update_mode else None
-        mtime = attr.st_mtime_ns if fields.update_mtime else None
-        if mode is not None or mtime is not None:
-            rec = self.record
-            try:
-                got = await self.ctx.run_sync(
-                    pinning.set_attrs, self.ctx.pins, rec.name, rec.created_ns, mode, mtime
-                )
-            except Missing:
-                fail(errno.ENOENT, f"the pin {rec.name} is gone")
+        got = await set_owned_attrs(self.ctx, self.record, a, attr, fields)
+        if got is not None:
             assert isinstance(got, PinRecord)
             self.record = got
         return self.attr()
