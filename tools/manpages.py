@@ -1,5 +1,5 @@
 """Write the man pages and the bash completions of `alkfs` and `alkfsd` from their argparse
-parsers (alkfs/cli.py's `build_parser`, daemon/config.py's `parser`):
+parsers (alkfs/cli/parser.py's `build_parser`, daemon/config.py's `parser`):
 
     man/alkfs.1  man/alkfsd.8  completion/alkfs.bash  completion/alkfsd.bash
 
@@ -46,7 +46,7 @@ PAGES = [
         "alkfs",
         1,
         build_parser(),
-        "alkfs/cli.py",
+        "alkfs/cli/parser.py",
         {
             "ALKFS_MOUNT": "the mount to work through when neither --mount nor --store is given",
             "ALKFS_STORE": "the store to work on when neither --mount nor --store is given",
