@@ -40,6 +40,7 @@ RANKS = {
     "alkfs.durations": 0,
     "alkfs": 0,  # (the package: __version__)
     "alkfs.keys": 1,
+    "alkfs.keyset": 1,
     "alkfs.schema": 1,
     "alkfs.machine": 1,
     "alkfs.db": 2,
@@ -49,6 +50,7 @@ RANKS = {
     "alkfs.catalog": 3,
     "alkfs.git.objects": 3,
     "alkfs.git.borrower": 3,
+    "alkfs.git.packread": 3,
     "alkfs.git.lfs_pointer": 2,
     "alkfs.git.lfs": 6,
     "alkfs.gc": 4,
@@ -58,6 +60,7 @@ RANKS = {
     "alkfs.git.tables": 6,
     "alkfs.git.refs": 6,
     "alkfs.git.closure": 6,
+    "alkfs.git.revmark": 6,
     "alkfs.git.packs": 6,
     "alkfs.git": 6,
     "alkfs.pins": 6,
