@@ -41,6 +41,7 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Container
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -215,7 +216,7 @@ class Roots:
             self._memo = (counter, live)
         return live
 
-    def known(self) -> set[bytes] | None:
+    def known(self) -> Container[bytes] | None:
         """What the refs keep, as this sweep computed it before us (the sources run in
         order: refs, pins, roots): closed under reachability, so a borrower's walk stops
         there; None when not at hand (the walk then covers everything)."""

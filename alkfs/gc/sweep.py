@@ -10,7 +10,7 @@ import enum
 import gc
 import json
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Container, Iterable
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from itertools import filterfalse, islice, repeat
@@ -21,6 +21,7 @@ from ..db import now_ns
 from ..durations import MAX_WINDOW_S
 from ..errors import AlkfsError, Interrupted, SourceFailed, log_failure
 from ..keys import Key
+from ..keyset import KeyUnion
 from .arbiter import raw
 from .window import TAKE_BATCH
 
@@ -199,17 +200,20 @@ def _delete(
             store.on_deleted(key)
 
 
-def _live(store: Store, report: SweepReport) -> set[bytes] | None:
-    """Every key live now (sources and protects), or None with the report aborted."""
+def _live(store: Store, report: SweepReport) -> KeyUnion | None:
+    """Every key live now (sources and protects), or None with the report aborted. The
+    sources' sets are kept as they are (the refs' closure as a compact `SortedKeys`
+    where git computed it), not copied into one."""
     sources = store.arbiter.sources()
     if not sources:
         report.aborted = AbortCause.NO_LIVENESS_SOURCES.value
         return None
     try:
         protected = _protected_set(store)
-        live: set[bytes] = set()
+        live = KeyUnion()
         for source in sources:
-            live.update(_raw_keys(source.live_keys()))
+            keys = source.live_keys()
+            live.add(keys if isinstance(keys, KeyUnion) else _raw_keys(keys))
     except Interrupted:
         raise
     except SourceFailed as exc:
@@ -221,13 +225,13 @@ def _live(store: Store, report: SweepReport) -> set[bytes] | None:
         log_failure(store.log, "sweep: a liveness or protect source failed; nothing deleted")
         report.aborted = AbortCause.PROTECT_FAILED.value
         return None
-    live |= protected
+    live.add(protected)
     try:
         # sources whose keys follow from what the others keep (LFS media: alkfs/git/lfs.py)
         for source in sources:
             live_from = getattr(source, "live_from", None)
             if live_from is not None:
-                live.update(_raw_keys(live_from(live)))
+                live.add(_raw_keys(live_from(live)))
     except Interrupted:
         raise
     except Exception:
@@ -330,7 +334,7 @@ def _enter_guards(store: Store, stack: contextlib.ExitStack, raws: list[bytes]) 
 def _mark_and_stage(
     store: Store,
     report: SweepReport,
-    live: set[bytes],
+    live: Container[bytes],
     window_ns: int,
     progress: SweepProgress | None = None,
 ) -> None:

@@ -11,6 +11,11 @@ kv table (far cheaper than as many random lookups), then walks in memory; a mem
 store, or one with more than SCAN_MAX objects of the format, walks by batched
 lookups instead.
 
+`RefClosure` has git compute the closure where the store has published derived packs
+(alkfs/git/revmark.py: `git rev-list --objects` over them, kept as a `SortedKeys`, a few
+bytes a key) and walks in Python otherwise, or when git's answer could be short
+(`ALKFS_MARK=python` always walks in Python).
+
 The memo is keyed on the refs snapshot's fingerprint, so an unchanged set of
 refs costs one ordered read, not a walk. `contains` runs under the store's
 arbitration lock and answers only from the memo: live when the memo is cold,
@@ -24,6 +29,7 @@ from __future__ import annotations
 
 import binascii
 import hashlib
+import os
 import threading
 from binascii import unhexlify
 from collections.abc import Callable, Container, Iterable
@@ -31,9 +37,11 @@ from typing import TYPE_CHECKING
 
 from ..errors import AlkfsError
 from ..keys import Algorithm, Key
+from ..keyset import KeyUnion
 from ..tiers.sql import SqlTier
 from .objects import ID_ONLY, MAX_HEADER, WALK_ENTRY, parse_header
 from .refs import Refs, oid_key
+from .revmark import git_closure
 
 if TYPE_CHECKING:
     from ..store import Store
@@ -241,40 +249,65 @@ class RefClosure:
         self.refs = refs
         self.walker = Walker(store)
         self.builds = 0  # how many walks ran (a memo hit runs none)
+        self.by_git = 0  # how many formats' closures git computed (the rest: walked here)
         # (fingerprint, counter, keys); the fingerprint is None when the walk met a missing
         # object, so that a later mark walks again (the object may have been stored since)
-        self._memo: tuple[str | None, int, set[bytes]] | None = None
+        self._memo: tuple[str | None, int, Container[bytes]] | None = None
         self._lock = threading.Lock()
 
     def _counter(self) -> int:
         return self.refs.write_counter
 
-    def live_keys(self) -> set[bytes]:
+    def live_keys(self) -> KeyUnion:
         counter = self._counter()  # before the snapshot: see the module docstring
         rows, fingerprint = self.refs.snapshot()
         with self._lock:
             memo = self._memo
             if memo is not None and memo[0] == fingerprint:
                 self._memo = (fingerprint, counter, memo[2])
-                return memo[2]
+                return memo[2]  # type: ignore[return-value]  # (always a KeyUnion)
         tips = [k for k in (oid_key(oid) for _r, _n, oid in rows) if k is not None]
-        keys, missing = self.walker.walk(tips)
+        keys, missing = self._closure(tips)
         with self._lock:
             self.builds += 1
             self._memo = (fingerprint if missing == 0 else None, counter, keys)
         return keys
 
+    def _closure(self, tips: list[Key]) -> tuple[KeyUnion, int]:
+        """The tips' closure, by git where it can (per format), else by the walk."""
+        by_algo: dict[Algorithm, list[bytes]] = {}
+        for key in tips:
+            if key.algo.is_git:
+                by_algo.setdefault(key.algo, []).append(key.digest)
+        out = KeyUnion()
+        missing = 0
+        use_git = os.environ.get("ALKFS_MARK", "git") != "python"
+        for algo, ids in by_algo.items():
+            got = git_closure(self.store, algo, ids) if use_git else None
+            if got is None:
+                keys, n = self.walker.walk(Key(bytes([algo.value]) + x) for x in ids)
+                out.add(keys)
+            else:
+                listed, named, n = got
+                out.add(listed)
+                out.add(named)
+                self.by_git += 1
+            missing += n
+        return out, missing
+
     def contains(self, key: bytes) -> bool:
         return memo_contains(self._memo, key, self._counter)
 
-    def last_live(self) -> set[bytes] | None:
+    def last_live(self) -> Container[bytes] | None:
         """What the last `live_keys` found (closed under reachability), or None."""
         memo = self._memo
         return None if memo is None else memo[2]
 
 
 def memo_contains(
-    memo: tuple[str | None, int, set[bytes]] | None, key: bytes, counter: Callable[[], int]
+    memo: tuple[str | None, int, Container[bytes]] | None,
+    key: bytes,
+    counter: Callable[[], int],
 ) -> bool:
     """The shared arbitration answer: cold → live, hit → live, miss → live iff the counter moved."""
     if memo is None or key in memo[2]:

@@ -39,12 +39,13 @@ import os
 import subprocess
 import tempfile
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Container, Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import Verification
 from ..keys import Algorithm, Key
+from ..keyset import KeyUnion
 from ..schema import LFS_POINTERS
 from .lfs_pointer import POINTER_MAX, SHA256_TAG, STORED_MAX, media_of, pointer_oid
 from .tables import Tables
@@ -199,7 +200,7 @@ class LfsMedia:
             for b, m in self.tables.read("SELECT blob, media FROM lfs_pointers")
         ]
 
-    def _drop_gone(self, rows: list[tuple[bytes, bytes]], live: set[bytes]) -> None:
+    def _drop_gone(self, rows: list[tuple[bytes, bytes]], live: Container[bytes]) -> None:
         """Rows whose pointer blob is no longer stored go (after the sweep deleted it)."""
         has = self.store.has_raw
         gone = [blob for blob, _media in rows if blob not in live and not has(blob)]
@@ -225,7 +226,7 @@ class LfsMedia:
     def live_keys(self) -> set[bytes]:
         return set()  # (the media follow the other sources: see `live_from`)
 
-    def live_from(self, live: set[bytes]) -> set[bytes]:
+    def live_from(self, live: Container[bytes]) -> set[bytes]:
         """The media named by the pointer blobs in `live` (the other sources' keys)."""
         epoch = self._epoch()  # (before the rows: a later change moves it)
         with self._lock:
@@ -242,7 +243,7 @@ class LfsMedia:
         if fleet is not None and rest:
             held |= fleet.pinned_elsewhere(rest)
         keys |= {media for blob, media in rows if blob in held}
-        self._drop_gone(rows, live | held)
+        self._drop_gone(rows, KeyUnion([live], held))
         with self._lock:
             self._memo = (epoch, keys)
         return keys
