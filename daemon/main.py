@@ -55,9 +55,11 @@ from .status import serve_metrics
 log = logging.getLogger("alkfsd")
 
 # One line per event: `TIME alkfsd[PID] LEVEL message`; in the journal, which stamps
-# each line with its own time, pid and identifier, `<PRIORITY>LEVEL message`.
+# each line with its own time, pid and identifier, `<PRIORITY>LEVEL message`; the same
+# when LOG_PRIORITIES_ENV is 1 (the mount helper's logger stamps them so).
 LOG_FORMAT = "%(asctime)s alkfsd[%(process)d] %(levelname)s %(message)s"
 JOURNAL_FORMAT = "%(levelname)s %(message)s"
+LOG_PRIORITIES_ENV = "ALKFS_LOG_PRIORITIES"
 
 MAX_TASKS = 64
 FD_LIMIT_MAX = 1 << 20  # (raise_fd_limit)
@@ -329,13 +331,22 @@ def to_journal(stream: IO[str], environ: Mapping[str, str]) -> bool:
     return (st.st_dev, st.st_ino) == (int(dev), int(ino))
 
 
+def priorities_asked(environ: Mapping[str, str]) -> bool:
+    """Whether whoever reads stderr asked for the journal's form (LOG_PRIORITIES_ENV=1): a
+    syslog priority prefix per line and no time of ours. mount.fuse.alkfs asks, its
+    `logger --prio-prefix` giving each line its priority and syslog its time."""
+    return environ.get(LOG_PRIORITIES_ENV, "").strip().lower() in ("1", "yes", "true", "on")
+
+
 def log_handler(
     stream: IO[str] | None = None, environ: Mapping[str, str] | None = None
 ) -> logging.Handler:
     """The daemon's one log handler, on `stream` (stderr): LOG_FORMAT, or JOURNAL_FORMAT
-    with a syslog priority prefix per line when `stream` is the journal (to_journal)."""
+    with a syslog priority prefix per line when `stream` is the journal (to_journal) or
+    the reader asked for it (priorities_asked)."""
     stream = sys.stderr if stream is None else stream
-    journal = to_journal(stream, os.environ if environ is None else environ)
+    environ = os.environ if environ is None else environ
+    journal = priorities_asked(environ) or to_journal(stream, environ)
     handler = logging.StreamHandler(stream)
     handler.setFormatter(
         ClipFormatter(JOURNAL_FORMAT, journal=True) if journal else ClipFormatter(LOG_FORMAT)

@@ -16,9 +16,13 @@ may take to mount. -f (fake) checks the options and starts nothing; -v says what
 alkfsd is started detached (a session of its own, stdin /dev/null, cwd /), its output
 read here until the mount answers (a new fuse.alkfs mount at MNT in /proc/self/mountinfo
 that answers statvfs); then this exits 0 and the daemon's lines go to syslog/journald
-through logger(1) (`alkfsd` is their tag; the first lines too). If the daemon exits first,
-its error is printed as one line and this exits 1. `umount MNT` ends the daemon (it exits
-when its mount goes away).
+through logger(1) (`alkfsd` is their tag; the first lines too), each at its own priority
+with facility daemon: the daemon is asked (ALKFS_LOG_PRIORITIES=1) for a `<N>` prefix per
+line and no time of its own, which `logger --prio-prefix` reads. A line of the daemon's
+without one (a refusal before the mount) is daemon.err; after the mount, logger gives
+such a line (a crash's traceback) the priority of the line before it. If the daemon
+exits first, its error is printed as one line and this exits 1. `umount MNT` ends the
+daemon (it exits when its mount goes away).
 
 The standard library and the daemon's own mount-table reader (alkfsd.deathguard, which
 imports nothing else): `make install` puts it in the install's venv, run by that venv's
@@ -71,12 +75,25 @@ MOUNT_TIMEOUT_S = 60.0
 STOP_WITHIN_S = 10.0
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 KEEP_BYTES = 1 << 20  # of the daemon's output before the mount answers
-# when logger(1) is missing: the same, by Python's syslog module
+# the daemon's lines: `<N>LEVEL message` (N its syslog priority, 0-7), no time of its own
+PRIORITIES_ENV = "ALKFS_LOG_PRIORITIES"  # (alkfsd.main.LOG_PRIORITIES_ENV)
+PRIORITY = re.compile(r"<([0-9]{1,3})>")
+# a line without a prefix: written by the daemon outside its log (a refusal, a traceback);
+# logger(1) gives it this priority only at the start or after a bad prefix, else the
+# priority of the line before (util-linux); the relay below, this one always
+UNPREFIXED = "daemon.err"
+# when logger(1) is missing: the same, by Python's syslog module (a valid prefix, PRI up
+# to 191, is taken off the line and gives its priority; facility daemon unless it names one)
 RELAY = (
-    "import sys, syslog\n"
+    "import re, sys, syslog\n"
     "syslog.openlog(sys.argv[1], 0, syslog.LOG_DAEMON)\n"
     "for line in sys.stdin.buffer:\n"
-    "    syslog.syslog(syslog.LOG_INFO, line.decode(errors='replace').rstrip())\n"
+    "    text = line.decode(errors='replace').rstrip()\n"
+    "    m = re.match(r'<([0-9]{1,3})>', text)\n"
+    "    if m and int(m[1]) <= 191:\n"
+    "        syslog.syslog(int(m[1]), text[m.end():])\n"
+    "    elif text:\n"
+    "        syslog.syslog(syslog.LOG_ERR, text)\n"
 )
 
 
@@ -274,12 +291,19 @@ def drain(fd: int, into: bytearray, within_s: float = 1.0) -> None:
         pass
 
 
+def unprefixed(line: str) -> str:
+    """A line of the daemon without its priority prefix."""
+    m = PRIORITY.match(line)
+    return line[m.end() :] if m else line
+
+
 def one_line(out: bytes | bytearray, status: int | None) -> str:
     """The daemon's error: its own refusal line (`alkfsd: ...`), else its last error."""
-    lines = [s.strip() for s in out.decode(errors="replace").splitlines() if s.strip()]
+    lines = [unprefixed(s).strip() for s in out.decode(errors="replace").splitlines()]
+    lines = [s for s in lines if s]
     for pick in (
         lambda s: s.startswith("alkfsd: "),
-        lambda s: " ERROR " in s or " CRITICAL " in s,
+        lambda s: s.startswith(("ERROR ", "CRITICAL ")) or " ERROR " in s or " CRITICAL " in s,
         lambda s: True,
     ):
         picked = [s for s in lines if pick(s)]
@@ -290,11 +314,33 @@ def one_line(out: bytes | bytearray, status: int | None) -> str:
 
 
 def logger_cmd(pid: int) -> list[str]:
-    """What sends the daemon's lines to syslog (journald takes /dev/log where it runs)."""
+    """What sends the daemon's lines to syslog (journald takes /dev/log where it runs),
+    each at the priority its prefix gives."""
     logger = shutil.which("logger")
     if logger:
-        return [logger, "-t", "alkfsd", f"--id={pid}", "-p", "daemon.info", "--socket-errors=off"]
+        return [
+            logger,
+            "-t",
+            "alkfsd",
+            f"--id={pid}",
+            "-p",
+            UNPREFIXED,
+            "--prio-prefix",
+            "--socket-errors=off",
+        ]
     return [sys.executable, "-I", "-S", "-c", RELAY, f"alkfsd[{pid}]"]
+
+
+def prefixed(lines: bytes) -> bytes:
+    """The daemon's lines read before the mount answered, each with a priority prefix
+    (`<3>`, error, where it has none: logger(1) would give such a line the priority of the
+    line before it)."""
+    out = bytearray()
+    for line in lines.splitlines():
+        m = PRIORITY.match(line.decode(errors="replace"))
+        if line.strip():
+            out += (line if m and int(m[1]) <= 191 else b"<3>" + line) + b"\n"
+    return bytes(out)
 
 
 def to_syslog(lines: bytes, pid: int) -> None:
@@ -303,7 +349,7 @@ def to_syslog(lines: bytes, pid: int) -> None:
     try:
         subprocess.run(
             logger_cmd(pid),
-            input=lines,
+            input=prefixed(lines),
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
             timeout=10,
@@ -355,6 +401,7 @@ def mount(req: Request) -> int:
     for key in [k for k in env if k.startswith("PYTHON")]:
         del env[key]  # (PYTHONPATH: the installed daemon runs the installed code)
     env.setdefault("PATH", DEFAULT_PATH)
+    env[PRIORITIES_ENV] = "1"  # (its lines: logger_cmd)
     before = alkfs_mounts(req.mnt)
     rfd, wfd = os.pipe()
     old = {s: signal.signal(s, _interrupted) for s in (signal.SIGINT, signal.SIGTERM)}

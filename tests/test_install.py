@@ -1,12 +1,14 @@
 """`make install` and the mount helper, for real: one install per session into a temporary
 OPT and PREFIX (a venv with the patched pyfuse3 and the project, ~1 min), its commands
 run, stores mounted through mount(8) (`mount -t fuse.alkfs`, an fstab line) and through
-the helper called as mount(8) calls it, then `make uninstall`.
+the helper called as mount(8) calls it, then `make uninstall` (the install itself:
+tests/install_fixture.py, one per session, shared with tests/test_first_day.py).
 
 mount(8) finds helpers in /sbin only, so the helper is installed at /sbin/mount.fuse.alkfs
 for the session when nothing is there (and removed at the end; the mount(8) cases are
-skipped when one is there already). The daemon's lines go to syslog: where this machine
-has no /dev/log, the tests listen there themselves for the while.
+skipped when one is there already). The daemon's lines go to syslog, each at its own
+priority (facility daemon) and with syslog's time only: where this machine has no
+/dev/log, the tests listen there themselves for the while.
 
 ALKFS_SKIP_INSTALL_TEST=1 skips the module. Every mount is undone and every daemon ended
 (by PID) in teardown.
@@ -15,183 +17,46 @@ ALKFS_SKIP_INSTALL_TEST=1 skips the module. Every mount is undone and every daem
 from __future__ import annotations
 
 import contextlib
+import importlib.machinery
+import importlib.util
 import os
-import signal
+import re
+import shutil
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 
 import pytest
+from install_fixture import (
+    MARKS,
+    SYS_HELPER,
+    Install,
+    Mounts,
+    cmdline,
+    fstype,
+    gone_within,
+    is_mounted,
+    loggers_of,
+    run,
+)
 
-ROOT = Path(__file__).resolve().parents[1]
-SYS_HELPER = Path("/sbin/mount.fuse.alkfs")
+# the session's one install and `mounts` (shared with tests/test_first_day.py)
+pytest_plugins = ["install_fixture"]
+
 TREE = ["git", "lfs", "objects", "pins", "repos", "roots"]
 VERSION = "0.1.0"
-GONE_WITHIN_S = 10.0
+A_TIME = re.compile(r"\d\d:\d\d:\d\d")
 
-pytestmark = [
-    pytest.mark.mount,
-    pytest.mark.skipif(
-        os.environ.get("ALKFS_SKIP_INSTALL_TEST") == "1", reason="ALKFS_SKIP_INSTALL_TEST=1"
-    ),
-    pytest.mark.skipif(
-        os.geteuid() != 0 or not os.path.exists("/dev/fuse"), reason="needs root and /dev/fuse"
-    ),
-]
-
-
-@dataclass
-class Install:
-    base: Path
-    opt: Path
-    prefix: Path
-    sbin: Path
-    real_sbin: bool  # the helper is at /sbin, where mount(8) finds it
-
-    @property
-    def make_vars(self) -> list[str]:
-        return [f"OPT={self.opt}", f"PREFIX={self.prefix}", f"SBIN={self.sbin}"]
-
-    @property
-    def paths(self) -> list[Path]:
-        return [
-            self.prefix / "bin" / "alkfs",
-            self.prefix / "bin" / "alkfsd",
-            self.sbin / "mount.fuse.alkfs",
-            self.opt,
-        ]
-
-    def make(self, target: str, *extra: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            ["make", "-C", str(ROOT), target, *self.make_vars, *extra],
-            capture_output=True,
-            text=True,
-            timeout=900,
-            check=False,
-        )
-
-
-@pytest.fixture(scope="module")
-def installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Install]:
-    base = tmp_path_factory.mktemp("install")
-    real_sbin = not os.path.lexists(SYS_HELPER)
-    inst = Install(
-        base=base,
-        opt=base / "opt",
-        prefix=base / "prefix",
-        sbin=SYS_HELPER.parent if real_sbin else base / "sbin",
-        real_sbin=real_sbin,
-    )
-    try:
-        done = inst.make("install")
-        assert done.returncode == 0, (done.stdout[-4000:], done.stderr[-4000:])
-        yield inst
-    finally:
-        if inst.opt.exists():  # (the uninstall test did not run)
-            inst.make("uninstall")
-        if real_sbin and SYS_HELPER.is_symlink():
-            if os.readlink(SYS_HELPER).startswith(str(base)):
-                SYS_HELPER.unlink()
-
-
-@dataclass
-class Mounts:
-    """Mountpoints to clear and daemons to end after a test."""
-
-    inst: Install
-    mnts: list[Path]
-
-    def new(self, tmp_path: Path, name: str = "mnt") -> Path:
-        mnt = tmp_path / name
-        mnt.mkdir()
-        self.mnts.append(mnt)
-        return mnt
-
-    def daemons(self, mnt: Path) -> list[int]:
-        return daemons_of(self.inst, mnt)
-
-
-def is_mounted(mnt: Path) -> bool:
-    with open("/proc/self/mounts") as f:
-        return any(line.split()[1] == str(mnt) for line in f)
-
-
-def fstype(mnt: Path) -> str | None:
-    found = None
-    with open("/proc/self/mounts") as f:
-        for line in f:
-            parts = line.split()
-            if parts[1] == str(mnt):
-                found = parts[2]
-    return found
+pytestmark = MARKS
 
 
 def visible(mnt: Path) -> list[str]:
     """What `ls MNT` shows."""
     return sorted(n for n in os.listdir(mnt) if not n.startswith("."))
-
-
-def cmdline(pid: int) -> list[str]:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return [a.decode(errors="replace") for a in f.read().split(b"\0") if a]
-    except OSError:
-        return []
-
-
-def alive(pid: int) -> bool:
-    """A process that has not exited (a zombie has: its parent reaps it)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rpartition(")")[2].split()[0] != "Z"
-    except OSError:
-        return False
-
-
-def pids() -> list[int]:
-    return [int(p) for p in os.listdir("/proc") if p.isdigit()]
-
-
-def daemons_of(inst: Install, mnt: Path) -> list[int]:
-    """The installed alkfsd processes serving `mnt` (argv: python, alkfsd, STORE, MNT...)."""
-    alkfsd = str(inst.opt / "bin" / "alkfsd")
-    return [
-        p for p in pids() if (argv := cmdline(p))[1:2] == [alkfsd] and str(mnt) in argv and alive(p)
-    ]
-
-
-def loggers_of(pid: int) -> list[int]:
-    return [p for p in pids() if f"--id={pid}" in cmdline(p) and alive(p)]
-
-
-def gone_within(pids_: list[int], seconds: float = GONE_WITHIN_S) -> bool:
-    end = time.monotonic() + seconds
-    while time.monotonic() < end:
-        if not any(alive(p) for p in pids_):
-            return True
-        time.sleep(0.05)
-    return False
-
-
-@pytest.fixture
-def mounts(installed: Install) -> Iterator[Mounts]:
-    m = Mounts(installed, [])
-    yield m
-    for mnt in m.mnts:
-        left = m.daemons(mnt)
-        for flags in ("-u", "-uz"):
-            if is_mounted(mnt):
-                subprocess.run(["fusermount3", flags, str(mnt)], capture_output=True, check=False)
-        for pid in left:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGTERM)
-        if not gone_within(left):
-            for pid in left:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
 
 
 class Syslog:
@@ -212,6 +77,21 @@ class Syslog:
             self.sock.settimeout(max(0.01, end - time.monotonic()))
             with contextlib.suppress(TimeoutError):
                 self.lines.append(self.sock.recv(65536).decode(errors="replace"))
+
+
+# a datagram of the local syslog protocol (logger(1), glibc's syslog): `<PRI>TIME TAG: MSG`
+DATAGRAM = re.compile(r"<(\d+)>([A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d) alkfsd\[(\d+)\]: (.*)", re.S)
+
+
+def pri_and_message(datagram: str | None, pid: int) -> tuple[int, str]:
+    """(PRI, MSG) of a datagram tagged alkfsd[pid]; MSG carries no time (syslog's header
+    has the one)."""
+    assert datagram is not None
+    m = DATAGRAM.fullmatch(datagram)
+    assert m is not None, datagram
+    assert int(m[3]) == pid, datagram
+    assert not A_TIME.search(m[4]), datagram
+    return int(m[1]), m[4]
 
 
 @pytest.fixture
@@ -238,12 +118,6 @@ def syslog() -> Iterator[Syslog]:
 def need_real_sbin(inst: Install) -> None:
     if not inst.real_sbin:
         pytest.skip(f"{SYS_HELPER} was there before: mount(8) would run that one")
-
-
-def run(*args: str | os.PathLike[str], timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [str(a) for a in args], capture_output=True, text=True, timeout=timeout, check=False
-    )
 
 
 def assert_detached(pid: int) -> None:
@@ -355,8 +229,10 @@ def test_a_bad_option_is_refused_and_nothing_starts(
 
 
 def test_a_missing_store_without_create_gives_the_daemons_line(
-    installed: Install, mounts: Mounts, tmp_path: Path
+    installed: Install, mounts: Mounts, syslog: Syslog, tmp_path: Path
 ) -> None:
+    """The daemon's refusal (a line outside its log: no priority prefix) on the terminal,
+    and in syslog as daemon.err (<27>)."""
     mnt = mounts.new(tmp_path)
     store = tmp_path / "nostore"
     if installed.real_sbin:
@@ -364,12 +240,15 @@ def test_a_missing_store_without_create_gives_the_daemons_line(
     else:
         done = run(installed.sbin / "mount.fuse.alkfs", store, mnt, "-o", "window=0")
     assert done.returncode != 0
-    assert done.stderr.splitlines() == [
-        f"alkfsd: no store at {store}: give --create to make one there"
-    ]
+    line = f"alkfsd: no store at {store}: give --create to make one there"
+    assert done.stderr.splitlines() == [line]
     assert not is_mounted(mnt)
     assert mounts.daemons(mnt) == []
     assert not store.exists()
+    if syslog.sock is not None:
+        said = syslog.wait_for(line)
+        assert said is not None, syslog.lines
+        assert DATAGRAM.fullmatch(said) is not None and said.startswith("<27>"), said
 
 
 def test_a_daemon_that_does_not_mount_in_time_is_stopped(
@@ -414,9 +293,12 @@ def test_the_helper_as_mount_calls_it_mounts_and_umount_ends_the_daemon(
     unmount_ends_daemon(mnt, pid)
 
 
-def test_mount_t_fuse_alkfs_mounts_detached_and_logs_to_syslog(
+def test_mount_t_fuse_alkfs_mounts_detached_and_logs_to_syslog_at_each_lines_priority(
     installed: Install, mounts: Mounts, syslog: Syslog, tmp_path: Path
 ) -> None:
+    """The daemon's lines reach syslog tagged alkfsd[PID], an info line as daemon.info
+    (<30>), a warning as daemon.warning (<28>), with syslog's time only (not the daemon's
+    too); before the mount answered (read by the helper) and after (its logger)."""
     need_real_sbin(installed)
     mnt = mounts.new(tmp_path)
     store = tmp_path / "store"
@@ -427,13 +309,22 @@ def test_mount_t_fuse_alkfs_mounts_detached_and_logs_to_syslog(
     assert visible(mnt) == TREE
     (pid,) = mounts.daemons(mnt)
     assert_detached(pid)
+    with pytest.raises(PermissionError):
+        os.chmod(mnt / "objects", 0o700)  # (a refusal logged as a warning: EPERM)
     if syslog.sock is not None:  # the start-up lines (read by the helper), then the rest
-        mounted = syslog.wait_for(f"INFO mounted {store} at {mnt}")
-        assert mounted is not None and f" alkfsd[{pid}]: " in mounted, syslog.lines
-        assert syslog.wait_for(f"INFO ready: {mnt} serves {store}") is not None, syslog.lines
+        pri, said = pri_and_message(syslog.wait_for(f"INFO mounted {store} at {mnt}"), pid)
+        assert pri == 30 and said.startswith(f"INFO mounted {store} at {mnt} (database ")
+        ready = syslog.wait_for(f"INFO ready: {mnt} serves {store}")
+        assert pri_and_message(ready, pid) == (30, f"INFO ready: {mnt} serves {store}")
+        warned = syslog.wait_for("WARNING setattr /objects")
+        pri, said = pri_and_message(warned, pid)
+        assert pri == 28 and said.startswith("WARNING setattr /objects: errno=EPERM"), said
+        ours = [d for d in syslog.lines if f" alkfsd[{pid}]: " in d]
+        assert all(pri_and_message(d, pid) for d in ours), ours
     unmount_ends_daemon(mnt, pid)
     if syslog.sock is not None:
-        assert syslog.wait_for(f"INFO unmounted {mnt}") is not None, syslog.lines
+        unmounted = syslog.wait_for(f"INFO unmounted {mnt}")
+        assert pri_and_message(unmounted, pid) == (30, f"INFO unmounted {mnt}")
     done = run("mount", "-r", "-t", "fuse.alkfs", store, mnt)  # -r: ro, --read-only
     assert done.returncode == 0, done.stderr
     (pid,) = mounts.daemons(mnt)
@@ -476,10 +367,70 @@ def test_an_fstab_line_mounts_by_its_mountpoint(
     unmount_ends_daemon(mnt2, pid)
 
 
+def load_helper(inst: Install, monkeypatch: pytest.MonkeyPatch) -> ModuleType:
+    """The installed mount.fuse.alkfs as a module (its functions called here; in
+    sys.modules for the test, as its dataclasses need)."""
+    path = str(inst.opt / "bin" / "mount.fuse.alkfs")
+    loader = importlib.machinery.SourceFileLoader("installed_mount_helper", path)
+    spec = importlib.util.spec_from_loader(loader.name, loader)
+    assert spec is not None
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, loader.name, module)
+    loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("relay", ["logger", "python"])
+def test_each_relay_gives_each_line_its_priority(
+    installed: Install, syslog: Syslog, monkeypatch: pytest.MonkeyPatch, relay: str
+) -> None:
+    """logger(1) --prio-prefix, or Python's syslog module where logger is missing: a
+    line's `<N>` prefix is its priority (facility daemon) and is not in the message; a
+    line without one (the daemon's refusal) is daemon.err."""
+    if syslog.sock is None:
+        pytest.skip("a syslog daemon has /dev/log here")
+    helper = load_helper(installed, monkeypatch)
+    if relay == "python":
+        monkeypatch.setattr(helper.shutil, "which", lambda name: None)
+        assert helper.logger_cmd(4242)[:2] == [sys.executable, "-I"]
+    else:
+        assert helper.logger_cmd(4242)[0] == shutil.which("logger")
+    helper.to_syslog(
+        b"<4>WARNING setattr /x: errno=EPERM\n<6>INFO ready\nalkfsd: no store at /s\n\n"
+        b"<7>DEBUG probe\n<2>CRITICAL gone\n",
+        4242,
+    )
+    assert syslog.wait_for("CRITICAL gone") is not None, syslog.lines
+    ours = [d for d in syslog.lines if " alkfsd[4242]: " in d]
+    assert [pri_and_message(d, 4242) for d in ours] == [
+        (28, "WARNING setattr /x: errno=EPERM"),
+        (30, "INFO ready"),
+        (27, "alkfsd: no store at /s"),
+        (31, "DEBUG probe"),
+        (26, "CRITICAL gone"),
+    ]
+
+
 def test_make_uninstall_removes_what_install_made(installed: Install) -> None:
-    """(The module's last test: the install is gone after it.)"""
+    """Then the install is put back as it was (OPT from a copy of hard links, the links
+    and pages by make install, which builds nothing): the session's other modules
+    (tests/test_first_day.py) use it after this one."""
     assert all(os.path.lexists(p) for p in installed.paths)
-    done = installed.make("uninstall")
-    assert done.returncode == 0, done.stderr
-    assert [p for p in installed.paths if os.path.lexists(p)] == []
-    assert not (installed.real_sbin and os.path.lexists(SYS_HELPER))
+    kept = installed.base / "opt.kept"
+    subprocess.run(["cp", "-al", str(installed.opt), str(kept)], check=True)
+    try:
+        done = installed.make("uninstall")
+        assert done.returncode == 0, done.stderr
+        assert [p for p in installed.paths if os.path.lexists(p)] == []
+        assert not (installed.real_sbin and os.path.lexists(SYS_HELPER))
+        assert not (installed.prefix / "share" / "man" / "man1" / "alkfs.1").exists()
+    finally:
+        if installed.opt.exists():
+            shutil.rmtree(kept)
+        else:
+            kept.rename(installed.opt)
+        again = installed.make("install")
+        assert again.returncode == 0, again.stderr
+        # (the venv as it was: not made again)
+        assert "-m venv" not in again.stdout and "pip download" not in again.stdout
+    assert all(os.path.lexists(p) for p in installed.paths)

@@ -1,11 +1,13 @@
 """The daemon's log format (docs/operations.md, "Logs"): `TIME alkfsd[PID] LEVEL message`
 on a plain stderr; `<PRIORITY>LEVEL message` (no time of our own) when stderr is the
-journal, i.e. JOURNAL_STREAM names stderr's DEV:INO. One physical line per event either
-way, bounded.
+journal, i.e. JOURNAL_STREAM names stderr's DEV:INO, or when its reader asks for that
+form with ALKFS_LOG_PRIORITIES=1 (the mount helper, whose `logger --prio-prefix` reads
+it). One physical line per event either way, bounded.
 
 The handler is built by the daemon's own `log_handler` on a file whose DEV:INO stands in
 for journald's stream; then a real alkfsd is started with JOURNAL_STREAM matching its
-stderr file (ended by PID, its mount cleared, in teardown).
+stderr file, or with ALKFS_LOG_PRIORITIES=1 (ended by PID, its mount cleared, in
+teardown).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from pathlib import Path
 
 import pytest
 from alkfsd.errors import LOG_LINE_MAX
-from alkfsd.main import log_handler, mounted_at
+from alkfsd.main import LOG_PRIORITIES_ENV, log_handler, mounted_at
 
 TIMESTAMPED = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} alkfsd\[\d+\] [A-Z]+ ")
 A_TIME = re.compile(r"\d\d:\d\d:\d\d")
@@ -85,6 +87,38 @@ def test_journal_stream_matching_stderr_gives_priorities_and_no_timestamp(tmp_pa
     assert not any(A_TIME.search(line) for line in lines)
 
 
+@pytest.mark.parametrize("value", ["1", "yes", "on", "true", " 1 "])
+def test_priorities_asked_for_give_the_journals_form_on_any_stream(tmp_path: Path, value: str):
+    """ALKFS_LOG_PRIORITIES=1 (the mount helper's): the journal's lines on a stream that is
+    not the journal (a file here, the helper's pipe to logger there), JOURNAL_STREAM of
+    another file or none."""
+    assert LOG_PRIORITIES_ENV == "ALKFS_LOG_PRIORITIES"
+    other = tmp_path / "journal"
+    other.write_text("")
+    for journal in (None, other):
+        lines = emit(tmp_path, {LOG_PRIORITIES_ENV: value}, use_env_of=journal)
+        assert lines[:5] == [
+            "<7>DEBUG probe /objects/x",
+            "<6>INFO ready: /mnt/alk serves /srv/alk",
+            "<4>WARNING setattr /pins/a: errno=EPERM",
+            "<3>ERROR metrics: cannot listen on 127.0.0.1:1",
+            "<2>CRITICAL critical",
+        ]
+        assert lines[-1] == "<3>ValueError: boom"
+        assert all(PRIORITY.match(line) for line in lines)
+        assert not any(A_TIME.search(line) for line in lines)
+
+
+@pytest.mark.parametrize("value", ["", "0", "no", "off", "false"])
+def test_priorities_not_asked_for_keep_the_timestamped_format(tmp_path: Path, value: str):
+    lines = emit(tmp_path, {LOG_PRIORITIES_ENV: value})
+    assert TIMESTAMPED.match(lines[0]) and lines[0].endswith(" DEBUG probe /objects/x")
+    assert not any(PRIORITY.match(line) for line in lines)
+    # (and the journal's own stream is the journal whatever the variable says)
+    lines = emit(tmp_path, {LOG_PRIORITIES_ENV: value}, use_env_of=tmp_path / "stderr")
+    assert lines[0] == "<7>DEBUG probe /objects/x"
+
+
 def test_plain_stderr_keeps_the_timestamped_format(tmp_path: Path):
     lines = emit(tmp_path, {})
     assert TIMESTAMPED.match(lines[0]) and lines[0].endswith(" DEBUG probe /objects/x")
@@ -139,17 +173,27 @@ def _unmount(mnt: Path) -> None:
         time.sleep(0.1)
 
 
-@pytest.fixture
-def daemon_in_journal(tmp_path: Path) -> Iterator[tuple[subprocess.Popen, Path, Path]]:
-    """alkfsd on a fresh store, its stderr a file named by JOURNAL_STREAM."""
+@pytest.fixture(params=["JOURNAL_STREAM", LOG_PRIORITIES_ENV])
+def daemon_in_journal(
+    tmp_path: Path, request: pytest.FixtureRequest
+) -> Iterator[tuple[subprocess.Popen, Path, Path]]:
+    """alkfsd on a fresh store, its stderr a file named by JOURNAL_STREAM, or with
+    ALKFS_LOG_PRIORITIES=1 (and no JOURNAL_STREAM)."""
     if os.geteuid() != 0 or not os.path.exists("/dev/fuse"):
         pytest.skip("a real mount needs root and /dev/fuse")
     mnt = tmp_path / "mnt"
     mnt.mkdir()
     log = tmp_path / "alkfsd.log"
-    env = {k: v for k, v in os.environ.items() if k not in ("ALKFS_DATABASE", "NOTIFY_SOCKET")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("ALKFS_DATABASE", "NOTIFY_SOCKET", "JOURNAL_STREAM", LOG_PRIORITIES_ENV)
+    }
     with open(log, "wb") as err:
-        env["JOURNAL_STREAM"] = dev_ino(log)
+        if request.param == "JOURNAL_STREAM":
+            env["JOURNAL_STREAM"] = dev_ino(log)
+        else:
+            env[LOG_PRIORITIES_ENV] = "1"
         proc = subprocess.Popen(
             [*DAEMON, str(tmp_path / "store"), str(mnt), *DAEMON_ARGS],
             stdin=subprocess.DEVNULL,
@@ -176,7 +220,7 @@ def daemon_in_journal(tmp_path: Path) -> Iterator[tuple[subprocess.Popen, Path, 
 
 
 @pytest.mark.mount
-def test_a_daemon_whose_stderr_is_the_journal_stream_logs_priorities(daemon_in_journal):
+def test_a_daemon_whose_stderr_is_the_journal_or_asked_logs_priorities(daemon_in_journal):
     proc, mnt, log = daemon_in_journal
     assert not (mnt / "objects" / "no-such-name").exists()  # a quiet refusal: debug
     with pytest.raises(OSError):
