@@ -65,6 +65,8 @@ PAGES = [
             "NOTIFY_SOCKET": "where READY=1 is sent once the mount answers (systemd, Type=notify)",
             "JOURNAL_STREAM": "when it names stderr (under systemd), log lines carry syslog "
             "priority prefixes (<3> error, <4> warning, <6> info, <7> debug) and no timestamp",
+            "ALKFS_LOG_PRIORITIES": "1: the same lines as for the journal (the mount helper "
+            "sets it for its logger --prio-prefix)",
         },
         ["alkfs(1)", "mount(8)", "systemd.service(5)"],
     ),
