@@ -329,6 +329,10 @@ def to_sqlite(
                     f"the store has schema version {meta['schema_version']}, newer than this "
                     f"alkfs ({schema.SCHEMA_VERSION}): use a newer alkfs"
                 )
+            if int(meta.get("schema_version", "1")) < schema.SCHEMA_VERSION:
+                # (an older store is brought up to date first, as an open would: its rows
+                # are read with this version's columns)
+                meta = settle(src, root, None, None, _default_threshold())
             partial = root / PARTIAL
             dst = SqliteDatabase(partial)
             try:

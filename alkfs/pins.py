@@ -12,7 +12,9 @@ stream of new pins of plain objects still collects what none of them names.
 The tree of /pins (SPEC 3.5): there a pin's name is its path (`backups/2026-11/My
 File.pdf`: any file names, `path_ok`), each directory is a row of its own (`PinDir`:
 an empty key, its mode and time), and a pin written as a file carries its mode, time and
-size (`FileAttrs`). A directory's entries are the names in the range [`dir/`, `dir0`)
+size (`FileAttrs`). Both keep an owner and a group (`uid`, `gid`; None: the mount's owner,
+as every entry shows until a chown), set at creation, kept by a rename and changed by
+`set_attrs`. A directory's entries are the names in the range [`dir/`, `dir0`)
 that hold no further `/` (`children`: a subdirectory's own entries are skipped over in
 one step each), so a listing or a lookup is an index range or probe whatever the count.
 The names are text: a path's bytes as UTF-8, any byte that is not (and each byte of a
@@ -25,6 +27,7 @@ from __future__ import annotations
 import builtins
 import collections
 import contextlib
+import dataclasses
 import functools
 import hashlib
 import logging
@@ -57,7 +60,7 @@ COMPONENT_MAX = 255  # bytes of one component of a path in /pins
 PATH_MAX = 4096  # bytes of a whole path in /pins (its components and the `/` between)
 DIR_KEY = b""  # the key column of a directory's row
 _ESCAPED = 0xF700  # a byte escaped in a name is this + the byte (U+F780..U+F7FF)
-_COLUMNS = "name, key, created_ns, mode, mtime_ns, size"
+_COLUMNS = "name, key, created_ns, mode, mtime_ns, size, uid, gid"
 
 
 class TooLong(Invalid):
@@ -67,11 +70,14 @@ class TooLong(Invalid):
 @dataclass(frozen=True)
 class FileAttrs:
     """What a pin written as a file shows: its st_mode (S_IFREG and the permission
-    bits), modification time and size (its object's)."""
+    bits), modification time and size (its object's), its owner and group (None: the
+    mount's owner's)."""
 
     mode: int
     mtime_ns: int
     size: int
+    uid: int | None = None
+    gid: int | None = None
 
 
 @dataclass(frozen=True)
@@ -82,6 +88,8 @@ class PinRecord:
     mode: int | None = None  # a pin written as a file: its st_mode (None: a link's pin)
     mtime_ns: int | None = None
     size: int | None = None
+    uid: int | None = None  # a file's owner and group (None: the mount's owner's)
+    gid: int | None = None
 
     @property
     def attrs(self) -> FileAttrs | None:
@@ -89,7 +97,8 @@ class PinRecord:
         if self.mode is None:
             return None
         mtime = self.created_ns if self.mtime_ns is None else self.mtime_ns
-        return FileAttrs(self.mode, mtime, 0 if self.size is None else self.size)
+        size = 0 if self.size is None else self.size
+        return FileAttrs(self.mode, mtime, size, self.uid, self.gid)
 
 
 @dataclass(frozen=True)
@@ -100,6 +109,8 @@ class PinDir:
     created_ns: int
     mode: int
     mtime_ns: int
+    uid: int | None = None  # its owner and group (None: the mount's owner's)
+    gid: int | None = None
 
 
 Entry = PinRecord | PinDir
@@ -107,7 +118,7 @@ Entry = PinRecord | PinDir
 
 def _entry(row: Sequence) -> Entry:
     """A row of _COLUMNS as its record."""
-    name, key, created, mode, mtime, size = row
+    name, key, created, mode, mtime, size, uid, gid = row
     key = bytes(key)
     if key == DIR_KEY:
         return PinDir(
@@ -115,8 +126,10 @@ def _entry(row: Sequence) -> Entry:
             created,
             mode if mode is not None else stat.S_IFDIR | 0o755,
             mtime if mtime is not None else created,
+            uid,
+            gid,
         )
-    return PinRecord(name, Key(key), created, mode, mtime, size)
+    return PinRecord(name, Key(key), created, mode, mtime, size, uid, gid)
 
 
 def valid_pin_name(name: str) -> bool:
@@ -180,16 +193,30 @@ def below(prefix: str) -> str:
 
 def intent_name(name: str, attrs: FileAttrs) -> str:
     """The name an intent (alkfs/intents.py) of a file written into /pins carries: the
-    path and the file's mode and time after a NUL each (no name holds a NUL)."""
-    return f"{name}\0{attrs.mode}\0{attrs.mtime_ns}"
+    path and the file's mode and time after a NUL each (no name holds a NUL), then, for
+    a file given an owner or a group, both (each empty for None) after a NUL each."""
+    text = f"{name}\0{attrs.mode}\0{attrs.mtime_ns}"
+    if attrs.uid is None and attrs.gid is None:
+        return text  # (the form before owners: what an older daemon logged)
+    return f"{text}\0{_id_text(attrs.uid)}\0{_id_text(attrs.gid)}"
 
 
 def from_intent(name: str, size: int) -> tuple[str, FileAttrs | None]:
-    """(the pin name, the file's attributes or None) of an intent's name."""
+    """(the pin name, the file's attributes or None) of an intent's name (either form
+    `intent_name` writes)."""
     if "\0" not in name:
         return name, None
-    path, mode, mtime = name.split("\0")
-    return path, FileAttrs(int(mode), int(mtime), size)
+    path, mode, mtime, *owner = name.split("\0")
+    uid, gid = (_id_of(owner[0]), _id_of(owner[1])) if owner else (None, None)
+    return path, FileAttrs(int(mode), int(mtime), size, uid, gid)
+
+
+def _id_text(n: int | None) -> str:
+    return "" if n is None else str(n)
+
+
+def _id_of(text: str) -> int | None:
+    return None if text == "" else int(text)
 
 
 class NameFilter:
@@ -519,7 +546,7 @@ class Pins:
         for hook in store.changed_hooks:  # (committed now: listings may be made anew)
             hook()
 
-    _ROWS = 200  # pin rows an INSERT of `_insert_new` takes (6 parameters each)
+    _ROWS = 200  # pin rows an INSERT of `_insert_new` takes (8 parameters each)
 
     def _insert_new(self, rows: Sequence[tuple[str | None, Key, FileAttrs | None]]) -> set[str]:
         """Pin rows for the names not taken yet, a few statements for all (the caller
@@ -541,7 +568,7 @@ class Pins:
                     row[0]
                     for row in conn.execute(
                         f"INSERT INTO pins ({_COLUMNS}) VALUES "
-                        + ",".join(["(?,?,?,?,?,?)"] * len(part))
+                        + ",".join(["(?,?,?,?,?,?,?,?)"] * len(part))
                         + " ON CONFLICT (name) DO NOTHING RETURNING name",
                         params,
                     ).fetchall()
@@ -564,14 +591,15 @@ class Pins:
     ) -> tuple[PinRecord, bool]:
         """The pin row (the caller holds `key`'s pin and is inside `misses.changing()`):
         (the record, whether it was written). The same object pinned again under its
-        name takes the file attributes given (a file written and closed again)."""
+        name takes the file attributes given (a file written and closed again), its
+        owner and group included."""
         self.misses.adding(name)
         with self.tables.tx() as conn:
             if tree:
                 self._parent_there(conn, name)
             record = PinRecord(name, key, self._stamps(), *_attr_values(attrs))
             new = (name, key.raw, record.created_ns, *_attr_values(attrs))
-            insert = f"INSERT INTO pins ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?)"
+            insert = f"INSERT INTO pins ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
             # a new name (as nearly always) in one statement; a taken one is looked at
             if conn.execute(insert + " ON CONFLICT (name) DO NOTHING", new).rowcount != 1:
                 row = conn.execute(
@@ -585,7 +613,8 @@ class Pins:
                         if attrs is None or there.attrs == attrs:
                             return there, False
                         conn.execute(
-                            "UPDATE pins SET mode = ?, mtime_ns = ?, size = ? WHERE name = ?",
+                            "UPDATE pins SET mode = ?, mtime_ns = ?, size = ?, uid = ?, gid = ?"
+                            " WHERE name = ?",
                             (*_attr_values(attrs), name),
                         )
                         return PinRecord(name, key, there.created_ns, *_attr_values(attrs)), False
@@ -669,10 +698,9 @@ class Pins:
                     else:
                         self.misses.adding_many(n for (n,) in names)
             conn.execute("UPDATE pins SET name = ? WHERE name = ?", (new, old))
-        # (no counter move: the same objects stay pinned)
-        if isinstance(moved, PinDir):
-            return PinDir(new, moved.created_ns, moved.mode, moved.mtime_ns)
-        return PinRecord(new, moved.key, moved.created_ns, moved.mode, moved.mtime_ns, moved.size)
+        # (no counter move: the same objects stay pinned; the row keeps all else, its
+        # owner and group included)
+        return dataclasses.replace(moved, name=new)
 
     MOVED_NAMES = 100_000  # names below a moved directory added to the filter (more: dropped)
 
@@ -764,19 +792,27 @@ class Pins:
             is not None
         )
 
-    def mkdir(self, name: str, mode: int, mtime_ns: int | None = None) -> PinDir:
+    def mkdir(
+        self,
+        name: str,
+        mode: int,
+        mtime_ns: int | None = None,
+        uid: int | None = None,
+        gid: int | None = None,
+    ) -> PinDir:
         """Make the directory `name` in /pins (Exists: the name is taken; Missing: the
-        directory it would be in does not exist)."""
+        directory it would be in does not exist); `uid`, `gid`: its owner and group
+        (None: the mount's owner's)."""
         self._check_name(name, tree=True)
         stamp = self._stamps()
-        made = PinDir(name, stamp, stat.S_IFDIR | stat.S_IMODE(mode), mtime_ns or stamp)
+        made = PinDir(name, stamp, stat.S_IFDIR | stat.S_IMODE(mode), mtime_ns or stamp, uid, gid)
         with self.misses.changing(), self.tables.tx() as conn:
             self.misses.adding(name)
             self._parent_there(conn, name)
             inserted = conn.execute(
-                f"INSERT INTO pins ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, NULL)"
+                f"INSERT INTO pins ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, NULL, ?, ?)"
                 " ON CONFLICT (name) DO NOTHING",
-                (name, DIR_KEY, stamp, made.mode, made.mtime_ns),
+                (name, DIR_KEY, stamp, made.mode, made.mtime_ns, uid, gid),
             ).rowcount
             if inserted != 1:
                 raise Exists(f"{name!r} exists in /pins")
@@ -798,9 +834,12 @@ class Pins:
         created_ns: int,
         mode: int | None = None,
         mtime_ns: int | None = None,
+        uid: int | None = None,
+        gid: int | None = None,
     ) -> Entry:
-        """Set the permission bits (of `mode`) and the time of the file or directory
-        `name` made at `created_ns` (Missing: gone, replaced, or a link's pin)."""
+        """Set the permission bits (of `mode`), the time, the owner and the group of the
+        file or directory `name` made at `created_ns` (each None: as it is; Missing:
+        gone, replaced, or a link's pin). Who may change an owner is the caller's rule."""
         with self.tables.tx() as conn:
             row = conn.execute(f"SELECT {_COLUMNS} FROM pins WHERE name = ?", (name,)).fetchone()
             there = None if row is None else _entry(row)
@@ -808,12 +847,19 @@ class Pins:
                 raise Missing(f"{name!r} is gone from /pins")
             new_mode = there.mode if mode is None else stat.S_IFMT(there.mode) | stat.S_IMODE(mode)
             new_mtime = there.mtime_ns if mtime_ns is None else mtime_ns
+            new_uid = there.uid if uid is None else uid
+            new_gid = there.gid if gid is None else gid
             conn.execute(
-                "UPDATE pins SET mode = ?, mtime_ns = ? WHERE name = ?", (new_mode, new_mtime, name)
+                "UPDATE pins SET mode = ?, mtime_ns = ?, uid = ?, gid = ? WHERE name = ?",
+                (new_mode, new_mtime, new_uid, new_gid, name),
             )
         if isinstance(there, PinDir):
-            return PinDir(name, created_ns, new_mode, new_mtime or created_ns)
-        return PinRecord(name, there.key, created_ns, new_mode, new_mtime, there.size)
+            return dataclasses.replace(
+                there, mode=new_mode, mtime_ns=new_mtime or created_ns, uid=new_uid, gid=new_gid
+            )
+        return dataclasses.replace(
+            there, mode=new_mode, mtime_ns=new_mtime, uid=new_uid, gid=new_gid
+        )
 
     # -- reading -------------------------------------------------------------------------
     def prime(self) -> bool:
@@ -832,7 +878,9 @@ class Pins:
         rows = self.tables.read(
             f"SELECT {_COLUMNS} FROM pins WHERE key <> ? ORDER BY name", (DIR_KEY,)
         )
-        return [PinRecord(n, Key(bytes(k)), t, m, mt, sz) for n, k, t, m, mt, sz in rows]
+        return [
+            PinRecord(n, Key(bytes(k)), t, m, mt, sz, u, g) for n, k, t, m, mt, sz, u, g in rows
+        ]
 
     def get(self, name: str) -> PinRecord | None:
         """The pin `name` (None: none; a directory of /pins is no pin)."""
@@ -892,8 +940,10 @@ class Pins:
             return False
 
 
-def _attr_values(attrs: FileAttrs | None) -> tuple[int | None, int | None, int | None]:
-    """A file's (mode, mtime_ns, size) columns (NULLs: a link's pin)."""
+def _attr_values(
+    attrs: FileAttrs | None,
+) -> tuple[int | None, int | None, int | None, int | None, int | None]:
+    """A file's (mode, mtime_ns, size, uid, gid) columns (NULLs: a link's pin)."""
     if attrs is None:
-        return (None, None, None)
-    return (attrs.mode, attrs.mtime_ns, attrs.size)
+        return (None, None, None, None, None)
+    return (attrs.mode, attrs.mtime_ns, attrs.size, attrs.uid, attrs.gid)

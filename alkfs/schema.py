@@ -10,10 +10,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 """The version of the tables below. Version 1 is every store made before the version was
 recorded (the tables are the same), so such a store only gets the row. Version 2: the
-pins' mode, mtime_ns and size (files and directories written into /pins)."""
+pins' mode, mtime_ns and size (files and directories written into /pins). Version 3:
+the pins' uid and gid (their owner and group; NULL, as every row migrated has: the
+mount's owner, as shown before)."""
 
 
 @dataclass(frozen=True)
@@ -160,6 +162,10 @@ PINS = Table(
         Column("mode", "int", "a file or directory: its st_mode (NULL: a link's pin)", null=True),
         Column("mtime_ns", "int", "a file or directory: its modification time", null=True),
         Column("size", "int", "a file: its object's size", null=True),
+        Column("uid", "int", "a file or directory: its owner (NULL: the mount's owner)", null=True),
+        Column(
+            "gid", "int", "a file or directory: its group (NULL: the mount's owner's)", null=True
+        ),
     ),
     ("name",),
     indexes=(("pins_key", ("key",)),),
@@ -328,6 +334,10 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
         "ALTER TABLE pins ADD COLUMN mode bigint",
         "ALTER TABLE pins ADD COLUMN mtime_ns bigint",
         "ALTER TABLE pins ADD COLUMN size bigint",
+    ),
+    3: (
+        "ALTER TABLE pins ADD COLUMN uid bigint",
+        "ALTER TABLE pins ADD COLUMN gid bigint",
     ),
 }
 """version -> statements that bring a store of the version before it up to it (a new

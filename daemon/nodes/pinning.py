@@ -95,21 +95,35 @@ def rmdir(pins: Any, name: str) -> None:
 
 
 def set_attrs(
-    pins: Any, name: str, created_ns: int, mode: int | None, mtime_ns: int | None
+    pins: Any,
+    name: str,
+    created_ns: int,
+    mode: int | None,
+    mtime_ns: int | None,
+    uid: int | None = None,
+    gid: int | None = None,
 ) -> Entry:
+    """The mode, time, owner and group of a file or directory of /pins (each None: as
+    it is; the caller checked who may change an owner)."""
     with PIN_LOCK:
-        return pins.set_attrs(name, created_ns, mode, mtime_ns)
+        return pins.set_attrs(name, created_ns, mode, mtime_ns, uid, gid)
 
 
 def set_file_attrs(
-    pins: Any, name: str, key: Key, mode: int | None, mtime_ns: int | None
+    pins: Any,
+    name: str,
+    key: Key,
+    mode: int | None,
+    mtime_ns: int | None,
+    uid: int | None = None,
+    gid: int | None = None,
 ) -> Entry | None:
     """`set_attrs` of the file pin `name` if it still names `key` (None: it does not)."""
     with PIN_LOCK:
         rec = pins.get(name)
         if rec is None or rec.key != key or rec.mode is None:
             return None
-        return pins.set_attrs(name, rec.created_ns, mode, mtime_ns)
+        return pins.set_attrs(name, rec.created_ns, mode, mtime_ns, uid, gid)
 
 
 def unpin(pins: Any, name: str, key: Key | None = None) -> None:

@@ -2,8 +2,10 @@
 
 Its entries (nodes/pintree.py): a pin made by `ln -s`, setfattr or the CLI is a symbolic
 link `<name> -> ../objects/<algo>/<hex>` (one `../` more per directory level); a pin
-written as a file is a regular file with its object's size and the mode and time its
-writer gave; a directory of pins is a directory. Pins come and go (setfattr on an
+written as a file is a regular file with its object's size and the mode, time, owner and
+group its writer gave; a directory of pins is a directory with its own (an owner or
+group never set is the mount's; root gives any, an owner only its own groups:
+`pintree.owner_change`). Pins come and go (setfattr on an
 object, the command line, another daemon of a fleet), so entries and attributes expire
 after a second.
 
@@ -31,6 +33,7 @@ at most 4,096 bytes in all: ENAMETOOLONG, nothing changed):
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import re
 import stat
@@ -59,7 +62,7 @@ from . import pinning
 from .base import DYNAMIC_TIMEOUT, FIRST_OFFSET, Dir, Emit, File, Node
 from .handles import DirHandle, Handle
 from .objfile import ObjectFile
-from .pintree import PinFile, PinFileEntry, PinLink, Tree, leaf_of, set_owned_attrs
+from .pintree import PinFile, PinFileEntry, PinLink, Tree, leaf_of, set_owned_attrs, show_owner
 from .policy import noop_setattr
 
 if TYPE_CHECKING:
@@ -262,7 +265,8 @@ class TreeDir(Dir):
 
     async def link(self, name: bytes, node: Node, req: RequestContext) -> Node:
         """`ln PIN NAME` (tar's and cp -a's hard links): the same object pinned again
-        under NAME, with the same attributes (another row: its own inode)."""
+        under NAME, with the same attributes, owner and group (another row: its own
+        inode)."""
         if not isinstance(node, (PinFileEntry, PinLink)):
             fail(errno.EPERM, "only a pin can be linked in /pins")
         path, text = self._new(name)
@@ -464,17 +468,12 @@ class TreeDir(Dir):
                     node.moved(parent, moved)
                 elif rec.name.startswith(below):
                     name = _rebased(rec.name, old, new)
-                    node.moved(node.parent, PinDir(name, rec.created_ns, rec.mode, rec.mtime_ns))
+                    node.moved(node.parent, dataclasses.replace(rec, name=name))
             elif isinstance(node, (PinLink, PinFileEntry)):
                 rec2 = node.record
                 if rec2.name.startswith(below):
                     name = _rebased(rec2.name, old, new)
-                    node.moved(
-                        node.parent,
-                        PinRecord(
-                            name, rec2.key, rec2.created_ns, rec2.mode, rec2.mtime_ns, rec2.size
-                        ),
-                    )
+                    node.moved(node.parent, dataclasses.replace(rec2, name=name))
 
 
 class PinsDir(TreeDir):
@@ -494,7 +493,8 @@ class PinsDir(TreeDir):
 
 
 class PinSubdir(TreeDir):
-    """A directory of pins: the mode and time it was given (its row keeps them)."""
+    """A directory of pins: the mode, time, owner and group it was given (its row keeps
+    them)."""
 
     __slots__ = ("record",)
 
@@ -513,6 +513,9 @@ class PinSubdir(TreeDir):
     def mtime_ns(self) -> int:
         return self.record.mtime_ns
 
+    def attr(self) -> pyfuse3.EntryAttributes:
+        return show_owner(self.ctx, super().attr(), self.record)
+
     async def getattr(self, req: RequestContext) -> pyfuse3.EntryAttributes:
         found = self.ctx.pins.entry(self.record.name)
         if not isinstance(found, PinDir) or found.created_ns != self.record.created_ns:
@@ -526,7 +529,7 @@ class PinSubdir(TreeDir):
         a = self.attr()
         if fields.update_size:
             fail(errno.EISDIR, f"/pins/{self.record.name} is a directory")
-        got = await set_owned_attrs(self.ctx, self.record, a, attr, fields)
+        got = await set_owned_attrs(self.ctx, self.record, a, attr, fields, req)
         if got is not None:
             assert isinstance(got, PinDir)
             self.record = got

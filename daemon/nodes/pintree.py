@@ -4,14 +4,21 @@ are nodes/pins.py's.
 - `PinLink`: a pin made by `ln -s`, setfattr or the CLI, a symbolic link
   `<name> -> ../objects/<algo>/<hex>` with one `../` more per directory level.
 - `PinFileEntry`: a pin written as a file, a regular file of its object's size with the
-  mode and time its writer gave (chmod, touch, utime set them: the pin's row keeps
-  them), its key in `user.alkfs.key`; reads are its object's, verified.
+  mode, time, owner and group its writer gave (chmod, touch, utime, chown set them: the
+  pin's row keeps them; an owner never set is the mount's), its key in
+  `user.alkfs.key`; reads are its object's, verified.
 - `PinFile`: a file being written (a StagedFile): one writer only; on close its content
   is stored and pinned under its path with its attributes, and the entry becomes a
   `PinFileEntry`.
 - `Tree`: what the mount keeps of /pins besides the database: the files being written
   (by their path), the paths whose intent is logged and not applied yet, the last path
   found unpinned.
+
+Who may change an owner or a group (`owner_change`, Linux's rules): root (a request of
+uid 0) any; any other user no owner, and a group only of what it shows as its own, to
+its group or one of its supplementary groups (/proc/<pid>/status); anything else is
+EPERM, a chown to what it is a no-op. A pin made as a link keeps no owner
+(`noop_setattr`).
 
 An entry's identity is its row's (creation time and key), never its name: a rename
 keeps its inode, a name pinned again is another inode (another row).
@@ -57,21 +64,66 @@ def leaf_of(name: str) -> bytes:
     return path_bytes(name[name.rfind("/") + 1 :])
 
 
-async def set_owned_attrs(ctx: Context, rec: Any, now: Any, attr: Any, fields: Any) -> Any:
-    """A pin's or a directory of pins' setattr: an owner or group other than its own is
-    EPERM; a mode or modification time is kept in its row. The row as it is now, or None
-    when nothing of it changed."""
-    if (fields.update_uid and attr.st_uid != now.st_uid) or (
-        fields.update_gid and attr.st_gid != now.st_gid
-    ):
-        fail(errno.EPERM, f"/pins/{rec.name}: its owner cannot change")
+def groups_of(pid: int | None) -> frozenset[int] | None:
+    """The supplementary groups of the process `pid` (the `Groups:` line of
+    /proc/<pid>/status; None: unreadable, e.g. the process is gone)."""
+    if not pid:
+        return None
+    try:
+        with open(f"/proc/{int(pid)}/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"Groups:"):
+                    return frozenset(int(g) for g in line.split()[1:])
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+def owner_change(
+    req: RequestContext | None, uid: int, gid: int, attr: Any, fields: Any, what: str
+) -> tuple[int | None, int | None]:
+    """The owner and group a setattr asks `what` (shown as `uid`:`gid`) to take, each None
+    when not asked or the same as now (a no-op), once allowed (see the module docstring;
+    EPERM otherwise)."""
+    new_uid = attr.st_uid if fields.update_uid and attr.st_uid != uid else None
+    new_gid = attr.st_gid if fields.update_gid and attr.st_gid != gid else None
+    if new_uid is None and new_gid is None:
+        return None, None
+    asker = getattr(req, "uid", None)
+    if asker == 0:
+        return new_uid, new_gid
+    if new_uid is not None:
+        fail(errno.EPERM, f"{what}: only root gives it another owner")
+    if asker != uid:
+        fail(errno.EPERM, f"{what}: only its owner (or root) changes its group")
+    if new_gid != getattr(req, "gid", None):
+        groups = groups_of(getattr(req, "pid", None))
+        if groups is None or new_gid not in groups:
+            fail(errno.EPERM, f"{what}: uid {asker} is not in the group {new_gid}")
+    return new_uid, new_gid
+
+
+def show_owner(ctx: Context, a: pyfuse3.EntryAttributes, rec: Any) -> pyfuse3.EntryAttributes:
+    """`a` with the owner and group of the row `rec` (none kept: the mount's owner's)."""
+    a.st_uid = ctx.uid if rec.uid is None else rec.uid
+    a.st_gid = ctx.gid if rec.gid is None else rec.gid
+    return a
+
+
+async def set_owned_attrs(
+    ctx: Context, rec: Any, now: Any, attr: Any, fields: Any, req: RequestContext | None
+) -> Any:
+    """A pin's or a directory of pins' setattr: its mode, modification time, owner and
+    group are kept in its row (an owner or group by `owner_change`'s rules). The row as
+    it is now, or None when nothing of it changed."""
+    uid, gid = owner_change(req, now.st_uid, now.st_gid, attr, fields, f"/pins/{rec.name}")
     mode = stat.S_IMODE(attr.st_mode) if fields.update_mode else None
     mtime = attr.st_mtime_ns if fields.update_mtime else None
-    if mode is None and mtime is None:
+    if mode is None and mtime is None and uid is None and gid is None:
         return None
     try:
         return await ctx.run_sync(
-            pinning.set_attrs, ctx.pins, rec.name, rec.created_ns, mode, mtime
+            pinning.set_attrs, ctx.pins, rec.name, rec.created_ns, mode, mtime, uid, gid
         )
     except Missing:
         fail(errno.ENOENT, f"/pins/{rec.name} is gone")
@@ -142,7 +194,8 @@ class PinLink(Symlink):
 
 
 class PinFileEntry(File):
-    """A pin written as a file: its object's bytes, the mode and time it was given."""
+    """A pin written as a file: its object's bytes, the mode, time, owner and group it
+    was given."""
 
     entry_timeout = DYNAMIC_TIMEOUT
     attr_timeout = DYNAMIC_TIMEOUT
@@ -164,6 +217,9 @@ class PinFileEntry(File):
     def mtime_ns(self) -> int:
         rec = self.record
         return rec.created_ns if rec.mtime_ns is None else rec.mtime_ns
+
+    def attr(self) -> pyfuse3.EntryAttributes:
+        return show_owner(self.ctx, super().attr(), self.record)
 
     def _fresh(self) -> PinRecord:
         """The row as it is now (ENOENT: unpinned, or the name pinned anew)."""
@@ -188,12 +244,13 @@ class PinFileEntry(File):
     async def setattr(
         self, attr: Any, fields: Any, handle: Handle | None, req: RequestContext
     ) -> Any:
-        """chmod and the modification time are the pin's (its row keeps them); a size,
-        owner or group other than its own is EPERM, an access time alone is ignored."""
+        """chmod, chown and the modification time are the pin's (its row keeps them;
+        `owner_change` says who may chown); a size other than its own is EPERM, an
+        access time alone is ignored."""
         a = self.attr()
         if fields.update_size and attr.st_size != a.st_size:
             fail(errno.EPERM, f"/pins/{self.record.name}: its size cannot change")
-        got = await set_owned_attrs(self.ctx, self.record, a, attr, fields)
+        got = await set_owned_attrs(self.ctx, self.record, a, attr, fields, req)
         if got is not None:
             assert isinstance(got, PinRecord)
             self.record = got
@@ -216,21 +273,23 @@ class PinFileEntry(File):
 class PinFile(StagedFile):
     """A new file in /pins (its path there: `pin_path`): one writer only (a second write
     open would truncate or interleave with the first writer's bytes, and the last close
-    would win)."""
+    would win). Its owner and group, shown as the StagedFile's, are the mount's until a
+    chown (`owner_change`'s rules) sets them (`owner`: what its row takes)."""
 
-    __slots__ = ("pin_path",)
+    __slots__ = ("pin_path", "owner")
 
     def __init__(self, ctx: Context, host: Any, parent: Node, name: bytes, path: bytes, mode: int):
         super().__init__(ctx, host, name, Algorithm.SHA256, mode=mode)
         self.parent = parent  # (the directory it is listed in; `host` stores it)
         self.pin_path = path
+        self.owner: tuple[int | None, int | None] = (None, None)  # (uid, gid) set by chown
 
     @property
     def pin_name(self) -> str:
         return path_text(self.pin_path)
 
     def file_attrs(self, size: int) -> FileAttrs:
-        return FileAttrs(stat.S_IFREG | self.perm, self.times_ns, size)
+        return FileAttrs(stat.S_IFREG | self.perm, self.times_ns, size, *self.owner)
 
     async def open(self, flags: int, req: RequestContext) -> Handle:
         if wants_write(flags) and self.opens > 0 and not self.writer.closed:
@@ -250,9 +309,14 @@ class PinFile(StagedFile):
     ) -> Any:
         """Recorded until the content is stored (the pin takes them); once it is (a
         chmod right after the close, racing the commit of an empty file at release; a
-        descriptor still open), they go to the pin's row too."""
+        descriptor still open), they go to the pin's row too. An owner or group by
+        `owner_change`'s rules (EPERM: nothing changes)."""
+        uid, gid = owner_change(req, self.uid, self.gid, attr, fields, f"/pins/{self.pin_name}")
         out = await super().setattr(attr, fields, handle, req)
-        if not (fields.update_mode or fields.update_mtime):
+        if uid is not None or gid is not None:
+            was_uid, was_gid = self.owner
+            self.owner = (was_uid if uid is None else uid, was_gid if gid is None else gid)
+        if not (fields.update_mode or fields.update_mtime or uid is not None or gid is not None):
             return out
         await self.settled()
         if self.key is not None and not self.writer.dirty and not self.unlinked:
@@ -267,5 +331,7 @@ class PinFile(StagedFile):
                 self.key,
                 self.perm if fields.update_mode else None,
                 self.times_ns if fields.update_mtime else None,
+                uid,
+                gid,
             )
         return out

@@ -24,7 +24,8 @@ Three pieces, shared by every directory that accepts new files (/objects/<algo>,
     went), `publish_in_thread(node, result)` and `stored_file(st)`. Its entry timeout
     is 0: its name may vanish or turn into another node at close, and the kernel must
     ask again. `chmod`/`chown`/`utime` on it are
-    recorded (it is the writer's private file until it is stored); `truncate` applies.
+    recorded (it is the writer's private file until it is stored; /pins' PinFile checks
+    a chown first and keeps the owner in the pin); `truncate` applies.
 
 `StagedHandle(node)` — an open file on a StagedFile: `flush` (every close) commits and
     publishes what was written since the last commit, so `close()` reports a refusal

@@ -504,6 +504,83 @@ def test_an_intent_of_a_file_in_pins_carries_its_attributes():
     assert from_intent("plain", 3) == ("plain", None)
 
 
+OWNED = FileAttrs(stat.S_IFREG | 0o640, 1_234_567_890_123_456_789, 5, 1234, 5678)
+
+
+def test_owners_are_set_at_creation_kept_by_renames_and_changed_by_set_attrs(tmp_path, app):
+    """The owner and group (None: the mount's owner's) travel with the row: set when the
+    file or directory is made, kept by a rename of it or of a directory above it, by
+    `ln`'s pin of the same attributes and across a reopen, changed by `set_attrs`."""
+    pins = app.pins
+    made = pins.mkdir("d", 0o750, mtime_ns=7, uid=1234, gid=5678)
+    assert (made.uid, made.gid) == (1234, 5678) and pins.entry("d") == made
+    pins.mkdir("d/sub", 0o755)
+    assert (pins.entry("d/sub").uid, pins.entry("d/sub").gid) == (None, None)
+    _, rec = pins.put_pinned("d/sub/f", b"hello", attrs=OWNED, tree=True)
+    assert (rec.uid, rec.gid) == (1234, 5678) and pins.get("d/sub/f").attrs == OWNED
+    _, plain = pins.put_pinned("d/plain", b"plain", attrs=FILE, tree=True)
+    assert (plain.uid, plain.gid) == (None, None)
+    pins.pin("d/again", rec.key, attrs=pins.get("d/sub/f").attrs, tree=True)  # (`ln`)
+    assert pins.get("d/again").attrs == OWNED
+
+    moved = pins.move("d/sub/f", "d/g")  # a pin
+    assert (moved.uid, moved.gid) == (1234, 5678) and pins.get("d/g") == moved
+    pins.move("d", "e")  # a directory, with everything below it
+    assert (pins.entry("e").uid, pins.entry("e").gid) == (1234, 5678)
+    assert pins.get("e/g").attrs == OWNED and pins.entry("e/sub").uid is None
+    assert [(r.name, r.uid, r.gid) for r in pins.list()] == [
+        ("e/again", 1234, 5678),
+        ("e/g", 1234, 5678),
+        ("e/plain", None, None),
+    ]
+
+    got = pins.set_attrs("e/g", rec.created_ns, gid=65534)  # a group alone
+    assert (got.uid, got.gid, got.mode) == (1234, 65534, OWNED.mode) and pins.get("e/g") == got
+    got = pins.set_attrs("e/plain", plain.created_ns, mtime_ns=9, uid=0, gid=0)
+    assert (got.uid, got.gid, got.mtime_ns) == (0, 0, 9) and pins.get("e/plain") == got
+    e = pins.entry("e")
+    assert pins.set_attrs("e", e.created_ns, uid=65534) == PinDir(
+        "e", e.created_ns, stat.S_IFDIR | 0o750, 7, 65534, 5678
+    )
+    # the same object written again under its name takes the owner given
+    pins.put_pinned("e/g", b"hello", attrs=FILE, tree=True)
+    assert (pins.get("e/g").uid, pins.get("e/g").gid) == (None, None)
+    pins.put_pinned("e/g", b"hello", attrs=OWNED, tree=True)
+    assert pins.get("e/g").attrs == OWNED
+    app.close()
+    with Alkfs.open(tmp_path / "store") as again:
+        assert again.pins.get("e/g").attrs == OWNED
+        assert (again.pins.entry("e").uid, again.pins.entry("e").gid) == (65534, 5678)
+        assert again.pins.get("e/plain").uid == 0
+
+
+def test_an_intent_carries_the_owner_and_one_of_the_form_before_owners_still_parses():
+    """A file given an owner logs it in its intent's name; an intent logged before (three
+    fields: pending in a log when alkfs was upgraded) is read as it was."""
+    name = intent_name("a/My File.pdf", OWNED)
+    assert name.count("\0") == 4 and from_intent(name, OWNED.size) == ("a/My File.pdf", OWNED)
+    group_only = FileAttrs(FILE.mode, FILE.mtime_ns, FILE.size, None, 5678)
+    assert from_intent(intent_name("g", group_only), FILE.size) == ("g", group_only)
+    old = f"a/My File.pdf\0{FILE.mode}\0{FILE.mtime_ns}"  # (as an older daemon logged it)
+    assert intent_name("a/My File.pdf", FILE) == old
+    assert from_intent(old, FILE.size) == ("a/My File.pdf", FILE)
+    assert (FILE.uid, FILE.gid) == (None, None)
+
+
+def test_intents_applied_many_at_a_time_keep_the_owner(app):
+    data = b"hello"
+    key = Key.derive(Algorithm.SHA256, data)
+    app.pins.mkdir("d", 0o755)
+    app.pins.put_pinned_many(
+        [
+            (intent_name("d/owned", OWNED), key, data),
+            (f"d/old\0{FILE.mode}\0{FILE.mtime_ns}", key, data),
+        ]
+    )
+    assert app.pins.get("d/owned").attrs == OWNED
+    assert app.pins.get("d/old").attrs == FILE
+
+
 def test_pins_in_directories_keep_their_objects_across_a_reopen_and_sweeps(tmp_path, app):
     pins = app.pins
     pins.mkdir(".hidden dir", 0o755)
@@ -536,7 +613,7 @@ def test_a_store_made_before_the_pins_had_attributes_is_migrated(tmp_path):
         app.pins.pin("old", key)
     conn = stdlib_sqlite3.connect(root / "store.db", isolation_level=None)
     try:  # (as version 1 left it)
-        for column in ("mode", "mtime_ns", "size"):
+        for column in ("mode", "mtime_ns", "size", "uid", "gid"):
             conn.execute(f"ALTER TABLE pins DROP COLUMN {column}")
         conn.execute("UPDATE meta SET value = '1' WHERE name = 'schema_version'")
     finally:
@@ -549,7 +626,7 @@ def test_a_store_made_before_the_pins_had_attributes_is_migrated(tmp_path):
         version = app.store.db.execute(
             "SELECT value FROM meta WHERE name = 'schema_version'"
         ).fetchone()[0]
-        assert version == str(SCHEMA_VERSION) == "2"
+        assert version == str(SCHEMA_VERSION) == "3"
 
 
 def test_a_postgresql_store_made_before_the_pins_had_attributes_is_migrated(tmp_path, pg_uri):
@@ -560,7 +637,10 @@ def test_a_postgresql_store_made_before_the_pins_had_attributes_is_migrated(tmp_
         key = app.store.add(b"old pin")
         app.pins.pin("old", key)
     with psycopg.connect(pg_uri, autocommit=True) as pg:  # (as version 1 left it)
-        pg.execute("ALTER TABLE pins DROP COLUMN mode, DROP COLUMN mtime_ns, DROP COLUMN size")
+        pg.execute(
+            "ALTER TABLE pins DROP COLUMN mode, DROP COLUMN mtime_ns, DROP COLUMN size,"
+            " DROP COLUMN uid, DROP COLUMN gid"
+        )
         pg.execute("UPDATE meta SET value = '1' WHERE name = 'schema_version'")
     with Alkfs.open(root, database=pg_uri) as app:
         assert [(r.name, r.key, r.mode) for r in app.pins.list()] == [("old", key, None)]
@@ -568,3 +648,90 @@ def test_a_postgresql_store_made_before_the_pins_had_attributes_is_migrated(tmp_
         app.pins.put_pinned("dir/f", b"new", attrs=FILE, tree=True)
         assert app.pins.get("dir/f").attrs == FILE
         assert [e.name for e in app.pins.children("")] == ["dir", "old"]
+
+
+def _as_version_2_left_it_sqlite(root) -> None:
+    import sqlite3 as stdlib_sqlite3
+
+    conn = stdlib_sqlite3.connect(root / "store.db", isolation_level=None)
+    try:
+        for column in ("uid", "gid"):
+            conn.execute(f"ALTER TABLE pins DROP COLUMN {column}")
+        conn.execute("UPDATE meta SET value = '2' WHERE name = 'schema_version'")
+    finally:
+        conn.close()
+
+
+def _a_version_2_tree(app) -> tuple[Key, int]:
+    """A store's pins as version 2 kept them: a link, a directory and a file in it."""
+    key = app.store.add(b"old pin")
+    app.pins.pin("old", key)
+    app.pins.mkdir("dir", 0o750, mtime_ns=7)
+    _, rec = app.pins.put_pinned("dir/f", b"old file", attrs=FILE, tree=True)
+    return key, rec.created_ns
+
+
+def _check_migrated_to_3(app, key: Key, created_ns: int) -> None:
+    pins = app.pins
+    assert [(r.key, r.mode, r.uid) for r in pins.list() if r.name == "old"] == [(key, None, None)]
+    assert pins.get("dir/f").attrs == FILE  # (no owner: the mount's, as shown before)
+    d = pins.entry("dir")
+    assert (d.mode, d.mtime_ns, d.uid, d.gid) == (stat.S_IFDIR | 0o750, 7, None, None)
+    got = pins.set_attrs("dir/f", created_ns, uid=1234, gid=5678)
+    assert pins.get("dir/f") == got and (got.uid, got.gid) == (1234, 5678)
+    pins.put_pinned("dir/new", b"new", attrs=OWNED, tree=True)
+    assert pins.get("dir/new").attrs == OWNED
+    pins.move("dir", "moved")
+    assert pins.get("moved/f").uid == 1234 and pins.get("moved/new").attrs == OWNED
+
+
+def test_a_store_made_before_the_pins_had_owners_is_migrated(tmp_path):
+    """A store of schema version 2 (the pins table without uid and gid) opens, gets the
+    columns (NULL: the mount's owner) and keeps its pins and their attributes."""
+    root = tmp_path / "old"
+    with Alkfs.open(root) as app:
+        key, created_ns = _a_version_2_tree(app)
+    _as_version_2_left_it_sqlite(root)
+    with Alkfs.open(root) as app:
+        _check_migrated_to_3(app, key, created_ns)
+        version = app.store.db.execute(
+            "SELECT value FROM meta WHERE name = 'schema_version'"
+        ).fetchone()[0]
+        assert version == str(SCHEMA_VERSION) == "3"
+    with Alkfs.open(root) as app:  # (and opens again as it is: nothing to migrate)
+        assert app.pins.get("moved/new").attrs == OWNED
+
+
+def test_a_postgresql_store_made_before_the_pins_had_owners_is_migrated(tmp_path, pg_uri):
+    import psycopg
+
+    root = tmp_path / "old"
+    with Alkfs.open(root, database=pg_uri) as app:
+        key, created_ns = _a_version_2_tree(app)
+    with psycopg.connect(pg_uri, autocommit=True) as pg:  # (as version 2 left it)
+        pg.execute("ALTER TABLE pins DROP COLUMN uid, DROP COLUMN gid")
+        pg.execute("UPDATE meta SET value = '2' WHERE name = 'schema_version'")
+    with Alkfs.open(root, database=pg_uri) as app:
+        _check_migrated_to_3(app, key, created_ns)
+    with psycopg.connect(pg_uri, autocommit=True) as pg:
+        version = pg.execute("SELECT value FROM meta WHERE name = 'schema_version'").fetchone()
+        assert version == ("3",)
+
+
+def test_a_postgresql_store_made_before_the_pins_had_owners_moves_back_to_sqlite(tmp_path, pg_uri):
+    """`alkfs migrate` back to sqlite of a version 2 store no open has brought up to date:
+    the store is migrated first, and its rows are copied whole."""
+    import psycopg
+
+    from alkfs.migrate import to_sqlite
+
+    root = tmp_path / "old"
+    with Alkfs.open(root, database=pg_uri) as app:
+        key, created_ns = _a_version_2_tree(app)
+    with psycopg.connect(pg_uri, autocommit=True) as pg:  # (as version 2 left it)
+        pg.execute("ALTER TABLE pins DROP COLUMN uid, DROP COLUMN gid")
+        pg.execute("UPDATE meta SET value = '2' WHERE name = 'schema_version'")
+    to_sqlite(root, pg_uri)
+    with Alkfs.open(root) as app:
+        assert app.store.db.engine == "sqlite"
+        _check_migrated_to_3(app, key, created_ns)
