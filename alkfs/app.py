@@ -14,6 +14,7 @@ from .gc import staged
 from .git import packs
 from .git.closure import RefClosure
 from .git.lfs import LfsMedia
+from .git.packed import PackedObjects
 from .git.refs import Refs
 from .keys import Key
 from .pins import Pins
@@ -45,6 +46,8 @@ class Alkfs:
             store.arbiter.register_protect(self.lfs.protect),
         ]
         store.delete_guards.append(functools.partial(packs.guard_deletes, store))
+        if store.path is not None and store.packed is None:  # git objects read from packs
+            store.packed = PackedObjects(store)
         store.verify_hooks.append(functools.partial(packs.verify_sets, store))
         if store.reserve is not None:  # a full disk drops the derived packs first
             store.reserve.shedders.append(functools.partial(packs.shed, store))

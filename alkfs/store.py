@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO, TypeVar, cast
+from typing import Any, BinaryIO, Protocol, TypeVar, cast
 
 from . import privacy
 from .binding import DB_NAME as DB_NAME
@@ -59,6 +59,7 @@ INERT_GRACE_NS = 3600 * 10**9  # a catalog row without its file is removed once 
 CHUNK = 1 << 20
 MODES = ("dual-tier", "kv-only", "mem")
 LARGE_DIR = "large"
+GIT_TAGS = (bytes([Algorithm.GIT_SHA1.value]), bytes([Algorithm.GIT_SHA256.value]))
 LOCK_NAME = "alkfs.lock"
 
 Source = bytes | bytearray | memoryview | BinaryIO | Iterable[bytes]
@@ -68,8 +69,22 @@ Source = bytes | bytearray | memoryview | BinaryIO | Iterable[bytes]
 class ObjectStat:
     key: Key
     size: int
-    tier: str  # "kv", "large" or "mem"
+    tier: str  # "kv", "large", "mem" or "packs" (a git object its packs hold, only there)
     stored_ns: int
+
+
+class PackedTier(Protocol):
+    """Git objects read from the store's packs (alkfs/git/packed.py registers one as
+    `Store.packed`): a lookup after the kv and large tiers."""
+
+    def stat(self, key: bytes) -> tuple[int, int] | None:
+        """(canonical size, stored ns) of a packed object; None when no pack holds it."""
+        ...
+
+    def read(self, key: bytes) -> bytes | None:
+        """Its canonical bytes, verified against the key (Corrupt if not); None when
+        no pack holds it."""
+        ...
 
 
 @dataclass(slots=True)
@@ -190,6 +205,9 @@ class Store:
         # Run at the end of `verify` (the layers above register them: alkfs/app.py adds
         # the derived packs' check).
         self.verify_hooks: list[Callable[[], object]] = []
+        # git objects in the store's packs (alkfs/app.py registers alkfs/git/packed.py's):
+        # looked up after the kv and large tiers, tier "packs"
+        self.packed: PackedTier | None = None
         self._verified: dict[bytes, tuple[int, int, int, int]] = {}
         self._lock_fd: int | None = None
         self._inert_upto = 0  # catalog rows stored up to this were looked at (reap_inert_rows)
@@ -553,7 +571,21 @@ class Store:
             e = self.large.stat(key)
             if e is not None:
                 return self._recorded(e), "large"
+        if self.packed is not None and key[:1] in GIT_TAGS:
+            found = self.packed.stat(key)
+            if found is not None:
+                return Entry(key, found[0], found[1]), "packs"
         return None
+
+    def _packed(self, key: Key) -> bytes | None:
+        """A packed git object's bytes, verified (Corrupt, marked, when they are not)."""
+        if self.packed is None or not key.algo.is_git:
+            return None
+        try:
+            return self.packed.read(key.raw)
+        except Corrupt:
+            self._mark_corrupt(key)
+            raise
 
     def _recorded(self, e: Entry) -> Entry:
         """A large file's entry as its catalog row has it: the recorded size (whatever
@@ -685,7 +717,7 @@ class Store:
         if data is not None:
             return self._check(key, data)
         if self.large is None:
-            return None
+            return self._packed(key)
         path = self.large.path(key.raw)
         try:
             with open(path, "rb") as f:
@@ -696,7 +728,7 @@ class Store:
                 if self.is_verified(key, st) and self.is_verified(key, os.fstat(f.fileno())):
                     return data
         except FileNotFoundError:
-            return None
+            return self._packed(key)
         self._check_large(key, data, st)
         self.remember_verified(key, st)
         return data
@@ -839,13 +871,16 @@ class Store:
             piece = self._check(key, data)[offset : offset + length]
         else:
             path = self.large_path(key)
-            if path is None:
-                return None
             try:
+                if path is None:
+                    raise FileNotFoundError
                 with open(path, "rb") as f:
                     piece = self._large_slice(key, f, offset, length)
             except FileNotFoundError:
-                return None
+                whole = self._packed(key)
+                if whole is None:
+                    return None
+                piece = whole[offset : offset + length]
         return piece, hashlib.sha256(piece).hexdigest()
 
     def _large_slice(self, key: Key, f: BinaryIO, offset: int, length: int) -> bytes:

@@ -61,6 +61,7 @@ RANKS = {
     "alkfs.git.refs": 6,
     "alkfs.git.closure": 6,
     "alkfs.git.revmark": 6,
+    "alkfs.git.packed": 6,
     "alkfs.git.packs": 6,
     "alkfs.git": 6,
     "alkfs.pins": 6,

@@ -27,7 +27,7 @@ from ..staging.writes import RepoKey, pid_of
 from .base import FIRST_OFFSET, Dir, Emit, Node, changes_anything
 from .handles import DirHandle, Handle, LoadedHandle, wants_write
 from .listing import PAGE, after_cookie, cookie
-from .objfile import LargeHandle, ObjectFile, verified_get
+from .objfile import INLINE_VERIFY, LargeHandle, ObjectFile, verified_get
 
 if TYPE_CHECKING:
     from ..context import Context
@@ -294,8 +294,10 @@ class LooseFile(ObjectFile):
         return handle
 
     async def load(self) -> bytes:
-        """The loose file of a kv object, verified (small ones inline, no thread hop)."""
-        return encode_loose(await verified_get(self.ctx, self.key, self.st.size))
+        """The loose file of a kv object, verified (small ones inline, no thread hop; a
+        packed one in a thread)."""
+        size = self.st.size if self.st.tier != "packs" else INLINE_VERIFY + 1
+        return encode_loose(await verified_get(self.ctx, self.key, size))
 
 
 class LooseLargeHandle(Handle):

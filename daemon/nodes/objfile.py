@@ -173,9 +173,9 @@ class ObjectFile(File):
                 os.close(fd)
                 raise
             return LargeHandle(self, fd, fst, record, verified)
-        handle = LoadedHandle(
-            self, functools.partial(verified_get, self.ctx, self.key, self.st.size)
-        )
+        # (a packed object is inflated and its delta chain applied: never on the trio thread)
+        inline = self.st.size if self.st.tier != "packs" else INLINE_VERIFY + 1
+        handle = LoadedHandle(self, functools.partial(verified_get, self.ctx, self.key, inline))
         if self.may_push():
             self.push(await handle.load())  # verified: a corrupt object fails its open
         return handle
@@ -218,6 +218,8 @@ class ObjectFile(File):
             path = store.large_path(self.key)
             with open(path, "rb") as f:  # type: ignore[arg-type]
                 head = f.read(MAX_HEADER)
+        elif self.st.tier == "packs":
+            head = store.get(self.key)  # (verified, from its pack)
         else:
             value = store.kv_value(self.key)
             head = None if value is None else value[:MAX_HEADER]
@@ -241,7 +243,7 @@ class ObjectFile(File):
         if name == X_SIZE:
             return str(self.st.size).encode()
         if name == X_TIER:
-            return b"large" if self.st.tier == "large" else b"kv"
+            return self.st.tier.encode() if self.st.tier in ("large", "packs") else b"kv"
         if name == X_GIT_TYPE and self.key.algo.is_git:
             return self._git_type().encode()
         if name == X_PINS:

@@ -1,0 +1,132 @@
+"""Git objects held only in the store's packs, read through a real mount: `/objects/git-sha1`,
+the loose view `/git/sha1/xx/` and git in `/repos/ID` give git's bytes; the tier says
+`packs`; a byte flipped in a pack fails (EIO) exactly the objects it affects, which
+`status` lists corrupt, while the rest are served."""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import os
+import subprocess
+import zlib
+from pathlib import Path
+
+import pytest
+from helpers import git, git_out
+
+from alkfs.app import Alkfs
+from alkfs.git import packs
+from alkfs.git.importer import import_repo
+from alkfs.git.packread import PackSet
+from alkfs.keys import Algorithm, Key
+
+pytestmark = pytest.mark.mount
+
+
+def _source(tmp_path: Path) -> Path:
+    src = tmp_path / "src"
+    git("init", "-q", "-b", "main", str(src))
+    for i in range(12):
+        (src / f"d{i % 3}").mkdir(exist_ok=True)
+        (src / f"d{i % 3}" / "f.txt").write_text("".join(f"line {j} of {i}\n" for j in range(40)))
+        (src / "top.txt").write_text(f"round {i}\n" * (i + 1))
+        git("add", "-A", cwd=src)
+        git("commit", "-q", "-m", f"c{i}", cwd=src)
+    git("repack", "-adq", cwd=src)
+    return src
+
+
+def _objects(src: Path) -> dict[str, bytes]:
+    ids = git_out("cat-file", "--batch-all-objects", "--batch-check=%(objectname)", cwd=src).split()
+    out = subprocess.run(
+        ["git", "cat-file", "--batch"],
+        cwd=src,
+        input="".join(i + "\n" for i in ids).encode(),
+        capture_output=True,
+        check=True,
+    ).stdout
+    objects, pos = {}, 0
+    for hexid in ids:
+        nl = out.index(b"\n", pos)
+        _got, kind, size = out[pos:nl].split()
+        body = out[nl + 1 : nl + 1 + int(size)]
+        objects[hexid] = b"%s %d\0" % (kind, len(body)) + body
+        pos = nl + 2 + int(size)
+    return objects
+
+
+def _packed_store(tmp_path: Path, src: Path) -> Path:
+    """A store holding `src`'s objects in its packs only (their kv rows dropped)."""
+    store = tmp_path / "store"
+    with Alkfs.open(store) as app:
+        import_repo(app, str(src / ".git"), "r", progress=False)
+        gen = packs.derived_for(app.store, "sha1").current()
+        assert gen is not None
+        for hexid in _objects(src):
+            key = Key.from_hex(Algorithm.GIT_SHA1, hexid)
+            assert key.digest in gen
+            assert app.store.engine_delete(key.raw) is not None
+    return store
+
+
+def test_packed_objects_read_through_every_view(tmp_path, start_mount):
+    src = _source(tmp_path)
+    objects = _objects(src)
+    m = start_mount(_packed_store(tmp_path, src))
+    for hexid, canonical in objects.items():
+        obj = m.path("objects", "git-sha1", hexid)
+        assert obj.read_bytes() == canonical
+        assert os.getxattr(obj, "user.alkfs.tier") == b"packs"
+        assert os.getxattr(obj, "user.alkfs.size") == str(len(canonical)).encode()
+        kind = canonical.split(b" ", 1)[0]
+        assert os.getxattr(obj, "user.alkfs.git.type") == kind
+        loose = m.path("git", "sha1", hexid[:2], hexid[2:])
+        assert zlib.decompress(loose.read_bytes()) == canonical
+    repo = m.path("repos", "r")
+    git("--git-dir", str(repo), "fsck", "--full", "--strict")
+    assert git_out("--git-dir", str(repo), "rev-parse", "main") == git_out(
+        "rev-parse", "main", cwd=src
+    )
+    assert json.loads(m.path(".alkfs", "status").read_text())["corrupt"] == []
+
+
+def _damage(pack: Path) -> None:
+    """Flip a byte of a pack's object data and write its checksums anew (the pack's
+    trailer, the idx's copy of it and the idx's own): a set whose files verify and whose
+    objects do not, which only the reads' hash of each object catches."""
+    data = bytearray(pack.read_bytes())
+    data[12 + (len(data) - 32) // 2] ^= 0x5A  # (past the header, before the trailer)
+    data[-20:] = hashlib.sha1(data[:-20]).digest()
+    idx_path = pack.with_suffix(".idx")
+    idx = bytearray(idx_path.read_bytes())
+    idx[-40:-20] = data[-20:]
+    idx[-20:] = hashlib.sha1(idx[:-20]).digest()
+    for path, content in ((pack, data), (idx_path, idx)):
+        path.chmod(0o644)
+        path.write_bytes(bytes(content))
+
+
+def test_a_flipped_byte_in_a_pack_fails_only_what_it_affects(tmp_path, start_mount):
+    src = _source(tmp_path)
+    objects = _objects(src)
+    store = _packed_store(tmp_path, src)
+    gen_dirs = sorted((store / "derived" / "sha1").glob("gen-*"))
+    pack = max(gen_dirs[-1].glob("pack/*.pack"), key=lambda p: p.stat().st_size)
+    _damage(pack)
+    affected = {d.hex() for d in PackSet([pack], "sha1").check([bytes.fromhex(h) for h in objects])}
+    assert affected and len(affected) < len(objects)
+    m = start_mount(store)
+    failed = set()
+    for hexid, canonical in objects.items():
+        try:
+            got = m.path("objects", "git-sha1", hexid).read_bytes()
+        except OSError as exc:
+            assert exc.errno == errno.EIO
+            failed.add(hexid)
+            continue
+        assert got == canonical
+    assert failed == affected
+    corrupt = json.loads(m.path(".alkfs", "status").read_text())["corrupt"]
+    assert {c.split("/")[-1] for c in corrupt} == affected
