@@ -70,17 +70,14 @@ class SortedKeys:
         if not isinstance(key, (bytes, bytearray)) or len(key) != w or self._n == 0:
             return False
         b = (key[1] << 8) | key[2]
-        lo, hi = self._fan[b], self._fan[b + 1]
+        start, end = self._fan[b] * w, self._fan[b + 1] * w
+        # a search in C over the fan-out's few records; a match must start on a record
         buf = self._buf
-        while lo < hi:
-            mid = (lo + hi) >> 1
-            here = buf[mid * w : mid * w + w]
-            if here < key:
-                lo = mid + 1
-            elif here > key:
-                hi = mid
-            else:
+        pos = buf.find(key, start, end)
+        while pos != -1:
+            if (pos - start) % w == 0:
                 return True
+            pos = buf.find(key, pos + 1, end)
         return False
 
     def __iter__(self) -> Iterator[bytes]:
@@ -119,7 +116,10 @@ class KeyUnion:
     def __contains__(self, key: object) -> bool:
         if key in self.extra:
             return True
-        return any(key in p for p in self.parts)
+        for p in self.parts:  # (a loop, not any(): this runs once per stored object)
+            if key in p:
+                return True
+        return False
 
     def __or__(self, other: Iterable[bytes]) -> KeyUnion:
         out = KeyUnion(self.parts, self.extra)

@@ -200,3 +200,19 @@ def test_a_union_asks_its_parts_and_never_changes_them():
     assert rest[300] in v and rest[300] not in u
     assert len(big) == 4500
     assert u == big | set(rest[:250]) | {rest[-1]}
+
+
+def test_sorted_keys_never_match_across_two_records():
+    # narrow keys over a two-letter alphabet: many keys occur inside the bytes of two
+    # neighbours; only whole records count
+    import itertools
+    import random
+
+    rng = random.Random(5)
+    every = [b"\x03\x00\x01" + bytes(t) for t in itertools.product(b"\x00\x01", repeat=5)]
+    chosen = sorted(rng.sample(every, 12))
+    b = SortedKeys.Builder(8)
+    for k in chosen:
+        b.add(k)
+    s = b.done()
+    assert {k for k in every if k in s} == set(chosen)
