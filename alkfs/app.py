@@ -151,6 +151,8 @@ class Alkfs:
         for token in self._tokens:
             self.store.unregister(token)
         self._tokens = []
+        if isinstance(self.store.packed, PackedObjects):
+            self.store.packed.close()
         self.store.close()
 
     def __enter__(self) -> Alkfs:

@@ -10,8 +10,9 @@ Its size is the canonical size (header and body, as the kv tier keeps git object
 time the oldest modification time of the set's packs (a set rebuilt later is younger:
 a sweep's re-check then keeps the object, never the other way round).
 
-A set is opened once per generation and kept while it is the published one; a reader of
-the one before keeps its maps (they outlive the files' removal) until it is done.
+A set is opened once per generation and kept while it is the published one; once a newer
+one is published it is closed as soon as no read uses it (a read of it in progress ends
+first: the maps outlive the files' removal), so the store never holds a retired set.
 """
 
 from __future__ import annotations
@@ -32,34 +33,82 @@ log = logging.getLogger("alkfs.packs")
 _FMT = {Algorithm.GIT_SHA1.value: "sha1", Algorithm.GIT_SHA256.value: "sha256"}
 
 
+class _Opened:
+    """One generation's packs, opened, and how many reads use them now."""
+
+    __slots__ = ("number", "packs", "stored_ns", "users", "retired")
+
+    def __init__(self, number: int, packs: PackSet, stored_ns: int) -> None:
+        self.number, self.packs, self.stored_ns = number, packs, stored_ns
+        self.users = 0
+        self.retired = False
+
+
 class PackedObjects:
-    """`Store.packed`: the published sets of a store, as a tier (thread-safe)."""
+    """`Store.packed`: the published sets of a store, as a tier (thread-safe). A set is
+    closed (its maps and descriptors let go) once a newer one is published and the last
+    read of it ended, so that a retired generation's files are not held by the store."""
 
     def __init__(self, store: Store) -> None:
         self.store = store
         self._lock = threading.Lock()
-        self._open: dict[str, tuple[int, PackSet, int]] = {}  # fmt -> (gen, set, time)
+        self._open: dict[str, _Opened] = {}
+        self._told: set[str] = set()  # formats whose publishes retire the open set
 
-    def _set(self, fmt: str) -> tuple[PackSet, int] | None:
+    def _acquire(self, fmt: str) -> _Opened | None:
         d = derived_for(self.store, fmt)
         if d is None:
             return None
+        if fmt not in self._told:
+            with self._lock:
+                if fmt not in self._told:
+                    self._told.add(fmt)
+                    d.on_publish.append(lambda _old, _new: self._retire(fmt))
         gen = d.current()
         if gen is None or not gen.indexes:
+            self._retire(fmt)
             return None
         with self._lock:
-            cached = self._open.get(fmt)
-            if cached is not None and cached[0] == gen.number:
-                return cached[1], cached[2]
+            cur = self._open.get(fmt)
+            if cur is not None and cur.number == gen.number:
+                cur.users += 1
+                return cur
         opened = self._load(gen)
         if opened is None:
             return None
         with self._lock:
-            self._open[fmt] = (gen.number, *opened)
-        return opened
+            cur = self._open.get(fmt)
+            if cur is not None and cur.number == gen.number:  # (opened meanwhile)
+                opened.packs.close()
+                cur.users += 1
+                return cur
+            if cur is not None:
+                self._drop(cur)
+            self._open[fmt] = opened
+            opened.users = 1
+            return opened
+
+    def _release(self, opened: _Opened) -> None:
+        with self._lock:
+            opened.users -= 1
+            if opened.retired and opened.users == 0:
+                opened.packs.close()
+
+    def _drop(self, opened: _Opened) -> None:
+        """(under the lock) Retire an open set: closed now, or by its last read."""
+        opened.retired = True
+        if opened.users == 0:
+            opened.packs.close()
+
+    def _retire(self, fmt: str) -> None:
+        """A new set was published (or none is): the open one goes."""
+        with self._lock:
+            cur = self._open.pop(fmt, None)
+            if cur is not None:
+                self._drop(cur)
 
     @staticmethod
-    def _load(gen: Generation) -> tuple[PackSet, int] | None:
+    def _load(gen: Generation) -> _Opened | None:
         packs = [idx.path.with_suffix(".pack") for idx in gen.indexes]
         try:
             opened = PackSet(packs, gen.fmt)
@@ -69,26 +118,38 @@ class PackedObjects:
             log.error("packs %s: generation %d cannot be read: %s", gen.fmt, gen.number, exc)
             return None
         times = [ns for rel, ns in gen.mtimes.items() if rel.endswith(".pack")]
-        return opened, min(times, default=0)
+        return _Opened(gen.number, opened, min(times, default=0))
 
     def stat(self, key: bytes) -> tuple[int, int] | None:
         fmt = _FMT.get(key[0])
-        opened = None if fmt is None else self._set(fmt)
+        opened = None if fmt is None else self._acquire(fmt)
         if opened is None:
             return None
-        found = opened[0].stat(key[1:])
+        try:
+            found = opened.packs.stat(key[1:])
+        finally:
+            self._release(opened)
         if found is None:
             return None
         kind, size = found
-        return len(kind) + 2 + len(str(size)) + size, opened[1]
+        return len(kind) + 2 + len(str(size)) + size, opened.stored_ns
 
     def read(self, key: bytes) -> bytes | None:
         fmt = _FMT.get(key[0])
-        opened = None if fmt is None else self._set(fmt)
+        opened = None if fmt is None else self._acquire(fmt)
         if opened is None:
             return None
-        found = opened[0].read(key[1:])
+        try:
+            found = opened.packs.read(key[1:])
+        finally:
+            self._release(opened)
         if found is None:
             return None
         kind, body = found
         return b"%s %d\0" % (kind, len(body)) + body
+
+    def close(self) -> None:
+        """Close every open set (the store closes)."""
+        with self._lock:
+            for fmt in list(self._open):
+                self._drop(self._open.pop(fmt))
