@@ -208,7 +208,7 @@ def listed_ids(mnt: Path) -> set[str]:
 
 def in_a_pack_of_their_own(mnt: Path, ids: set[str]) -> bool:
     """Whether one listed pack holds every one of `ids` and no other pack holds any: the
-    staged pack a set keeps objects staged for deletion in (alkfs/git/packs.py)."""
+    staged pack a set keeps objects staged for deletion in (alkfs/git/packs/)."""
     holding = [got for got in listed_packs(mnt).values() if got & ids]
     return len(holding) == 1 and ids <= holding[0]
 

@@ -1,6 +1,6 @@
 """The daemon's derived packs: what /git/<format>/pack and info/ serve, and when sets are built.
 
-`served(ctx)` is the mount's view of the library's derived sets (alkfs/git/packs.py):
+`served(ctx)` is the mount's view of the library's derived sets (alkfs/git/packs/):
 the published generation of each format, a count of open handles per generation, and
 the removal of a retired generation once its last handle is released (in a thread).
 Publishing (by the intake task, `repack_now`, or a sweep's guard in its own thread) calls

@@ -337,7 +337,7 @@ def import_repo(
 
 
 def _pack(store: Store, fmt: str) -> None:
-    """Leave the imported objects packed (derived packs: alkfs/git/packs.py). A failed
+    """Leave the imported objects packed (derived packs: alkfs/git/packs/). A failed
     build is logged: the objects are in the store and served loose meanwhile."""
     from .packs import derived_for
 

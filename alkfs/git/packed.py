@@ -1,7 +1,7 @@
 """The store's git objects read from its published packs: `Store.packed` (alkfs/store.py).
 
 A git object that no kv row and no large file holds is looked up in the published derived
-set of its format (alkfs/git/packs.py) and read from it by alkfs/git/packread.py:
+set of its format (alkfs/git/packs/) and read from it by alkfs/git/packread.py:
 inflated, its delta chain applied, hashed and compared with its key. A pack whose bytes
 do not verify raises Corrupt for the objects it affects (the store marks them in
 `status.corrupt`); the rest are served.

@@ -1,6 +1,6 @@
 """Derived packs shared by a fleet (alkfs/fleet.py): one builder at a time, the published
 generation in the database, every daemon's holds, and a sweep that waits for every daemon
-to serve a set without what it deletes. `Derived` (alkfs/git/packs.py) uses it when its
+to serve a set without what it deletes. `Derived` (alkfs/git/packs/) uses it when its
 store has a fleet; the files stay in STORE/derived/<fmt>/, a directory every daemon sees.
 
 - **Publishing**: the generation of each format is a row of `fleet_packs`, changed in one

@@ -7,7 +7,7 @@ canonical bytes. A repository whose `objects/info/alternates` names the director
 reads every stored object of its format; /repos/<id>/objects resolves objects through
 the same nodes.
 
-`pack/` and `info/` serve the published derived set (alkfs/git/packs.py, daemon/packs.py):
+`pack/` and `info/` serve the published derived set (alkfs/git/packs/, daemon/packs.py):
 `pack/pack-<h>.pack`, `.idx`, `.keep`, `multi-pack-index` and `info/commit-graphs/`, each
 an immutable file read straight from its backing file (pread; in a thread beyond
 INLINE_READ), with keep_cache, long attribute timeouts, no FLUSH, and EPERM for any

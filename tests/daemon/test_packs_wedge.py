@@ -226,7 +226,7 @@ def test_a_failed_commit_graph_write_leaves_the_layers_as_they_were(tmp_path, mo
         ).encode()
         orphan = store.add(canonical("commit", body), algo=Algorithm.GIT_SHA1)
         # (every commit graphable: the layer is asked for the orphan's child)
-        monkeypatch.setattr(packs, "_graphable", lambda commits, known=None: sorted(commits))
+        monkeypatch.setattr(packs.intake, "_graphable", lambda commits, known=None: sorted(commits))
         result = d.build()
         assert result is not None and result.mode == "intake"
         gen = d.current()

@@ -1,4 +1,4 @@
-"""Derived packs (alkfs/git/packs.py): built by git from verified store objects, verified
+"""Derived packs (alkfs/git/packs/): built by git from verified store objects, verified
 by git's own tools, published by generation, never listing what a sweep deleted."""
 
 from __future__ import annotations
