@@ -149,13 +149,13 @@ PINS = Table(
     "Durable named pins (SPEC 3.5): each keeps one object (and a git object's closure). "
     "/pins is also a tree: a pin's name is its path there, and each directory of it is "
     "a row of its own (an empty `key`), so a directory lists as the range of names "
-    "below `dir/` (alkfs/pins.py).",
+    "below `dir/` (alkfs/pins/).",
     (
         Column(
             "name",
             "text",
             "the pin's name: [A-Za-z0-9][A-Za-z0-9._-]{0,127}, or its path in /pins "
-            "(components of 1-255 bytes, 4,096 in all; bytes not UTF-8 escaped: pins.py)",
+            "(components of 1-255 bytes, 4,096 in all; bytes not UTF-8 escaped: alkfs/pins/paths.py)",
         ),
         Column("key", "key", "the object it keeps (empty: a directory of pins)"),
         Column("created_ns", "int", "when it was set"),

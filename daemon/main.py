@@ -409,7 +409,7 @@ def main(argv: list[str] | None = None) -> int:
             owner_gid=conf["owner"][1] if conf.get("owner") else None,
         )
         # every pin name into an in-memory filter: a new name's lookups then cost no
-        # query (alkfs/pins.py, Misses; only where this process makes every change)
+        # query (alkfs/pins/, Misses; only where this process makes every change)
         app.pins.prime()
         ctx = Context(store, app=app, options=options, live=True)
         ctx.mountpoint = mnt

@@ -384,7 +384,7 @@ def test_adding_many_names_counts_each_new_name_once_and_stops_when_full():
 
 
 def test_a_store_of_more_pins_than_prime_max_loads_no_filter(app, monkeypatch):
-    import alkfs.pins as pins_mod
+    import alkfs.pins.durable as pins_mod  # (where `Pins.prime` reads PRIME_MAX)
 
     pins = app.pins
     pins.pin("one", app.store.add(b"one\n"))
