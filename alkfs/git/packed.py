@@ -1,4 +1,4 @@
-"""The store's git objects read from its published packs: `Store.packed` (alkfs/store.py).
+"""The store's git objects read from its published packs: `Store.packed` (alkfs/store/).
 
 A git object that no kv row and no large file holds is looked up in the published derived
 set of its format (alkfs/git/packs/) and read from it by alkfs/git/packread.py:

@@ -294,7 +294,7 @@ def test_a_row_whose_file_was_never_linked_is_removed_by_a_sweep_once_past_its_g
     # a sweep reaps too (here with no grace)
     again = store.put(content(2 * MIB + 9)).key
     os.unlink(store.large_path(again))
-    monkeypatch.setattr("alkfs.store.INERT_GRACE_NS", 0)
+    monkeypatch.setattr("alkfs.store.deletes.INERT_GRACE_NS", 0)
     register(store, [kept, cut, young, rowless, again])
     assert store.sweep().aborted is None
     assert store.record(again) is None and store.record(kept) is not None
