@@ -278,8 +278,12 @@ class Derived(KvRead, GitRun):
     ) -> tuple[list[tuple[bytes, bytes]], list[bytes], int, list[bytes] | None, set[bytes]]:
         """(pack-objects input, graph commits, top row id, new objects or None for a full
         build, every kv object of the format the scan saw). Mostly old objects: only the
-        commits and the new objects are read."""
+        commits and the new objects are read. Nothing stored since `prev`: the kv is not
+        scanned at all (`_plan_rewrite`)."""
         if prev is not None and prev.indexes:
+            rewrite = self._plan_rewrite(prev, skip)
+            if rewrite is not None:
+                return rewrite
             kinds, top = self._scan_kinds()
             seen = set(kinds)
             for d in skip:
@@ -306,6 +310,34 @@ class Derived(KvRead, GitRun):
             blobs = [b for b in blobs if b not in skip]
         order, graph = ordered_objects(objects, blobs, self.fmt)
         return order, graph, top, None, seen
+
+    def _plan_rewrite(
+        self, prev: Generation, skip: set[bytes]
+    ) -> tuple[list[tuple[bytes, bytes]], list[bytes], int, list[bytes], set[bytes]] | None:
+        """`_plan` for a set that only loses objects (a sweep's staged or deleted ones):
+        nothing was stored since `prev` was built and its record of what it left out is
+        the truth (sqlite), so the kv objects of the format are `prev`'s and those it left
+        out (looked up: one deleted since goes), and the new set is `prev`'s objects in
+        its write order without `skip` (pack-objects reuses their deltas from `prev`,
+        its alternate), its commit-graph `prev`'s commits without `skip`, plus what `prev`
+        withheld that is no longer skipped (live again: read from the kv, packed anew).
+        The kv is never scanned and no commit is read. None when that does not hold."""
+        recorded = self.left_out(prev)
+        withheld = prev.withheld()
+        if recorded is None or withheld is None or self.new_since(prev):
+            return None
+        top = int(prev.meta.get("max_rowid", 0))
+        previous = prev.pack_order()
+        outside = list(dict.fromkeys([*recorded, *withheld]))
+        prefix = bytes([self.algo.value])
+        present = {k[1:] for k, _v in self._kv().values([prefix + d for d in outside])}
+        seen = set(previous)
+        seen.update(present)
+        order = [(d, b"") for d in previous if d not in skip]
+        fresh = [d for d in withheld if d in present and d not in skip]
+        graph = [c for c in prev.graph_commits() if c not in skip]
+        order += [(d, b"") for d in fresh if d not in prev]
+        return order, graph, top, fresh, seen
 
     # the intake, a pack beside the previous set's (intake.py)
     _intake_plan = intake._intake_plan
