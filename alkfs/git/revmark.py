@@ -35,7 +35,7 @@ import signal
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -43,7 +43,7 @@ from ..errors import AlkfsError, Interrupted
 from ..keys import Algorithm, Key
 from ..keyset import SortedKeys
 from ..tiers.sql import SqlTier
-from .objects import MAX_HEADER, encode_loose, parse_header
+from .objects import MAX_HEADER, parse_header
 from .packs import DERIVED_DIR, Derived, Generation, derived_for
 
 if TYPE_CHECKING:
@@ -54,7 +54,6 @@ log = logging.getLogger("alkfs.mark")
 LOOSE_MAX = 200_000  # objects outside the published set written loose for git, at most
 SORT_MEMORY = "64M"  # sort's buffer; the rest spills to its temporary files
 STOP_POLL_S = 0.25
-READ_BATCH = 512
 _FMT = {Algorithm.GIT_SHA1: "sha1", Algorithm.GIT_SHA256: "sha256"}
 
 
@@ -121,20 +120,13 @@ def _outside(store: Store, d: Derived, gen: Generation) -> list[bytes]:
     return list(dict.fromkeys([*d.arrived(after), *left, *withheld]))
 
 
-def _write_loose(objdir: Path, digest: bytes, canonical: bytes) -> None:
-    h = digest.hex()
-    sub = objdir / h[:2]
-    sub.mkdir(exist_ok=True)
-    (sub / h[2:]).write_bytes(encode_loose(canonical))
-
-
-def _large_objects(store: Store, algo: Algorithm, objdir: Path) -> tuple[set[bytes], set[bytes]]:
-    """Write the format's non-blob large-tier objects loose: (the blobs' digests, the
-    digests written)."""
+def _large_objects(store: Store, algo: Algorithm) -> tuple[set[bytes], list[tuple[bytes, bytes]]]:
+    """The format's large-tier objects: (the blobs' digests, (digest, verified bytes) of
+    the others, to be written loose)."""
     blobs: set[bytes] = set()
-    written: set[bytes] = set()
+    others: list[tuple[bytes, bytes]] = []
     if store.large is None:
-        return blobs, written
+        return blobs, others
     tag = algo.value
     for n, raw in enumerate(store.large.iter_keys()):
         store.check_stopping(n)
@@ -156,9 +148,8 @@ def _large_objects(store: Store, algo: Algorithm, objdir: Path) -> tuple[set[byt
         except AlkfsError:
             data = None
         if data is not None:
-            _write_loose(objdir, raw[1:], data)
-            written.add(raw[1:])
-    return blobs, written
+            others.append((raw[1:], data))
+    return blobs, others
 
 
 def _run(
@@ -179,20 +170,17 @@ def _run(
     if len(outside) > LOOSE_MAX:
         raise _Unusable(f"more than {LOOSE_MAX:,} objects are not in the published set")
     prefix = bytes([algo.value])
-    kv = store.kv
-    assert isinstance(kv, SqlTier)
-    hasher = algo.hasher
     loose: set[bytes] = set()
-    for i in range(0, len(outside), READ_BATCH):
-        store.check_stopping()
-        for key, value in kv.values([prefix + x for x in outside[i : i + READ_BATCH]]):
-            h = hasher()
-            h.update(value)
-            if h.digest() == key[1:]:  # (a corrupt one is left out: missing to git)
-                _write_loose(objdir, key[1:], value)
-                loose.add(key[1:])
-    large_blobs, large_written = _large_objects(store, algo, objdir)
-    loose |= large_written
+
+    def written(items: Iterable[tuple[bytes, bytes]]) -> Iterator[tuple[bytes, bytes]]:
+        for digest, data in items:
+            loose.add(digest)
+            yield digest, data
+
+    # the kv's verified (a corrupt one is left out: missing to git), then the large tier's
+    d._write_loose(objdir, written(d._read_many(outside)))
+    large_blobs, large_others = _large_objects(store, algo)
+    d._write_loose(objdir, written(large_others))
 
     # tips git would refuse (`fatal: bad object`): held by nothing it can see
     given: list[bytes] = []
