@@ -102,6 +102,17 @@ def _map(path: Path) -> mmap.mmap:
         os.close(fd)
 
 
+def _failing(read: Callable[[bytes], object], digests: Iterable[bytes]) -> set[bytes]:
+    """The ids among `digests` whose `read` raises Corrupt."""
+    bad = set()
+    for d in digests:
+        try:
+            read(d)
+        except Corrupt:
+            bad.add(d)
+    return bad
+
+
 class PackFile:
     """One pack and its idx, checked at open (see the module's docstring); objects read by
     id. `resolve(id) -> (type, body) | None` finds a REF_DELTA base this pack does not
@@ -271,13 +282,7 @@ class PackFile:
 
     def check(self, digests: Iterable[bytes]) -> set[bytes]:
         """The ids among `digests` this pack lists whose read raises `Corrupt`."""
-        bad = set()
-        for d in digests:
-            try:
-                self.read(d)
-            except Corrupt:
-                bad.add(d)
-        return bad
+        return _failing(self.read, digests)
 
     def _open(self) -> None:
         if self._closed:
@@ -557,13 +562,7 @@ class PackSet:
     def check(self, digests: Iterable[bytes]) -> set[bytes]:
         """The ids among `digests` whose read raises `Corrupt`: what a damaged pack
         affects (an id no pack lists is not among them)."""
-        bad = set()
-        for d in digests:
-            try:
-                self.read(d)
-            except Corrupt:
-                bad.add(d)
-        return bad
+        return _failing(self.read, digests)
 
     def close(self) -> None:
         for pack in self.packs:
