@@ -245,7 +245,8 @@ class ObjectFile(File):
         if name == X_TIER:
             return self.st.tier.encode() if self.st.tier in ("large", "packs") else b"kv"
         if name == X_GIT_TYPE and self.key.algo.is_git:
-            return self._git_type().encode()
+            # (a sqlite read, or a packed object inflated: off the trio thread)
+            return (await self.ctx.run_sync(self._git_type)).encode()
         if name == X_PINS:
             return self._pins_value(await self.ctx.run_sync(self._pin_names))
         if name.startswith(X_PIN):
