@@ -94,6 +94,28 @@ def git_out(
     return git(*args, cwd=cwd, env=env, check=check, input=input, timeout=timeout).stdout.decode()
 
 
+def git_objects(gitdir: str | os.PathLike[str]) -> dict[str, bytes]:
+    """Every object of the repository at `gitdir`: hex id -> its canonical bytes
+    (`<type> <size>\\0<body>`, as the store keeps git objects), from one `cat-file --batch`."""
+    ids = git_out(f"--git-dir={gitdir}", "cat-file", "--batch-all-objects", "--batch-check")
+    names = [line.split()[0] for line in ids.splitlines()]
+    out = git(
+        f"--git-dir={gitdir}",
+        "cat-file",
+        "--batch",
+        input="".join(n + "\n" for n in names).encode(),
+    ).stdout
+    objects, pos = {}, 0
+    for hexid in names:
+        nl = out.index(b"\n", pos)
+        got, kind, size = out[pos:nl].split()
+        assert got.decode() == hexid
+        body = out[nl + 1 : nl + 1 + int(size)]
+        objects[hexid] = b"%s %d\0" % (kind, len(body)) + body
+        pos = nl + 2 + int(size)
+    return objects
+
+
 def cp(src: Path, dst: Path) -> None:
     done = subprocess.run(["cp", str(src), str(dst)], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr

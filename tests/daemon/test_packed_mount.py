@@ -9,12 +9,11 @@ import errno
 import hashlib
 import json
 import os
-import subprocess
 import zlib
 from pathlib import Path
 
 import pytest
-from helpers import git, git_out
+from helpers import git, git_objects, git_out
 
 from alkfs.app import Alkfs
 from alkfs.git import packs
@@ -38,25 +37,6 @@ def _source(tmp_path: Path) -> Path:
     return src
 
 
-def _objects(src: Path) -> dict[str, bytes]:
-    ids = git_out("cat-file", "--batch-all-objects", "--batch-check=%(objectname)", cwd=src).split()
-    out = subprocess.run(
-        ["git", "cat-file", "--batch"],
-        cwd=src,
-        input="".join(i + "\n" for i in ids).encode(),
-        capture_output=True,
-        check=True,
-    ).stdout
-    objects, pos = {}, 0
-    for hexid in ids:
-        nl = out.index(b"\n", pos)
-        _got, kind, size = out[pos:nl].split()
-        body = out[nl + 1 : nl + 1 + int(size)]
-        objects[hexid] = b"%s %d\0" % (kind, len(body)) + body
-        pos = nl + 2 + int(size)
-    return objects
-
-
 def _packed_store(tmp_path: Path, src: Path) -> Path:
     """A store holding `src`'s objects in its packs only (their kv rows dropped)."""
     store = tmp_path / "store"
@@ -64,7 +44,7 @@ def _packed_store(tmp_path: Path, src: Path) -> Path:
         import_repo(app, str(src / ".git"), "r", progress=False)
         gen = packs.derived_for(app.store, "sha1").current()
         assert gen is not None
-        for hexid in _objects(src):
+        for hexid in git_objects(src / ".git"):
             key = Key.from_hex(Algorithm.GIT_SHA1, hexid)
             assert key.digest in gen
             assert app.store.engine_delete(key.raw) is not None
@@ -73,7 +53,7 @@ def _packed_store(tmp_path: Path, src: Path) -> Path:
 
 def test_packed_objects_read_through_every_view(tmp_path, start_mount):
     src = _source(tmp_path)
-    objects = _objects(src)
+    objects = git_objects(src / ".git")
     m = start_mount(_packed_store(tmp_path, src))
     for hexid, canonical in objects.items():
         obj = m.path("objects", "git-sha1", hexid)
@@ -110,7 +90,7 @@ def _damage(pack: Path) -> None:
 
 def test_a_flipped_byte_in_a_pack_fails_only_what_it_affects(tmp_path, start_mount):
     src = _source(tmp_path)
-    objects = _objects(src)
+    objects = git_objects(src / ".git")
     store = _packed_store(tmp_path, src)
     gen_dirs = sorted((store / "derived" / "sha1").glob("gen-*"))
     pack = max(gen_dirs[-1].glob("pack/*.pack"), key=lambda p: p.stat().st_size)

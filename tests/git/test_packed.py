@@ -5,10 +5,10 @@ exactly the objects it affects, which are listed corrupt while the rest are serv
 from __future__ import annotations
 
 import hashlib
-import subprocess
 from pathlib import Path
 
 import pytest
+from helpers import git_objects
 
 from alkfs.app import Alkfs
 from alkfs.errors import Corrupt
@@ -22,27 +22,6 @@ from .scenarios import everything
 ALGO = {"sha1": Algorithm.GIT_SHA1, "sha256": Algorithm.GIT_SHA256}
 
 
-def _all_objects(src) -> dict[str, bytes]:
-    """Every object of `src`: hex id -> canonical bytes (`<type> <size>\\0<body>`), from
-    one `git cat-file --batch`."""
-    ids = src.git("cat-file", "--batch-all-objects", "--batch-check=%(objectname)").split()
-    out = subprocess.run(
-        ["git", f"--git-dir={src.gitdir}", "cat-file", "--batch"],
-        input="".join(i + "\n" for i in ids).encode(),
-        capture_output=True,
-        check=True,
-    ).stdout
-    objects, pos = {}, 0
-    for hexid in ids:
-        nl = out.index(b"\n", pos)
-        got, kind, size = out[pos:nl].split()
-        assert got.decode() == hexid
-        body = out[nl + 1 : nl + 1 + int(size)]
-        objects[hexid] = b"%s %d\0" % (kind, len(body)) + body
-        pos = nl + 1 + int(size) + 1
-    return objects
-
-
 def _packed_only(app: Alkfs, src, fmt: str) -> dict[Key, bytes]:
     """Import `src`, then drop every kv row of its objects (they stay in the packs):
     {key: git's canonical bytes}."""
@@ -51,7 +30,7 @@ def _packed_only(app: Alkfs, src, fmt: str) -> dict[Key, bytes]:
     assert d is not None and d.current() is not None
     algo = ALGO[fmt]
     out = {}
-    for hexid, canonical in _all_objects(src).items():
+    for hexid, canonical in git_objects(src.gitdir).items():
         key = Key.from_hex(algo, hexid)
         assert key.digest in d.current()
         out[key] = canonical
