@@ -134,13 +134,3 @@ class KeyUnion:
     def __len__(self) -> int:
         """Keys counted once per part they are in."""
         return len(self.extra) + sum(len(p) for p in self.parts)  # type: ignore[arg-type,misc]
-
-    def __eq__(self, other: object) -> bool:
-        """Equal to a set (or union) of the same keys (a test's comparison: O(size))."""
-        if isinstance(other, KeyUnion):
-            return set(self) == set(other)
-        if isinstance(other, (set, frozenset)):
-            return set(self) == other
-        return NotImplemented
-
-    __hash__ = None  # type: ignore[assignment]
