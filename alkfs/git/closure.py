@@ -89,10 +89,13 @@ class Walker:
                 with open(path, "rb") as f:
                     head = f.read(MAX_HEADER)
                 kind, size, hlen = parse_header(head)
+            except FileNotFoundError:
+                pass  # (not a large file: kept in its pack, or absent)
             except (OSError, AlkfsError):
                 return None
-            if kind == "blob":
-                return head[:hlen]
+            else:
+                if kind == "blob":
+                    return head[:hlen]
         try:
             return store.get(key)
         except AlkfsError:
