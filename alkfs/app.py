@@ -49,6 +49,7 @@ class Alkfs:
         if store.path is not None and store.packed is None:  # git objects read from packs
             store.packed = PackedObjects(store)
         store.verify_hooks.append(functools.partial(packs.verify_sets, store))
+        store.before_drain.append(self.lfs.scan)  # (pointers recorded before rows go)
         if store.reserve is not None:  # a full disk drops the derived packs first
             store.reserve.shedders.append(functools.partial(packs.shed, store))
         if store.fleet is not None:  # another daemon's ref change: views made again

@@ -132,6 +132,8 @@ def _copy(
     digests: dict[str, int] = {}
     if progress is not None:
         progress(0, total)
+    if dst.engine == "sqlite":  # rows keep their copied numbers (see the triggers)
+        _arrival_triggers(dst, on=False)
     for spec in SPECS:
         sql = spec.insert(dst)
         n, digest = 0, 0
@@ -149,12 +151,27 @@ def _copy(
         if _count(dst, spec.name) != n:
             _drop_extras(src, dst, spec)
         copied[spec.name], digests[spec.name] = n, digest
+    if dst.engine == "sqlite":
+        _arrival_triggers(dst, on=True)
     if dst.engine == "postgresql":  # new rows' seq continue after the copied ones
         dst.execute(
             "SELECT setval(pg_get_serial_sequence('blobs', 'seq'), "
             "(SELECT coalesce(max(seq), 0) + 1 FROM blobs), false)"
         ).fetchall()
     return copied, digests
+
+
+def _arrival_triggers(dst: Database, on: bool) -> None:
+    """sqlite's arrival triggers (alkfs/schema.py) off while rows are copied with their
+    numbers (a copied `arrival_high` would renumber a copied row below it onto the next
+    one's number), back on once they are in."""
+    with dst.tx() as conn:
+        if on:
+            for statement in schema.ARRIVAL_TRIGGERS:
+                conn.execute(statement)
+        else:
+            conn.execute("DROP TRIGGER IF EXISTS blobs_arrival_high")
+            conn.execute("DROP TRIGGER IF EXISTS blobs_arrive_above")
 
 
 def _write(
@@ -263,7 +280,13 @@ def to_postgresql(
     if not (root / DB_NAME).is_file():
         raise Missing(f"no sqlite store at {root} ({root / DB_NAME} is missing)")
     started = time.monotonic()
+    written_back = _undrain(root)
     with _store_lock(root):
+        if any(root.glob("derived/*/PRIMARY")):  # (alkfs/git/packs/drain.py: undrain)
+            raise Invalid(
+                f"the store {root} keeps git objects in its packs alone: `alkfs migrate` "
+                "writes them back first (run it again)"
+            )
         src = SqliteDatabase(root / DB_NAME)
         try:
             meta = settle(src, root, None, None, _default_threshold())
@@ -296,8 +319,28 @@ def to_postgresql(
         "rows": copied,
         "database": redact(uri),
         "sqlite_file": str(old),
+        "written_back": written_back,
         "seconds": round(time.monotonic() - started, 3),
     }
+
+
+def _undrain(root: Path) -> int:
+    """Before a move to PostgreSQL: the git objects kept in packs alone are written back
+    into the kv, as it was before drains (a PostgreSQL store's fleet shares its sets and
+    keeps the kv's copies: alkfs/git/packs/drain.py). How many."""
+    from .app import Alkfs
+    from .git import packs
+    from .git.packs.drain import PRIMARY
+
+    if not any(root.glob(f"{packs.DERIVED_DIR}/*/{PRIMARY}")):
+        return 0
+    written = 0
+    with Alkfs.open(root) as app:
+        for fmt in packs.FORMATS:
+            d = packs.derived_for(app.store, fmt)
+            if d is not None and d.primary:
+                written += d.undrain()
+    return written
 
 
 def to_sqlite(

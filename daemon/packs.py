@@ -442,6 +442,8 @@ class Served:
         d = self.derived[fmt]
         async with self.building:
             result = await self.ctx.run_sync(functools.partial(d.build, wait=wait))
+            if result is not None:  # what it packed is kept there alone (drain.py)
+                await self.ctx.run_sync(d.drain)
         if result is None:
             return {"built": False, "why": "another daemon of the fleet is building"}
         self.last_built[fmt] = time.monotonic()
@@ -458,6 +460,8 @@ class Served:
                 "bytes": 0 if gen is None else sum(gen.files.values()),
                 "built_at": None if gen is None else gen.meta.get("built_at"),
                 "last_error": d.last_error,
+                "primary": d.primary,  # (its packs are the only copy of what they hold)
+                "drained": d.drained,
             }
         return out
 
@@ -504,6 +508,14 @@ async def run(ctx: Context) -> None:
         return
     for d in s.derived.values():  # a set that no longer verifies is withdrawn, rebuilt
         await ctx.run_sync(d.withdraw_if_corrupt)
+    for fmt, d in s.derived.items():  # a store written before drains: its rows go now
+        try:
+            async with s.building:
+                await ctx.run_sync(d.drain)
+        except Interrupted:
+            return
+        except Exception:
+            log_failure(log, "derived %s: the drain failed (again after the next build)", fmt)
     every = env_float("ALKFS_PACK_EVERY", 60.0)
     batch = env_float("ALKFS_PACK_OBJECTS", 20_000)
     poll = env_float("ALKFS_PACK_POLL", min(every, 5.0))

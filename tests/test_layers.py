@@ -78,6 +78,7 @@ RANKS = {
     "alkfs.git.packs.intake": 6,
     "alkfs.git.packs.builder": 6,
     "alkfs.git.packs.guard": 6,
+    "alkfs.git.packs.drain": 6,
     "alkfs.git": 6,
     "alkfs.pins": 6,
     "alkfs.pins.paths": 6,

@@ -57,6 +57,15 @@ class SqlWindow:
     def staged_keys(self) -> set[bytes]:
         return {k for (k,) in self.db.stream("SELECT key FROM gc_window")}
 
+    def staged_between(self, lo: bytes, hi: bytes) -> set[bytes]:
+        """The staged keys k with lo <= k <= hi."""
+        return {
+            bytes(k)
+            for (k,) in self.db.execute(
+                "SELECT key FROM gc_window WHERE key >= ? AND key <= ?", (lo, hi)
+            ).fetchall()
+        }
+
     def page(self, after: bytes, limit: int) -> list[tuple[bytes, int]]:
         """Up to `limit` staged (key, visible_after) in key order after `after`."""
         rows = self.db.execute(
@@ -106,6 +115,10 @@ class MemoryWindow:
     def staged_keys(self) -> set[bytes]:
         with self._lock:
             return set(self._rows)
+
+    def staged_between(self, lo: bytes, hi: bytes) -> set[bytes]:
+        with self._lock:
+            return {k for k in self._rows if lo <= k <= hi}
 
     def page(self, after: bytes, limit: int) -> list[tuple[bytes, int]]:
         with self._lock:

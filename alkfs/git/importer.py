@@ -163,6 +163,10 @@ def _present(
         for i, size in zip(rest, sizes(rest), strict=True):
             if size > over:
                 out[i] = large.stat(raws[i]) is not None
+    packed = store.packed
+    if packed is not None:  # (kept in their packs alone: alkfs/git/packs/drain.py)
+        for i in [i for i, p in enumerate(out) if not p]:
+            out[i] = packed.holds(raws[i])
     return out
 
 
@@ -337,8 +341,9 @@ def import_repo(
 
 
 def _pack(store: Store, fmt: str) -> None:
-    """Leave the imported objects packed (derived packs: alkfs/git/packs/). A failed
-    build is logged: the objects are in the store and served loose meanwhile."""
+    """Leave the imported objects packed (derived packs: alkfs/git/packs/), and kept in
+    their packs alone (drain.py). A failed build is logged: the objects are in the store
+    and served loose meanwhile."""
     from .packs import derived_for
 
     derived = derived_for(store, fmt)
@@ -346,6 +351,7 @@ def _pack(store: Store, fmt: str) -> None:
         return
     try:
         derived.build(prune=True)
+        derived.drain()  # (what the set holds is kept there alone)
     except (StoreIO, OSError) as exc:
         store.log.error("import: the derived packs were not rebuilt: %s", exc)
 

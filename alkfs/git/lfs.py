@@ -152,7 +152,10 @@ class LfsMedia:
             end = min(top, pos + SCAN_PAGE)
             rows = db.execute(
                 f"SELECT key, value FROM blobs WHERE {a} > ? AND {a} <= ? AND size <= ? "
-                "AND key >= ? AND key < ? AND substr(value, 1, 5) = ?",  # (blobs only)
+                "AND key >= ? AND key < ? AND substr(value, 1, 5) = ? "  # (blobs only)
+                # (not a packed object written back loose for a sweep, stored at time 0:
+                # alkfs/git/packs/drain.py; its row was recorded when it arrived)
+                "AND stored_ns != 0",
                 (pos, end, STORED_MAX, _GIT_LO, _GIT_HI, b"blob "),
             ).fetchall()
             page: list[tuple[bytes, bytes]] = []

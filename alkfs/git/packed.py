@@ -19,17 +19,20 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from ..errors import AlkfsError
 from ..keys import Algorithm
+from ..tiers.sql import SqlTier
 from .packread import PackSet
-from .packs import Generation, derived_for
+from .packs import FORMATS, Generation, derived_for
 
 if TYPE_CHECKING:
     from ..store import Store
 
 log = logging.getLogger("alkfs.packs")
+KV_SET_MAX = 200_000  # kv rows of a format read into a set at once (more: looked up)
 _FMT = {Algorithm.GIT_SHA1.value: "sha1", Algorithm.GIT_SHA256.value: "sha256"}
 
 
@@ -148,8 +151,65 @@ class PackedObjects:
         kind, body = found
         return b"%s %d\0" % (kind, len(body)) + body
 
+    def holds(self, key: bytes) -> bool:
+        """Whether the published set of the key's format lists it (its idx alone)."""
+        fmt = _FMT.get(key[0])
+        d = None if fmt is None else derived_for(self.store, fmt)
+        gen = None if d is None else d.current()
+        return gen is not None and key[1:] in gen
+
+    def only_counts(self) -> dict[int, int]:
+        """{algorithm byte: how many objects its published set holds that the kv does
+        not} (counted from the idx files and the kv's keys of the format, nothing read;
+        an object two packs list counts twice)."""
+        out: dict[int, int] = {}
+        kv = self.store.kv
+        for fmt, algo in FORMATS.items():
+            d = derived_for(self.store, fmt)
+            gen = None if d is None else d.current()
+            if gen is None or not gen.indexes or not isinstance(kv, SqlTier):
+                continue
+            lo, hi = bytes([algo.value]), bytes([algo.value + 1])
+            both = 0
+            after = lo
+            while page := kv.scan(after, hi, 4096):
+                both += sum(1 for e in page if e.key[1:] in gen)
+                after = page[-1].key
+            out[algo.value] = max(0, gen.objects - both)
+        return out
+
+    def only_here(self) -> Iterator[bytes]:
+        """The keys (raw) of the objects the published sets hold and the kv does not:
+        those kept in their packs alone (alkfs/git/packs/drain.py). For the mark scan."""
+        kv = self.store.kv
+        for fmt, algo in FORMATS.items():
+            d = derived_for(self.store, fmt)
+            gen = None if d is None else d.current()
+            if gen is None or not gen.indexes or not isinstance(kv, SqlTier):
+                continue
+            tag = bytes([algo.value])
+            few = kv.count_range(tag, bytes([algo.value + 1]), KV_SET_MAX)
+            loose = None
+            if few < KV_SET_MAX:
+                loose = {e.key for e in kv.scan(tag, bytes([algo.value + 1]), KV_SET_MAX)}
+            for idx in gen.indexes:
+                chunk: list[bytes] = []
+                for digest in idx.digests():
+                    chunk.append(tag + digest)
+                    if len(chunk) >= 4096:
+                        yield from _absent(kv, chunk, loose)
+                        chunk = []
+                yield from _absent(kv, chunk, loose)
+
     def close(self) -> None:
         """Close every open set (the store closes)."""
         with self._lock:
             for fmt in list(self._open):
                 self._drop(self._open.pop(fmt))
+
+
+def _absent(kv: SqlTier, keys: list[bytes], loose: set[bytes] | None) -> list[bytes]:
+    if loose is not None:
+        return [k for k in keys if k not in loose]
+    have = kv.present(keys)
+    return [k for k in keys if k not in have]

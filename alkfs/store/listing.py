@@ -124,13 +124,22 @@ class StoreListing(StoreState):
             yield from self.kv.keys()
         if self.large is not None:
             yield from self.large.iter_keys()
+        if self.packed is not None:  # (git objects kept in their packs alone)
+            yield from self.packed.only_here()
 
     def counts(self) -> dict[str, dict[str, int]]:
-        """Per algorithm: objects and their bytes, in all and per tier."""
+        """Per algorithm: objects and their bytes, in all and per tier (`packs`: the
+        git objects kept in packs alone, counted, their bytes not summed)."""
         out = {
             a.label: {"count": 0, "bytes": 0, "kv": 0, "large": 0, "kv_bytes": 0, "large_bytes": 0}
             for a in Algorithm
         }
+        if self.packed is not None:  # git objects kept in their packs alone (no bytes:
+            # their canonical sizes are not read; `disk.packs` has the files' bytes)
+            for b, n in self.packed.only_counts().items():
+                c = out[Algorithm(b).label]
+                c["count"] += n
+                c["packs"] = n
         if isinstance(self.kv, SqlTier):
             for b, n, size in self.kv.counts():
                 c = out[Algorithm(b).label]

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any, Protocol
@@ -39,6 +39,18 @@ class PackedTier(Protocol):
     def read(self, key: bytes) -> bytes | None:
         """Its canonical bytes, verified against the key (Corrupt if not); None when
         no pack holds it."""
+        ...
+
+    def holds(self, key: bytes) -> bool:
+        """Whether a published set lists it (no read)."""
+        ...
+
+    def only_counts(self) -> dict[int, int]:
+        """{algorithm byte: objects kept in packs alone}."""
+        ...
+
+    def only_here(self) -> Iterator[bytes]:
+        """The keys of the objects kept in packs alone (no kv row): the mark scan."""
         ...
 
 
@@ -113,6 +125,9 @@ class StoreState:
         self.delete_guards: list[
             Callable[[list[bytes]], AbstractContextManager[set[bytes] | None]]
         ] = []
+        # Run before a drain deletes kv rows of packed git objects (alkfs/git/packs/
+        # drain.py): what must have read them first (alkfs/app.py adds the LFS scan).
+        self.before_drain: list[Callable[[], object]] = []
         # Run at the end of `verify` (the layers above register them: alkfs/app.py adds
         # the derived packs' check).
         self.verify_hooks: list[Callable[[], object]] = []

@@ -129,6 +129,31 @@ class SqlTier:
                 created = [raw not in old for raw in raws]
         return created
 
+    def insert_absent(self, raws: Sequence[bytes], datas: Sequence[bytes], stamp: int) -> int:
+        """Insert the rows not present, stored at `stamp`; a present row is left as it is
+        (its bytes and its stored time: a write that came first stays a write). Returns how
+        many were inserted. (Git objects the packs alone held, written back loose.)"""
+        inserted = 0
+        with self.db.tx() as conn:
+            for raw, data in zip(raws, datas, strict=True):
+                inserted += conn.execute(
+                    "INSERT INTO blobs (key, size, stored_ns, value) VALUES (?, ?, ?, ?) "
+                    "ON CONFLICT DO NOTHING",
+                    (bytearray(raw), len(data), stamp, bytearray(data)),
+                ).rowcount
+        return inserted
+
+    def delete_many(self, raws: Sequence[bytes]) -> int:
+        """Delete these rows in one transaction; how many there were. (Git objects a
+        published pack holds: alkfs/git/packs/drain.py.)"""
+        gone = 0
+        with self.db.tx() as conn:
+            for i in range(0, len(raws), IN_BATCH):
+                chunk = list(map(bytearray, raws[i : i + IN_BATCH]))
+                marks = ",".join("?" * len(chunk))
+                gone += conn.execute(f"DELETE FROM blobs WHERE key IN ({marks})", chunk).rowcount
+        return gone
+
     def present(self, raws: Sequence[bytes]) -> set[bytes]:
         """Which of these keys the tier holds: one pass over their key range when they
         are most of the table, batched lookups otherwise."""

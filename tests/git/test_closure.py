@@ -8,6 +8,7 @@ import pytest
 
 from alkfs.app import Alkfs
 from alkfs.db.sqlite import SqliteDatabase as Database
+from alkfs.git import packs
 from alkfs.git.importer import import_repo
 from alkfs.git.objects import canonical
 from alkfs.git.refs import RefUpdate
@@ -46,9 +47,10 @@ def test_one_repository_with_every_shape_closes_exactly_and_two_sweeps_delete_no
 
 
 def test_a_missing_object_stops_its_branch_and_never_the_walk(app, make_repo, monkeypatch):
-    # the walk's row: the objects deleted behind the store's back are still in its derived
-    # packs, where the mark by git (test_revmark.py) would find and follow them
+    # the walk's row: objects deleted behind the store's back from a store whose kv holds
+    # them (not drained), its packs withdrawn (a pack would still serve them)
     monkeypatch.setenv("ALKFS_MARK", "python")
+    monkeypatch.setenv("ALKFS_DRAIN", "0")
     src = make_repo()
     src.write("a/one.txt", "one\n")
     src.write("b/two.txt", "two\n")
@@ -56,6 +58,7 @@ def test_a_missing_object_stops_its_branch_and_never_the_walk(app, make_repo, mo
     src.write("c.txt", "three\n")
     c2 = src.commit("second")
     import_repo(app, src.gitdir, "r", progress=False)
+    assert packs.derived_for(app.store, "sha1").withdraw()
     tree_a = Key.from_hex(Algorithm.GIT_SHA1, src.rev(f"{c1}:a"))
     first = Key.from_hex(Algorithm.GIT_SHA1, c1)
     app.store.engine_delete(tree_a.raw)
@@ -178,7 +181,7 @@ def test_objects_in_the_large_tier_are_walked_like_the_rest(tmp_path, make_repo,
     try:
         import_repo(app, src.gitdir, "r", progress=False)
         tiers = {app.store.stat(Key(k)).tier for k in stored_keys(app)}
-        assert tiers == {"kv", "large"}
+        assert tiers == {"packs", "large"}  # (the kv's copies drained: kept in the packs)
         assert set(app.closure.live_keys()) == src.rev_list_keys()
         assert app.closure.by_git == 1  # (the large tree written loose for git)
         assert (app.store.sweep(0).candidates_staged, app.store.sweep(0).deleted) == (0, 0)
@@ -201,10 +204,12 @@ def test_a_memory_store_walks_by_lookups_to_the_same_closure(make_repo, fmt):
 
 def test_a_walk_that_met_a_missing_object_walks_again_at_the_next_mark(app, make_repo, monkeypatch):
     monkeypatch.setenv("ALKFS_MARK", "python")  # (see the test above)
+    monkeypatch.setenv("ALKFS_DRAIN", "0")
     src = make_repo()
     src.write("d/f.txt", "f\n")
     tip = src.commit("one")
     import_repo(app, src.gitdir, "r", progress=False)
+    assert packs.derived_for(app.store, "sha1").withdraw()
     sub = Key.from_hex(Algorithm.GIT_SHA1, src.rev(f"{tip}:d"))
     data = app.store.get(sub)
     app.store.engine_delete(sub.raw)

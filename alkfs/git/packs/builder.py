@@ -22,9 +22,10 @@ from ...errors import NoSpace, StoreIO
 from ...tiers.local import fsync_dir
 from ..shared_packs import SharedPacks
 from . import intake
+from .drain import PRIMARY, Drain
 from .gitrun import GitRun
 from .kvread import KvRead
-from .order import ordered_incremental, ordered_objects
+from .order import _graphable, _parse_commits, ordered_incremental, ordered_objects
 from .sets import (
     _GEN,
     CURRENT,
@@ -71,7 +72,7 @@ def _fsync_tree(root: Path) -> None:
         fsync_dir(Path(top))
 
 
-class Derived(KvRead, GitRun):
+class Derived(Drain, KvRead, GitRun):
     """The derived packs of one format of one store (one instance per store and format:
     `derived_for`). Thread-safe; `lock` serializes builds, publishing and guarded deletes."""
 
@@ -87,6 +88,8 @@ class Derived(KvRead, GitRun):
         self._swap = threading.Lock()  # (the published generation changes under it)
         self.last_build: BuildResult | None = None
         self.last_error: str | None = None
+        self.broken: str | None = None  # a primary set that cannot be read (never replaced)
+        self.drained = 0
         fleet = getattr(store, "fleet", None)
         # a fleet's members share the sets: published in the database (shared_packs.py)
         self.shared = None if fleet is None else SharedPacks(fleet, fmt)
@@ -118,13 +121,18 @@ class Derived(KvRead, GitRun):
                     raise FileNotFoundError(gen.root)
                 self._current = gen
             except (OSError, StoreIO, ValueError) as exc:
+                self._current = None
+                if self.primary:  # (its packs are the only copy: kept, nothing built over it)
+                    self.broken = f"generation {number} is unreadable ({exc})"
+                    self.last_error = self.broken
+                    log.error("derived %s: %s: kept, no set is built", self.fmt, self.broken)
+                    return
                 log.error(
                     "derived %s: generation %d is unreadable (%s): withdrawn", self.fmt, number, exc
                 )
-                self._current = None
         if not self.store.holds_lock:
             return  # beside the lock holder (Store.open(lock=False)): its files, not ours
-        keep = {CURRENT}
+        keep = {CURRENT, PRIMARY}
         if self._current is not None:
             keep.add(f"gen-{self._current.number}")
         for child in self.root.iterdir():
@@ -232,6 +240,11 @@ class Derived(KvRead, GitRun):
         (digests) and anything staged for deletion. `prune`: remove the retired
         generation at once (no reader can hold it: no mount). In a fleet, only its one
         builder builds: None when another is and `wait` was not asked."""
+        if self.broken is not None:
+            raise StoreIO(
+                f"derived {self.fmt}: {self.broken}: not rebuilt (its packs are the "
+                "only copy of their objects)"
+            )
         reserve = self.store.reserve
         if reserve is not None and reserve.full:  # (derived data went first: see shed)
             raise NoSpace("the disk is full: derived packs are built again once it is not")
@@ -240,8 +253,12 @@ class Derived(KvRead, GitRun):
                 return None
             self.refresh()  # (a fleet member builds on the latest published set)
             t0 = time.monotonic()
+            exclude = set(exclude)
             try:
-                result = self._build(set(exclude))
+                # (where the packs are their only copy, what goes is stored loose again
+                # first: one whose deletion is cancelled stays, and is packed again)
+                self.restore(sorted(exclude))
+                result = self._build(exclude)
             except BaseException as exc:
                 self.last_error = str(exc)
                 if self.shared is not None:
@@ -284,6 +301,8 @@ class Derived(KvRead, GitRun):
             rewrite = self._plan_rewrite(prev, skip)
             if rewrite is not None:
                 return rewrite
+            if self.primary:
+                return self._plan_carry(prev, skip)
             kinds, top = self._scan_kinds()
             seen = set(kinds)
             for d in skip:
@@ -338,6 +357,31 @@ class Derived(KvRead, GitRun):
         graph = [c for c in prev.graph_commits() if c not in skip]
         order += [(d, b"") for d in fresh if d not in prev]
         return order, graph, top, fresh, seen
+
+    def _plan_carry(
+        self, prev: Generation, skip: set[bytes]
+    ) -> tuple[list[tuple[bytes, bytes]], list[bytes], int, list[bytes], set[bytes]]:
+        """`_plan` when the sets are the only copy of what they hold (drain.py): every
+        object of `prev` but `skip`, in its write order (pack-objects reuses their deltas
+        from `prev`, its alternate), then the kv objects `prev` lacks but `skip` in
+        rev-list order (written loose); its commit-graph `prev`'s commits but `skip`, and
+        the new commits whose ancestors all are in it. The kv holds what is not packed
+        yet, so its scan is short."""
+        kinds, top = self._scan_kinds()
+        previous = list(dict.fromkeys(prev.pack_order()))
+        known = set(previous)
+        seen = set(kinds)
+        seen.update(known)
+        fresh_kinds = {d: k for d, k in kinds.items() if d not in known and d not in skip}
+        wanted = [d for d, k in fresh_kinds.items() if k != b"bl"]
+        fetched = dict(self._read_many(wanted))
+        blobs = [d for d, k in fresh_kinds.items() if k == b"bl"]
+        new_order, _graph = ordered_objects(fetched, blobs, self.fmt)
+        old_graph = prev.graph_commits() - skip
+        commits = _parse_commits(fetched, 2 * self.algo.digest_len)
+        graph = sorted(old_graph | set(_graphable(commits, dict.fromkeys(old_graph, True))))
+        order = [(d, b"") for d in previous if d not in skip] + new_order
+        return order, graph, top, [d for d, _p in new_order], seen
 
     # the intake, a pack beside the previous set's (intake.py)
     _intake_plan = intake._intake_plan
@@ -542,6 +586,11 @@ class Derived(KvRead, GitRun):
         if gen is None:
             return None
         problem = self.verify(gen)
+        if problem is not None and self.primary:  # (the only copy: reported, kept)
+            log.error("derived %s: the published set is corrupt: %s", self.fmt, problem)
+            self.last_error = f"corrupt at verify: {problem}"
+            self.report_affected(gen)
+            return problem
         if problem is None or not self.withdraw(only=gen):
             return None
         log.error("derived %s: the published set is corrupt, withdrawn: %s", self.fmt, problem)
@@ -554,6 +603,8 @@ class Derived(KvRead, GitRun):
         `only`: nothing (False) unless that generation is still the published one."""
         with self.lock, self._builder(wait) as building:
             if not building or (only is not None and self._current is not only):
+                return False
+            if self.refuse_withdraw("asked to withdraw"):
                 return False
             number = self._next_number()
             self._make_root()

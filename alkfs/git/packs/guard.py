@@ -77,7 +77,7 @@ def shed(store: Store) -> int:
             continue
         try:
             gen = d.current()
-            if gen is None or not gen.files:
+            if gen is None or not gen.files or d.primary:  # (the only copy: kept)
                 continue
             size = sum(gen.files.values())
             if not d.withdraw(wait=False):
@@ -141,7 +141,11 @@ def guard_deletes(store: Store, raws: Iterable[bytes]) -> Iterator[set[bytes]]:
                     d.build(digests)  # all of them: one not packed yet must not be now
                 except Exception as exc:
                     log.error("derived %s: rebuild before deleting failed (%s)", fmt, exc)
-                    d.withdraw()
+                    if d.primary:  # (never withdrawn: these deletions wait for a later sweep)
+                        tag = bytes([d.algo.value])
+                        keep |= {tag + x for x in digests}
+                    else:
+                        d.withdraw()
             if d.shared is not None:
                 keep |= _served_elsewhere(d, digests)
         yield keep

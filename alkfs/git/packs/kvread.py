@@ -26,6 +26,12 @@ class KvRead:
     fmt: str
     algo: Algorithm
 
+    if TYPE_CHECKING:  # (drain.py: Derived's other part)
+
+        @property
+        def primary(self) -> bool: ...
+        def packed_values(self, digests: list[bytes]) -> Iterator[tuple[bytes, bytes]]: ...
+
     def _kv(self) -> SqlTier:
         kv = self.store.kv
         if not isinstance(kv, SqlTier):
@@ -98,13 +104,19 @@ class KvRead:
         return kinds, top
 
     def _read_many(self, digests: list[bytes]) -> Iterator[tuple[bytes, bytes]]:
-        """(digest, verified canonical bytes) for these kv objects (corrupt/absent skipped)."""
+        """(digest, verified canonical bytes) for these objects (corrupt/absent skipped):
+        from the kv, and those the kv lacks from the published set when its packs are
+        their only copy (drain.py)."""
         prefix = bytes([self.algo.value])
         digest = _hash(self.fmt)
+        found: set[bytes] = set()
         for n, (key, value) in enumerate(self._kv().values([prefix + d for d in digests])):
             self.store.check_stopping(n)
             d = key[1:]
+            found.add(d)
             if digest(value).digest() == d:
                 yield d, value
             else:
                 log.error("derived %s: corrupt object %s left out", self.fmt, d.hex())
+        if len(found) < len(digests) and self.primary:
+            yield from self.packed_values([d for d in digests if d not in found])

@@ -1,0 +1,276 @@
+"""The drain: once a set is published, the kv rows of the git objects its main packs hold
+are deleted, so that a packed object is kept once, in its pack (SPEC §1: git objects are
+stored as packs). A mixin of `Derived` (builder.py).
+
+From the first drain on, the format's sets are the only copy of what they hold: the
+store's directory then has `derived/<fmt>/PRIMARY`, written (durably) before the first
+row is deleted. While it is there:
+
+- a build carries every object of the previous set over (less what it must exclude),
+  instead of building from the kv alone (`_plan_carry`), and reads what the kv lacks
+  from the previous set (`_read_many`, kvread.py);
+- a set is never withdrawn (not on a failed verify, a full disk, nor a failed rebuild
+  before a sweep's deletions: those deletions wait instead); an unreadable published
+  set is kept on disk, reported, and no build replaces it;
+- a sweep's candidates are written back into the kv before the set without them is
+  published (`restore`, called by the delete guard, guard.py), stored at time 0 so
+  they count as written before they were staged (a put since keeps its own time), so
+  that one whose deletion arbitration cancels is still stored and packed again.
+
+Rows the drain skips: objects staged for deletion (they stay loose for their window),
+those in the set's staged pack only, and any whose copy in the pack does not read back
+and verify against its name (logged: the row stays, the next drain looks again).
+
+Drained only in a store of one process (not in a fleet, whose members share the sets)
+and unless `ALKFS_DRAIN=0` is set."""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ...errors import AlkfsError, StoreIO
+from ...keys import Key
+from ...tiers.local import fsync_dir
+from ...tiers.sql import SqlTier
+from ..packread import PackSet
+from .sets import Generation
+
+if TYPE_CHECKING:
+    from ...keys import Algorithm
+    from ...store import Store
+    from ..shared_packs import SharedPacks
+
+log = logging.getLogger("alkfs.packs")
+
+PRIMARY = "PRIMARY"
+PRIMARY_TEXT = b"alkfs: these sets are the only copy of the git objects they hold\n"
+DRAIN_PAGE = 2048  # kv rows looked at (and deleted) a transaction
+
+
+def drain_enabled() -> bool:
+    return os.environ.get("ALKFS_DRAIN", "1") != "0"
+
+
+def open_packs(gen: Generation) -> PackSet:
+    """A set's packs, opened for reading (close it)."""
+    return PackSet([idx.path.with_suffix(".pack") for idx in gen.indexes], gen.fmt)
+
+
+class Drain:
+    """A mixin of `Derived`: the drain, the carried build's reads, `restore`."""
+
+    store: Store
+    fmt: str
+    algo: Algorithm
+    root: Path
+    lock: threading.RLock
+    shared: SharedPacks | None
+    _current: Generation | None
+    broken: str | None
+    drained: int  # rows deleted by this process's drains (status)
+
+    if TYPE_CHECKING:
+
+        def _kv(self) -> SqlTier: ...
+        def _range(self) -> tuple[bytes, bytes]: ...
+
+    @property
+    def primary(self) -> bool:
+        """Whether the sets are the only copy of some objects (PRIMARY is there)."""
+        return (self.root / PRIMARY).exists()
+
+    def _make_primary(self) -> None:
+        if self.primary:
+            return
+        tmp = self.root / f"{PRIMARY}.tmp"
+        with open(tmp, "wb") as f:
+            f.write(PRIMARY_TEXT)
+            f.flush()
+            os.fsync(f.fileno())
+        os.rename(tmp, self.root / PRIMARY)
+        fsync_dir(self.root)
+
+    def drain(self) -> int:
+        """Delete the kv rows of the objects the published set's main packs hold (each
+        read back from its pack and verified first), page by page under the set's lock;
+        how many. Stops at the store's stop (the next drain goes on)."""
+        if self.shared is not None or not drain_enabled() or not self.store.holds_lock:
+            return 0
+        for hook in self.store.before_drain:
+            hook()
+        kv = self._kv()
+        lo, hi = self._range()
+        after = lo
+        total = 0
+        packs: PackSet | None = None
+        opened_for = -1
+        try:
+            while True:
+                self.store.check_stopping()
+                with self.lock:
+                    gen = self._current
+                    if gen is None or not gen.indexes:
+                        return total
+                    page = kv.scan(after, hi, DRAIN_PAGE)
+                    if not page:
+                        return total
+                    after = page[-1].key
+                    if opened_for != gen.number:
+                        if packs is not None:
+                            packs.close()
+                        packs = open_packs(gen)
+                        opened_for = gen.number
+                    assert packs is not None
+                    staged = self.store.window.staged_between(page[0].key, page[-1].key)
+                    gone = [
+                        e.key
+                        for e in page
+                        if e.key not in staged
+                        and gen.main_holds(e.key[1:])
+                        and self._reads_back(packs, e.key[1:])
+                    ]
+                    if not gone:
+                        continue
+                    self._make_primary()
+                    total += kv.delete_many(gone)
+                    self.drained = getattr(self, "drained", 0) + len(gone)
+        finally:
+            if packs is not None:
+                packs.close()
+            if total:
+                log.info("derived %s: %d objects now kept in their packs alone", self.fmt, total)
+                db = self.store.db
+                if db is not None:  # the rows' pages go back to the filesystem
+                    try:
+                        db.give_back(self.store.stopping.is_set)
+                    except AlkfsError as exc:  # (the next drain or sweep tries again)
+                        log.warning(
+                            "derived %s: the database kept its free pages: %s", self.fmt, exc
+                        )
+
+    def _reads_back(self, packs: PackSet, digest: bytes) -> bool:
+        try:
+            return packs.read(digest) is not None
+        except (OSError, AlkfsError) as exc:
+            log.error(
+                "derived %s: %s does not read back from its pack: %s", self.fmt, digest.hex(), exc
+            )
+            return False
+
+    def packed_values(self, digests: list[bytes]) -> Iterator[tuple[bytes, bytes]]:
+        """(digest, canonical bytes) of those of `digests` the published set holds, read
+        from its packs and verified (one that does not verify: logged, left out)."""
+        gen = self._current
+        if gen is None or not gen.indexes or not digests:
+            return
+        with open_packs(gen) as packs:
+            for n, d in enumerate(digests):
+                self.store.check_stopping(n)
+                try:
+                    found = packs.read(d)
+                except (OSError, AlkfsError) as exc:
+                    log.error(
+                        "derived %s: %s cannot be read from its pack: %s", self.fmt, d.hex(), exc
+                    )
+                    continue
+                if found is not None:
+                    kind, body = found
+                    yield d, b"%s %d\0" % (kind, len(body)) + body
+
+    def restore(self, digests: list[bytes]) -> int:
+        """Write back into the kv those of `digests` (a sweep's candidates) that only the
+        published set holds, stored at time 0 (before any staging: a put since keeps
+        its own time). Call it under the set's lock, before a set without them is
+        published. How many were written."""
+        if not self.primary or not digests:
+            return 0
+        kv = self._kv()
+        tag = bytes([self.algo.value])
+        have = kv.present([tag + d for d in digests])
+        missing = [d for d in digests if tag + d not in have]
+        written = 0
+        raws: list[bytes] = []
+        datas: list[bytes] = []
+        for d, data in self.packed_values(missing):
+            raws.append(tag + d)
+            datas.append(data)
+            if len(raws) >= DRAIN_PAGE:
+                written += kv.insert_absent(raws, datas, 0)
+                raws, datas = [], []
+        if raws:
+            written += kv.insert_absent(raws, datas, 0)
+        if written:
+            log.info(
+                "derived %s: %d candidates written back loose before a rewrite", self.fmt, written
+            )
+        return written
+
+    def undrain(self) -> int:
+        """Write every object the published set alone holds back into the kv (stored at
+        its packs' time), then remove PRIMARY: the kv holds every object again (before
+        a move to PostgreSQL, whose fleets share their sets and never drain). How many."""
+        if not self.primary:
+            return 0
+        kv = self._kv()
+        tag = bytes([self.algo.value])
+        written = 0
+        with self.lock:
+            gen = self._current
+            if self.broken is not None:
+                raise StoreIO(f"derived {self.fmt}: {self.broken}: its objects cannot be read")
+            if gen is not None and gen.indexes:
+                stamp = min(gen.mtimes.values(), default=1)
+                for idx in gen.indexes:
+                    digests = list(idx.digests())
+                    for i in range(0, len(digests), DRAIN_PAGE):
+                        self.store.check_stopping()
+                        part = digests[i : i + DRAIN_PAGE]
+                        have = kv.present([tag + d for d in part])
+                        missing = [d for d in part if tag + d not in have]
+                        found = list(self.packed_values(missing))
+                        if len(found) != len(missing):
+                            raise StoreIO(
+                                f"derived {self.fmt}: {len(missing) - len(found)} objects "
+                                "of the published set do not read back (see the log)"
+                            )
+                        if found:
+                            written += kv.insert_absent(
+                                [tag + d for d, _ in found], [v for _, v in found], stamp
+                            )
+            (self.root / PRIMARY).unlink()
+            fsync_dir(self.root)
+        log.info("derived %s: %d objects written back into the kv", self.fmt, written)
+        return written
+
+    def report_affected(self, gen: Generation) -> int:
+        """Read every object of a set whose files do not verify: those that do not read
+        back (the damaged delta chains) are listed in `status.corrupt`; the rest are
+        still served. How many."""
+        tag = bytes([self.algo.value])
+        bad: set[bytes] = set()
+        try:
+            with open_packs(gen) as packs:
+                for idx in gen.indexes:
+                    bad |= packs.check(idx.digests())
+        except (OSError, AlkfsError) as exc:
+            log.error("derived %s: the set cannot be read at all: %s", self.fmt, exc)
+            return 0
+        for d in sorted(bad):
+            self.store.mark_corrupt(Key(tag + d))
+        return len(bad)
+
+    def refuse_withdraw(self, why: str) -> bool:
+        """A primary set is never withdrawn: True (and logged) when that is refused."""
+        if not self.primary:
+            return False
+        log.error(
+            "derived %s: the packs are the only copy of their objects: not withdrawn (%s)",
+            self.fmt,
+            why,
+        )
+        return True
