@@ -158,6 +158,29 @@ class PackedObjects:
         gen = None if d is None else d.current()
         return gen is not None and key[1:] in gen
 
+    def page(self, after: bytes, before: bytes, limit: int) -> list[tuple[bytes, int, int]]:
+        """(key, canonical size, stored ns) of up to `limit` objects of the published
+        sets with after < key < before, in key order (a listing's page; the kv's own
+        rows are merged in by the store)."""
+        found: list[bytes] = []
+        for fmt, algo in FORMATS.items():
+            tag = bytes([algo.value])
+            if not after[:1] <= tag <= before[:1]:
+                continue
+            d = derived_for(self.store, fmt)
+            gen = None if d is None else d.current()
+            if gen is None or not gen.indexes:
+                continue
+            start = after[1:] if after[:1] == tag else b""
+            for idx in gen.indexes:
+                found += (tag + x for x in idx.names_after(start, limit))
+        out = []
+        for key in sorted(set(k for k in found if after < k < before))[:limit]:
+            st = self.stat(key)
+            if st is not None:
+                out.append((key, *st))
+        return out
+
     def only_counts(self) -> dict[int, int]:
         """{algorithm byte: how many objects its published set holds that the kv does
         not} (counted from the idx files and the kv's keys of the format, nothing read;

@@ -113,7 +113,15 @@ class StoreListing(StoreState):
         rows = [(e, self.kv.name) for e in self.kv.scan(lo, hi, limit)]
         if self.large is not None:
             rows += [(e, "large") for e in self._recorded_page(self.large.scan(lo, hi, limit))]
-            rows.sort(key=lambda r: r[0].key)
+        if self.packed is not None and (algo is None or algo.is_git):
+            # (git objects kept in their packs alone; one also in the kv is listed once)
+            there = {e.key for e, _t in rows}
+            rows += [
+                (Entry(k, size, ns), "packs")
+                for k, size, ns in self.packed.page(lo, hi, limit)
+                if k not in there
+            ]
+        rows.sort(key=lambda r: r[0].key)
         return [ObjectStat(Key(e.key), e.size, t, e.stored_ns) for e, t in rows[:limit]]
 
     def iter_keys(self) -> Iterator[bytes]:

@@ -82,6 +82,8 @@ class StorePuts(StoreState):
 
         def _put_done(self, raws: Sequence[bytes], datas: Sequence[bytes | bytearray]) -> None: ...
 
+        def _packed(self, key: Key) -> bytes | None: ...
+
     # -- puts -----------------------------------------------------------------
     @_counted
     def put(
@@ -265,13 +267,18 @@ class StorePuts(StoreState):
         """Count the object as written now (a staged delete of it will be cancelled).
 
         Done under a pin: a delete already in flight finishes first (then this says
-        False, and the caller writes the object again), and none can start meanwhile."""
+        False, and the caller writes the object again), and none can start meanwhile.
+        A git object kept in its pack alone is written back into the kv, stored now."""
         with self.arbiter.acquire(key):
             stamp = now_ns()
             if self.kv.freshen(key.raw, stamp):
                 return True
             if self.large is None or not self.large.freshen(key.raw, stamp):
-                return False
+                data = self._packed(key)  # (None: not a git object, or in no pack)
+                if data is None:
+                    return False
+                self.kv.put(key.raw, data, stamp)
+                return True
             assert self.catalog is not None
             self.catalog.freshen(key.raw, stamp)
             return True

@@ -45,6 +45,10 @@ class PackedTier(Protocol):
         """Whether a published set lists it (no read)."""
         ...
 
+    def page(self, after: bytes, before: bytes, limit: int) -> list[tuple[bytes, int, int]]:
+        """(key, size, stored ns) of packed objects with after < key < before, in order."""
+        ...
+
     def only_counts(self) -> dict[int, int]:
         """{algorithm byte: objects kept in packs alone}."""
         ...

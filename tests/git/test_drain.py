@@ -71,6 +71,14 @@ def test_an_import_keeps_every_object_in_its_pack_alone(app, make_repo, fmt):
     assert set(keys) == {Key.from_hex(algo, h).raw for h in objects}
     c = app.store.counts()[algo.label]
     assert (c["count"], c["kv"], c["packs"]) == (len(objects), 0, len(objects))
+    listed, after = [], None  # (the listing of /objects/<algo>: page by page)
+    while page := app.store.list(after=after, limit=7, algo=algo):
+        listed += page
+        after = page[-1].key
+    assert [st.key.raw for st in listed] == sorted(Key.from_hex(algo, h).raw for h in objects)
+    assert {(st.key.hex, st.size, st.tier) for st in listed} == {
+        (h, len(data), "packs") for h, data in objects.items()
+    }
 
 
 def test_a_store_opened_again_still_knows_its_packs_are_the_only_copy(tmp_path, make_repo):
@@ -263,3 +271,21 @@ def test_an_unreadable_set_that_is_the_only_copy_is_kept_and_not_built_over(tmp_
         with pytest.raises(StoreIO, match="only copy"):
             d.build()
         assert sorted(p.name for p in d.root.iterdir()) == ["CURRENT", PRIMARY, gen.root.name]
+
+
+def test_a_freshen_after_staging_keeps_a_packed_candidate(app, make_repo):
+    """git freshens an object it finds packed through its loose path (utime): the
+    store writes it back into the kv, stored now, and its staged delete is cancelled."""
+    src = with_branch(make_repo)
+    import_repo(app, src.gitdir, "r", progress=False)
+    drop_branch(app, src)
+    assert app.store.sweep(0).candidates_staged == 3
+    blob = Key.from_hex(Algorithm.GIT_SHA1, src.rev("refs/heads/gone:gone-only.txt"))
+    assert app.store.kv.read(blob.raw) is None
+    assert app.store.freshen(blob)
+    assert app.store.stat(blob).tier == "kv"
+    report = app.store.sweep(0)
+    assert (report.deleted, report.cancelled_by_arbitration) == (2, 1)
+    assert app.store.has(blob)
+    absent = Key.from_hex(Algorithm.GIT_SHA1, "ab" * 20)
+    assert not app.store.freshen(absent)

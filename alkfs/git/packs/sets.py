@@ -102,6 +102,17 @@ class PackIndex:
         for i in range(self.count):
             yield self._name(i)
 
+    def names_after(self, digest: bytes, limit: int) -> list[bytes]:
+        """Up to `limit` ids after `digest`, in order (b"": from the first)."""
+        lo, hi = 0, self.count
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if self._name(mid) <= digest:
+                lo = mid + 1
+            else:
+                hi = mid
+        return [self._name(i) for i in range(lo, min(self.count, lo + limit))]
+
 
 @dataclass
 class Generation:
