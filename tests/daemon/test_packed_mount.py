@@ -9,6 +9,7 @@ import errno
 import hashlib
 import json
 import os
+import time
 import zlib
 from pathlib import Path
 
@@ -110,3 +111,42 @@ def test_a_flipped_byte_in_a_pack_fails_only_what_it_affects(tmp_path, start_mou
     assert failed == affected
     corrupt = json.loads(m.path(".alkfs", "status").read_text())["corrupt"]
     assert {c.split("/")[-1] for c in corrupt} == affected
+
+
+def test_a_set_that_fails_its_checksums_at_start_is_kept_and_reported(tmp_path, start_mount):
+    """The packs are the only copy (the import drained the kv): a set whose pack no longer
+    matches its trailer is not withdrawn at start; every object it affects is listed in
+    `status.corrupt` before anything reads it, and the rest are served."""
+    src = _source(tmp_path)
+    objects = git_objects(src / ".git")
+    store = _packed_store(tmp_path, src)
+    current = store / "derived" / "sha1" / "CURRENT"
+    number = current.read_text()
+    [gen_dir] = sorted((store / "derived" / "sha1").glob("gen-*"))
+    pack = max(gen_dir.glob("pack/*.pack"), key=lambda p: p.stat().st_size)
+    data = bytearray(pack.read_bytes())
+    data[12 + (len(data) - 32) // 2] ^= 0x5A  # (its trailer left as it was)
+    pack.chmod(0o644)
+    pack.write_bytes(bytes(data))
+    affected = {d.hex() for d in PackSet([pack], "sha1").check([bytes.fromhex(h) for h in objects])}
+    assert affected and len(affected) < len(objects)
+    m = start_mount(store, "--window", "1h")
+
+    def status() -> dict:
+        return json.loads(m.path(".alkfs", "status").read_text())
+
+    deadline = time.monotonic() + 30  # (the start's check runs in the background)
+    while not status()["packs"]["sha1"]["last_error"]:
+        assert time.monotonic() < deadline, "no check of the set within 30 s"
+        time.sleep(0.05)
+    st = status()
+    assert {c.split("/")[-1] for c in st["corrupt"]} == affected
+    assert "corrupt at verify" in st["packs"]["sha1"]["last_error"]
+    assert st["packs"]["sha1"]["primary"] is True
+    assert current.read_text() == number and pack.exists()  # (not withdrawn)
+    for hexid, canonical in objects.items():
+        if hexid not in affected:
+            assert m.path("objects", "git-sha1", hexid).read_bytes() == canonical
+    with pytest.raises(OSError) as exc:
+        m.path("objects", "git-sha1", sorted(affected)[0]).read_bytes()
+    assert exc.value.errno == errno.EIO
