@@ -26,7 +26,7 @@ from ..errors import AlkfsError
 from ..keys import Algorithm
 from ..tiers.sql import SqlTier
 from .packread import PackSet
-from .packs import FORMATS, Generation, derived_for
+from .packs import CURRENT, DERIVED_DIR, FORMATS, Generation, derived_for
 
 if TYPE_CHECKING:
     from ..store import Store
@@ -57,17 +57,40 @@ class PackedObjects:
         self._lock = threading.Lock()
         self._open: dict[str, _Opened] = {}
         self._told: set[str] = set()  # formats whose publishes retire the open set
+        self._beside: dict[str, Generation] = {}  # (opened beside the lock holder)
+
+    def _generation(self, fmt: str) -> Generation | None:
+        """The published set of `fmt`: the store's own (`derived_for`), or, in a process
+        opened beside the store's lock holder, the one its CURRENT names (read again at
+        each look: the holder publishes and drains meanwhile)."""
+        d = derived_for(self.store, fmt)
+        if d is not None:
+            if fmt not in self._told:
+                with self._lock:
+                    if fmt not in self._told:
+                        self._told.add(fmt)
+                        d.on_publish.append(lambda _old, _new: self._retire(fmt))
+            return d.current()
+        if self.store.path is None:
+            return None
+        root = self.store.path / DERIVED_DIR / fmt
+        try:
+            number = int((root / CURRENT).read_text())
+        except (OSError, ValueError):
+            return None
+        cached = self._beside.get(fmt)
+        if cached is not None and cached.number == number:
+            return cached
+        try:
+            gen = Generation.load(fmt, number, root / f"gen-{number}") if number else None
+        except (OSError, AlkfsError, ValueError):
+            return None
+        if gen is not None:
+            self._beside[fmt] = gen
+        return gen
 
     def _acquire(self, fmt: str) -> _Opened | None:
-        d = derived_for(self.store, fmt)
-        if d is None:
-            return None
-        if fmt not in self._told:
-            with self._lock:
-                if fmt not in self._told:
-                    self._told.add(fmt)
-                    d.on_publish.append(lambda _old, _new: self._retire(fmt))
-        gen = d.current()
+        gen = self._generation(fmt)
         if gen is None or not gen.indexes:
             self._retire(fmt)
             return None
@@ -154,8 +177,7 @@ class PackedObjects:
     def holds(self, key: bytes) -> bool:
         """Whether the published set of the key's format lists it (its idx alone)."""
         fmt = _FMT.get(key[0])
-        d = None if fmt is None else derived_for(self.store, fmt)
-        gen = None if d is None else d.current()
+        gen = None if fmt is None else self._generation(fmt)
         return gen is not None and key[1:] in gen
 
     def page(self, after: bytes, before: bytes, limit: int) -> list[tuple[bytes, int, int]]:
@@ -167,8 +189,7 @@ class PackedObjects:
             tag = bytes([algo.value])
             if not after[:1] <= tag <= before[:1]:
                 continue
-            d = derived_for(self.store, fmt)
-            gen = None if d is None else d.current()
+            gen = self._generation(fmt)
             if gen is None or not gen.indexes:
                 continue
             start = after[1:] if after[:1] == tag else b""
@@ -188,8 +209,7 @@ class PackedObjects:
         out: dict[int, int] = {}
         kv = self.store.kv
         for fmt, algo in FORMATS.items():
-            d = derived_for(self.store, fmt)
-            gen = None if d is None else d.current()
+            gen = self._generation(fmt)
             if gen is None or not gen.indexes or not isinstance(kv, SqlTier):
                 continue
             lo, hi = bytes([algo.value]), bytes([algo.value + 1])
@@ -206,8 +226,7 @@ class PackedObjects:
         those kept in their packs alone (alkfs/git/packs/drain.py). For the mark scan."""
         kv = self.store.kv
         for fmt, algo in FORMATS.items():
-            d = derived_for(self.store, fmt)
-            gen = None if d is None else d.current()
+            gen = self._generation(fmt)
             if gen is None or not gen.indexes or not isinstance(kv, SqlTier):
                 continue
             tag = bytes([algo.value])

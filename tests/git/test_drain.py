@@ -289,3 +289,26 @@ def test_a_freshen_after_staging_keeps_a_packed_candidate(app, make_repo):
     assert app.store.has(blob)
     absent = Key.from_hex(Algorithm.GIT_SHA1, "ab" * 20)
     assert not app.store.freshen(absent)
+
+
+def test_a_process_beside_the_lock_holder_reads_what_the_packs_alone_hold(tmp_path, make_repo):
+    src = make_repo()
+    everything(src)
+    with Alkfs.open(tmp_path / "s", window_s=0) as app:
+        import_repo(app, src.gitdir, "r", progress=False)
+        beside = Alkfs.open(tmp_path / "s", lock=False)  # (as `alkfs` beside a daemon)
+        try:
+            assert packs.derived_for(beside.store, "sha1") is None  # (the holder's sets)
+            for hexid, data in git_objects(src.gitdir).items():
+                key = Key.from_hex(Algorithm.GIT_SHA1, hexid)
+                assert beside.store.has(key) and beside.store.get(key) == data
+            # the holder publishes a new set (and drains): the next look reads it
+            app.store.add(canonical("blob", b"after\n"), Algorithm.GIT_SHA1)
+            d = packs.derived_for(app.store, "sha1")
+            d.build()
+            d.drain()
+            new = Key.derive(Algorithm.GIT_SHA1, canonical("blob", b"after\n"))
+            assert app.store.kv.read(new.raw) is None
+            assert beside.store.get(new) == canonical("blob", b"after\n")
+        finally:
+            beside.close()
