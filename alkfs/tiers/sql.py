@@ -143,6 +143,17 @@ class SqlTier:
                 ).rowcount
         return inserted
 
+    def delete_range(self, lo: bytes, hi: bytes, expect: int) -> int:
+        """Delete the rows lo <= key <= hi in one statement, if there are `expect` of
+        them (else nothing: rows arrived meanwhile); how many."""
+        with self.db.tx() as conn:
+            n = conn.execute(
+                "SELECT count(*) FROM blobs WHERE key >= ? AND key <= ?", (lo, hi)
+            ).fetchone()[0]
+            if n != expect:
+                return 0
+            return conn.execute("DELETE FROM blobs WHERE key >= ? AND key <= ?", (lo, hi)).rowcount
+
     def delete_many(self, raws: Sequence[bytes]) -> int:
         """Delete these rows in one transaction; how many there were. (Git objects a
         published pack holds: alkfs/git/packs/drain.py.)"""

@@ -312,3 +312,36 @@ def test_a_process_beside_the_lock_holder_reads_what_the_packs_alone_hold(tmp_pa
             assert beside.store.get(new) == canonical("blob", b"after\n")
         finally:
             beside.close()
+
+
+def test_nothing_is_drained_from_a_pack_that_does_not_verify(tmp_path, make_repo, monkeypatch):
+    """A pack whose files' checksums hold but one of whose objects does not hash to its
+    name (written again behind the store's back): git's index-pack --verify fails it,
+    and every kv row stays."""
+    import hashlib
+
+    src = make_repo()
+    everything(src)
+    monkeypatch.setenv("ALKFS_DRAIN", "0")
+    app = Alkfs.open(tmp_path / "s", window_s=0)
+    try:
+        import_repo(app, src.gitdir, "r", progress=False)
+        rows = kv_rows(app, Algorithm.GIT_SHA1)
+        d = packs.derived_for(app.store, "sha1")
+        pack = next(d.current().root / r for r in d.current().files if r.endswith(".pack"))
+        data = bytearray(pack.read_bytes())
+        data[12 + (len(data) - 32) // 2] ^= 0x5A
+        data[-20:] = hashlib.sha1(data[:-20]).digest()
+        idx_path = pack.with_suffix(".idx")
+        idx = bytearray(idx_path.read_bytes())
+        idx[-40:-20] = data[-20:]
+        idx[-20:] = hashlib.sha1(idx[:-20]).digest()
+        for path, content in ((pack, data), (idx_path, idx)):
+            path.chmod(0o644)
+            path.write_bytes(bytes(content))
+        monkeypatch.setenv("ALKFS_DRAIN", "1")
+        assert d.drain() == 0
+        assert kv_rows(app, Algorithm.GIT_SHA1) == rows and not d.primary
+        assert "does not verify" in (d.last_error or "")
+    finally:
+        app.close()

@@ -370,7 +370,7 @@ def test_orphans_and_unfinished_builds_are_removed_at_open(tmp_path, make_repo):
     with Alkfs.open(tmp_path / "s", window_s=0) as app:
         d = packs.derived_for(app.store, "sha1")
         assert d.current().number == 1
-        assert sorted(p.name for p in root.iterdir()) == ["CURRENT", "gen-1"]
+        assert sorted(p.name for p in root.iterdir()) == ["CURRENT", "PRIMARY", "gen-1"]
         assert pack_ids(d.current()) == store_ids(app, Algorithm.GIT_SHA1)
 
 

@@ -378,7 +378,9 @@ def test_a_full_disk_drops_the_derived_packs_first(small_fs: Path, start_mount, 
     """Derived data goes first (issue 12): the write that finds the disk full withdraws
     the published packs (their objects are served loose, git keeps reading them), their
     files go once nobody holds them, no build runs while the disk is full, and once
-    space is back `repack` publishes a set again."""
+    space is back `repack` publishes a set again. (A store whose kv keeps every object,
+    ALKFS_DRAIN=0: packs that are the only copy of their objects are not dropped,
+    tests/git/test_drain.py.)"""
     from helpers import git
 
     src = tmp_path / "src.git"
@@ -402,7 +404,10 @@ def test_a_full_disk_drops_the_derived_packs_first(small_fs: Path, start_mount, 
     # (the intake looks every 0.2 s and builds whatever is new after 0.5 s: while the
     # disk is full it must not)
     m = start_mount(
-        store, "--window", "0", env={"ALKFS_PACK_POLL": "0.2", "ALKFS_PACK_EVERY": "0.5"}
+        store,
+        "--window",
+        "0",
+        env={"ALKFS_PACK_POLL": "0.2", "ALKFS_PACK_EVERY": "0.5", "ALKFS_DRAIN": "0"},
     )
     os.mkdir(m.path("repos", "r"))
     git(f"--git-dir={src}", "push", "-q", str(m.path("repos", "r")), "main")

@@ -49,7 +49,7 @@ log = logging.getLogger("alkfs.packs")
 
 PRIMARY = "PRIMARY"
 PRIMARY_TEXT = b"alkfs: these sets are the only copy of the git objects they hold\n"
-DRAIN_PAGE = 2048  # kv rows looked at (and deleted) a transaction
+DRAIN_PAGE = 8192  # kv rows looked at (and deleted) a transaction (one commit each)
 
 
 def drain_enabled() -> bool:
@@ -74,10 +74,19 @@ class Drain:
     broken: str | None
     drained: int  # rows deleted by this process's drains (status)
 
+    last_error: str | None
+
     if TYPE_CHECKING:
 
         def _kv(self) -> SqlTier: ...
         def _range(self) -> tuple[bytes, bytes]: ...
+        def _git(
+            self,
+            repo: Path,
+            *args: str,
+            objdir: Path | None = None,
+            input: bytes | None = None,
+        ) -> bytes: ...
 
     @property
     def primary(self) -> bool:
@@ -107,8 +116,6 @@ class Drain:
         lo, hi = self._range()
         after = lo
         total = 0
-        packs: PackSet | None = None
-        opened_for = -1
         try:
             while True:
                 self.store.check_stopping()
@@ -120,28 +127,21 @@ class Drain:
                     if not page:
                         return total
                     after = page[-1].key
-                    if opened_for != gen.number:
-                        if packs is not None:
-                            packs.close()
-                        packs = open_packs(gen)
-                        opened_for = gen.number
-                    assert packs is not None
                     staged = self.store.window.staged_between(page[0].key, page[-1].key)
                     gone = [
-                        e.key
-                        for e in page
-                        if e.key not in staged
-                        and gen.main_holds(e.key[1:])
-                        and self._reads_back(packs, e.key[1:])
+                        e.key for e in page if e.key not in staged and gen.main_holds(e.key[1:])
                     ]
-                    if not gone:
+                    if not gone or not self._verified(gen):
                         continue
                     self._make_primary()
-                    total += kv.delete_many(gone)
-                    self.drained = getattr(self, "drained", 0) + len(gone)
+                    n = 0
+                    if len(gone) == len(page):  # (the whole page: one range)
+                        n = kv.delete_range(page[0].key, page[-1].key, len(page))
+                    if not n:
+                        n = kv.delete_many(gone)
+                    total += n
+                    self.drained += n
         finally:
-            if packs is not None:
-                packs.close()
             if total:
                 log.info("derived %s: %d objects now kept in their packs alone", self.fmt, total)
                 db = self.store.db
@@ -153,14 +153,28 @@ class Drain:
                             "derived %s: the database kept its free pages: %s", self.fmt, exc
                         )
 
-    def _reads_back(self, packs: PackSet, digest: bytes) -> bool:
-        try:
-            return packs.read(digest) is not None
-        except (OSError, AlkfsError) as exc:
-            log.error(
-                "derived %s: %s does not read back from its pack: %s", self.fmt, digest.hex(), exc
-            )
-            return False
+    def _verified(self, gen: Generation) -> bool:
+        """Whether every main pack of `gen` verifies: `git index-pack --verify` hashes
+        each object again and compares the index (once a pack, by its checksum, in this
+        process: an intake's set shares the previous set's files). A pack that fails is
+        logged and nothing it holds is drained."""
+        done: set[bytes] = self.__dict__.setdefault("_packs_verified", set())
+        for idx in gen.indexes:
+            if idx is gen.staged_index or idx.pack_checksum in done:
+                continue
+            pack = idx.path.with_suffix(".pack")
+            try:
+                self._git(
+                    gen.root, "index-pack", f"--object-format={self.fmt}", "--verify", str(pack)
+                )
+            except (OSError, AlkfsError) as exc:
+                log.error(
+                    "derived %s: %s does not verify, nothing drained: %s", self.fmt, pack.name, exc
+                )
+                self.last_error = f"{pack.name} does not verify: {str(exc)[:500]}"
+                return False
+            done.add(idx.pack_checksum)
+        return True
 
     def packed_values(self, digests: list[bytes]) -> Iterator[tuple[bytes, bytes]]:
         """(digest, canonical bytes) of those of `digests` the published set holds, read
