@@ -345,3 +345,43 @@ def test_nothing_is_drained_from_a_pack_that_does_not_verify(tmp_path, make_repo
         assert "does not verify" in (d.last_error or "")
     finally:
         app.close()
+
+
+def test_dropping_the_staged_pack_keeps_what_is_not_due_yet(tmp_path, make_repo):
+    """The staged pack holds candidates of two sweeps; the sweep that deletes the first
+    drops that pack: the other, staged for later and kept in no other pack, is written
+    back loose first (it was lost: a branch pushed again later reached a missing commit)."""
+    src = with_branch(make_repo)
+    src.git("checkout", "-q", "-b", "later", "main")
+    src.write("later-only.txt", "only on the branch that goes later\n")
+    src.commit("later")
+    src.git("checkout", "-q", "main")
+    app = Alkfs.open(tmp_path / "store", window_s=3600)
+    try:
+        import_repo(app, src.gitdir, "r", progress=False)
+        d = packs.derived_for(app.store, "sha1")
+        later_tip = src.rev("refs/heads/later")
+        later = src.rev_list_keys(later_tip, "--not", "--exclude=refs/heads/later", "--all")
+        [done] = app.refs.update("r", [RefUpdate("refs/heads/later", None, later_tip)])
+        assert done.ok
+        assert app.store.sweep().candidates_staged == 3  # (due in an hour)
+        drop_branch(app, src)
+        assert app.store.sweep(window_s=0).candidates_staged == 3  # (due now)
+        d.build()  # both in the staged pack, and in no other
+        gen = d.current()
+        assert {x[1:] for x in later | only_gone(src)} == set(gen.staged_index.digests())
+        report = app.store.sweep(window_s=0)
+        assert report.deleted == 3
+        assert all(app.store.has(Key(x)) for x in later)
+        [back] = app.refs.update("r", [RefUpdate("refs/heads/later", later_tip, None)])
+        assert back.ok
+        report = app.store.sweep(expire_now=True)
+        assert report.cancelled_by_arbitration == 3
+        d.build()
+        d.drain()
+        for hexid, data in git_objects(src.gitdir).items():
+            key = Key.from_hex(Algorithm.GIT_SHA1, hexid)
+            if key.raw not in only_gone(src):
+                assert app.store.get(key) == data
+    finally:
+        app.close()

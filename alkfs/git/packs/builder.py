@@ -395,7 +395,11 @@ class Derived(Drain, KvRead, GitRun):
             if plan is not None:
                 return self._build_intake(prev, *plan)
         if exclude and prev is not None and self._only_staged(prev, exclude):
-            # (what it withheld stays withheld: none of it is packed by this set either)
+            # (what it withheld stays withheld: none of it is packed by this set either;
+            # where the packs are the only copy, what else the dropped pack holds, staged
+            # for later, is written back loose first: served loose, as elsewhere)
+            assert prev.staged_index is not None
+            self.restore(list(prev.staged_index.digests()))
             held = prev.withheld()
             top = int(prev.meta.get("max_rowid", 0))
             return self._build_intake(prev, {}, top, [], held, True)
