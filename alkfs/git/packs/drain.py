@@ -18,8 +18,9 @@ row is deleted. While it is there:
   that one whose deletion arbitration cancels is still stored and packed again.
 
 Rows the drain skips: objects staged for deletion (they stay loose for their window),
-those in the set's staged pack only, and any whose copy in the pack does not read back
-and verify against its name (logged: the row stays, the next drain looks again).
+those in the set's staged pack only, and all those of a set with a main pack that does
+not verify (`git index-pack --verify` hashes every object of a pack again, once a pack
+a process: logged, in `last_error`; the rows stay, the next drain looks again).
 
 Drained only in a store of one process (not in a fleet, whose members share the sets)
 and unless `ALKFS_DRAIN=0` is set."""
@@ -73,7 +74,6 @@ class Drain:
     _current: Generation | None
     broken: str | None
     drained: int  # rows deleted by this process's drains (status)
-
     last_error: str | None
 
     if TYPE_CHECKING:
@@ -105,9 +105,9 @@ class Drain:
         fsync_dir(self.root)
 
     def drain(self) -> int:
-        """Delete the kv rows of the objects the published set's main packs hold (each
-        read back from its pack and verified first), page by page under the set's lock;
-        how many. Stops at the store's stop (the next drain goes on)."""
+        """Delete the kv rows of the objects the published set's main packs hold (the
+        packs verified by git first), page by page under the set's lock; how many. Stops
+        at the store's stop (the next drain goes on)."""
         if self.shared is not None or not drain_enabled() or not self.store.holds_lock:
             return 0
         for hook in self.store.before_drain:
