@@ -92,6 +92,8 @@ class _Figures:
         for algo, c in fig["objects"].items():
             count.add_metric([algo, "kv"], c["kv"])
             count.add_metric([algo, "large"], c["large"])
+            if "packs" in c:  # (git objects kept in their packs alone)
+                count.add_metric([algo, "packs"], c["packs"])
             size.add_metric([algo], c["bytes"])
         yield count
         yield size

@@ -71,6 +71,9 @@ def test_packed_objects_read_through_every_view(tmp_path, start_mount):
         "rev-parse", "main", cwd=src
     )
     assert json.loads(m.path(".alkfs", "status").read_text())["corrupt"] == []
+    lines = m.path(".alkfs", "metrics").read_text().splitlines()  # (counted by tier)
+    assert f'alkfs_objects{{algo="git-sha1",tier="packs"}} {float(len(objects))}' in lines
+    assert 'alkfs_objects{algo="git-sha1",tier="kv"} 0.0' in lines
 
 
 def _damage(pack: Path) -> None:
