@@ -143,8 +143,11 @@ class StoreListing(StoreState):
             for a in Algorithm
         }
         if self.packed is not None:  # git objects kept in their packs alone (no bytes:
-            # their canonical sizes are not read; `disk.packs` has the files' bytes)
+            # their canonical sizes are not read; `disk.packs` has the files' bytes), a
+            # `packs` key where there are any
             for b, n in self.packed.only_counts().items():
+                if not n:
+                    continue
                 c = out[Algorithm(b).label]
                 c["count"] += n
                 c["packs"] = n
