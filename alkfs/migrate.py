@@ -282,7 +282,7 @@ def to_postgresql(
     started = time.monotonic()
     written_back = _undrain(root)
     with _store_lock(root):
-        if any(root.glob("derived/*/PRIMARY")):  # (alkfs/git/packs/drain.py: undrain)
+        if _drained(root):  # (alkfs/git/packs/drain.py: undrain)
             raise Invalid(
                 f"the store {root} keeps git objects in its packs alone: `alkfs migrate` "
                 "writes them back first (run it again)"
@@ -324,15 +324,22 @@ def to_postgresql(
     }
 
 
+def _drained(root: Path) -> bool:
+    """Whether some git objects of the store are kept in its packs alone."""
+    from .git.packs import DERIVED_DIR
+    from .git.packs.drain import PRIMARY
+
+    return any(root.glob(f"{DERIVED_DIR}/*/{PRIMARY}"))
+
+
 def _undrain(root: Path) -> int:
     """Before a move to PostgreSQL: the git objects kept in packs alone are written back
     into the kv, as it was before drains (a PostgreSQL store's fleet shares its sets and
     keeps the kv's copies: alkfs/git/packs/drain.py). How many."""
     from .app import Alkfs
     from .git import packs
-    from .git.packs.drain import PRIMARY
 
-    if not any(root.glob(f"{packs.DERIVED_DIR}/*/{PRIMARY}")):
+    if not _drained(root):
         return 0
     written = 0
     with Alkfs.open(root) as app:

@@ -27,6 +27,7 @@ from ..keys import Algorithm
 from ..tiers.sql import SqlTier
 from .packread import PackSet
 from .packs import CURRENT, DERIVED_DIR, FORMATS, Generation, derived_for
+from .packs.drain import PRIMARY, open_packs
 
 if TYPE_CHECKING:
     from ..store import Store
@@ -135,9 +136,8 @@ class PackedObjects:
 
     @staticmethod
     def _load(gen: Generation) -> _Opened | None:
-        packs = [idx.path.with_suffix(".pack") for idx in gen.indexes]
         try:
-            opened = PackSet(packs, gen.fmt)
+            opened = open_packs(gen)
         except FileNotFoundError:
             return None  # (retired and removed meanwhile: the next look takes the new one)
         except (OSError, AlkfsError) as exc:
@@ -202,38 +202,56 @@ class PackedObjects:
                 out.append((key, *st))
         return out
 
-    def only_counts(self) -> dict[int, int]:
-        """{algorithm byte: how many objects its published set holds that the kv does
-        not} (counted from the idx files and the kv's keys of the format, nothing read;
-        an object two packs list counts twice)."""
-        out: dict[int, int] = {}
+    def _only_copy(self) -> Iterator[tuple[Algorithm, Generation, set[bytes] | None]]:
+        """(algorithm, published set, the kv's keys of the format or None when there are
+        KV_SET_MAX or more) of each format whose sets are the only copy of what they
+        hold (drain.py: PRIMARY). Elsewhere the kv keeps every object a set holds, and
+        nothing is looked at."""
         kv = self.store.kv
+        if self.store.path is None or not isinstance(kv, SqlTier):
+            return
         for fmt, algo in FORMATS.items():
+            if not (self.store.path / DERIVED_DIR / fmt / PRIMARY).exists():
+                continue
             gen = self._generation(fmt)
-            if gen is None or not gen.indexes or not isinstance(kv, SqlTier):
+            if gen is None or not gen.indexes:
                 continue
             lo, hi = bytes([algo.value]), bytes([algo.value + 1])
-            both = 0
-            after = lo
-            while page := kv.scan(after, hi, 4096):
-                both += sum(1 for e in page if e.key[1:] in gen)
-                after = page[-1].key
+            loose = None
+            if kv.count_range(lo, hi, KV_SET_MAX) < KV_SET_MAX:
+                loose = {e.key for e in kv.scan(lo, hi, KV_SET_MAX)}
+            yield algo, gen, loose
+
+    def only_counts(self) -> dict[int, int]:
+        """{algorithm byte: how many objects its published set holds that the kv does
+        not} (from the idx files and the kv's keys, nothing read; an object two packs
+        list counts twice)."""
+        out: dict[int, int] = {}
+        for algo, gen, loose in self._only_copy():
+            if loose is None:
+                both = sum(1 for _ in self._kv_held(algo, gen))
+            else:
+                both = sum(1 for k in loose if k[1:] in gen)
             out[algo.value] = max(0, gen.objects - both)
         return out
+
+    def _kv_held(self, algo: Algorithm, gen: Generation) -> Iterator[bytes]:
+        """The kv's keys of the format the set also holds (a paged scan)."""
+        kv = self.store.kv
+        assert isinstance(kv, SqlTier)
+        after, hi = bytes([algo.value]), bytes([algo.value + 1])
+        while page := kv.scan(after, hi, 4096):
+            yield from (e.key for e in page if e.key[1:] in gen)
+            after = page[-1].key
 
     def only_here(self) -> Iterator[bytes]:
         """The keys (raw) of the objects the published sets hold and the kv does not:
         those kept in their packs alone (alkfs/git/packs/drain.py). For the mark scan."""
         kv = self.store.kv
-        for fmt, algo in FORMATS.items():
-            gen = self._generation(fmt)
-            if gen is None or not gen.indexes or not isinstance(kv, SqlTier):
-                continue
+        if not isinstance(kv, SqlTier):
+            return
+        for algo, gen, loose in self._only_copy():
             tag = bytes([algo.value])
-            few = kv.count_range(tag, bytes([algo.value + 1]), KV_SET_MAX)
-            loose = None
-            if few < KV_SET_MAX:
-                loose = {e.key for e in kv.scan(tag, bytes([algo.value + 1]), KV_SET_MAX)}
             for idx in gen.indexes:
                 chunk: list[bytes] = []
                 for digest in idx.digests():

@@ -90,6 +90,7 @@ class Derived(Drain, KvRead, GitRun):
         self.last_error: str | None = None
         self.broken: str | None = None  # a primary set that cannot be read (never replaced)
         self.drained = 0
+        self.packs_verified: set[bytes] = set()  # (drain.py: their checksums)
         fleet = getattr(store, "fleet", None)
         # a fleet's members share the sets: published in the database (shared_packs.py)
         self.shared = None if fleet is None else SharedPacks(fleet, fmt)

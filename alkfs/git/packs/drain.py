@@ -74,6 +74,7 @@ class Drain:
     _current: Generation | None
     broken: str | None
     drained: int  # rows deleted by this process's drains (status)
+    packs_verified: set[bytes]  # the checksums of the packs git verified (_verified)
     last_error: str | None
 
     if TYPE_CHECKING:
@@ -158,7 +159,7 @@ class Drain:
         each object again and compares the index (once a pack, by its checksum, in this
         process: an intake's set shares the previous set's files). A pack that fails is
         logged and nothing it holds is drained."""
-        done: set[bytes] = self.__dict__.setdefault("_packs_verified", set())
+        done = self.packs_verified
         for idx in gen.indexes:
             if idx is gen.staged_index or idx.pack_checksum in done:
                 continue
