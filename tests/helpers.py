@@ -230,3 +230,28 @@ def pytest_fixture_setup(fixturedef: pytest.FixtureDef, request: pytest.FixtureR
     except pytest.skip.Exception as e:  # cached as pytest caches a fixture's own skip
         fixturedef.cached_result = (None, fixturedef.cache_key(request), (e, e.__traceback__))
         raise
+
+
+def flip_pack_byte(pack: Path) -> None:
+    """Flip a byte in the middle of a pack file, in place (its trailer no longer matches:
+    a set that fails its checksums)."""
+    data = bytearray(pack.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    pack.chmod(0o644)
+    pack.write_bytes(bytes(data))
+
+
+def damage_pack_objects(pack: Path) -> None:
+    """Flip a byte of a sha1 pack's object data and write its checksums anew (the pack's
+    trailer, the idx's copy of it and the idx's own): a set whose files verify and whose
+    objects do not, which only a hash of each object catches."""
+    data = bytearray(pack.read_bytes())
+    data[12 + (len(data) - 32) // 2] ^= 0x5A  # (past the header, before the trailer)
+    data[-20:] = hashlib.sha1(data[:-20]).digest()
+    idx_path = pack.with_suffix(".idx")
+    idx = bytearray(idx_path.read_bytes())
+    idx[-40:-20] = data[-20:]
+    idx[-20:] = hashlib.sha1(idx[:-20]).digest()
+    for path, content in ((pack, data), (idx_path, idx)):
+        path.chmod(0o644)
+        path.write_bytes(bytes(content))

@@ -6,7 +6,6 @@ the loose view `/git/sha1/xx/` and git in `/repos/ID` give git's bytes; the tier
 from __future__ import annotations
 
 import errno
-import hashlib
 import json
 import os
 import time
@@ -14,7 +13,7 @@ import zlib
 from pathlib import Path
 
 import pytest
-from helpers import git, git_objects, git_out
+from helpers import damage_pack_objects, flip_pack_byte, git, git_objects, git_out
 
 from alkfs.app import Alkfs
 from alkfs.git import packs
@@ -76,29 +75,13 @@ def test_packed_objects_read_through_every_view(tmp_path, start_mount):
     assert 'alkfs_objects{algo="git-sha1",tier="kv"} 0.0' in lines
 
 
-def _damage(pack: Path) -> None:
-    """Flip a byte of a pack's object data and write its checksums anew (the pack's
-    trailer, the idx's copy of it and the idx's own): a set whose files verify and whose
-    objects do not, which only the reads' hash of each object catches."""
-    data = bytearray(pack.read_bytes())
-    data[12 + (len(data) - 32) // 2] ^= 0x5A  # (past the header, before the trailer)
-    data[-20:] = hashlib.sha1(data[:-20]).digest()
-    idx_path = pack.with_suffix(".idx")
-    idx = bytearray(idx_path.read_bytes())
-    idx[-40:-20] = data[-20:]
-    idx[-20:] = hashlib.sha1(idx[:-20]).digest()
-    for path, content in ((pack, data), (idx_path, idx)):
-        path.chmod(0o644)
-        path.write_bytes(bytes(content))
-
-
 def test_a_flipped_byte_in_a_pack_fails_only_what_it_affects(tmp_path, start_mount):
     src = _source(tmp_path)
     objects = git_objects(src / ".git")
     store = _packed_store(tmp_path, src)
     gen_dirs = sorted((store / "derived" / "sha1").glob("gen-*"))
     pack = max(gen_dirs[-1].glob("pack/*.pack"), key=lambda p: p.stat().st_size)
-    _damage(pack)
+    damage_pack_objects(pack)
     affected = {d.hex() for d in PackSet([pack], "sha1").check([bytes.fromhex(h) for h in objects])}
     assert affected and len(affected) < len(objects)
     m = start_mount(store)
@@ -127,10 +110,7 @@ def test_a_set_that_fails_its_checksums_at_start_is_kept_and_reported(tmp_path, 
     number = current.read_text()
     [gen_dir] = sorted((store / "derived" / "sha1").glob("gen-*"))
     pack = max(gen_dir.glob("pack/*.pack"), key=lambda p: p.stat().st_size)
-    data = bytearray(pack.read_bytes())
-    data[12 + (len(data) - 32) // 2] ^= 0x5A  # (its trailer left as it was)
-    pack.chmod(0o644)
-    pack.write_bytes(bytes(data))
+    flip_pack_byte(pack)  # (its trailer left as it was)
     affected = {d.hex() for d in PackSet([pack], "sha1").check([bytes.fromhex(h) for h in objects])}
     assert affected and len(affected) < len(objects)
     m = start_mount(store, "--window", "1h")

@@ -99,3 +99,12 @@ def everything(r: Repo) -> None:
         r.git("checkout", "-q", "-b", f"s-{name}", "main")
         build(r)
     r.git("checkout", "-q", "main")
+
+
+def side_branch(r: Repo, name: str, text: str) -> None:
+    """A branch `name` off main with one commit of its own adding `<name>-only.txt`
+    (3 objects: the commit, its tree, the blob); main is checked out again."""
+    r.git("checkout", "-q", "-b", name, "main")
+    r.write(f"{name}-only.txt", text)
+    r.commit(name)
+    r.git("checkout", "-q", "main")

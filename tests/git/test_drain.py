@@ -5,7 +5,7 @@ before the set without them is published; a set that is the only copy is never w
 from __future__ import annotations
 
 import pytest
-from helpers import git_objects
+from helpers import damage_pack_objects, flip_pack_byte, git_objects
 
 from alkfs.app import Alkfs
 from alkfs.errors import Corrupt, StoreIO
@@ -17,7 +17,7 @@ from alkfs.git.refs import RefUpdate
 from alkfs.keys import Algorithm, Key
 
 from .conftest import stored_keys
-from .scenarios import everything
+from .scenarios import everything, side_branch
 
 ALGO = {"sha1": Algorithm.GIT_SHA1, "sha256": Algorithm.GIT_SHA256}
 
@@ -30,10 +30,7 @@ def with_branch(make_repo, fmt: str = "sha1"):
     """everything(), and a branch `gone` with one commit of its own (3 objects)."""
     src = make_repo(fmt)
     everything(src)
-    src.git("checkout", "-q", "-b", "gone")
-    src.write("gone-only.txt", "only on the branch that goes\n")
-    src.commit("gone")
-    src.git("checkout", "-q", "main")
+    side_branch(src, "gone", "only on the branch that goes\n")
     return src
 
 
@@ -209,11 +206,7 @@ def test_a_set_that_is_the_only_copy_is_never_withdrawn(app, make_repo):
     import_repo(app, src.gitdir, "r", progress=False)
     d = packs.derived_for(app.store, "sha1")
     gen = d.current()
-    pack = next(gen.root / r for r in gen.files if r.endswith(".pack"))
-    data = bytearray(pack.read_bytes())
-    data[len(data) // 2] ^= 0xFF
-    pack.chmod(0o644)
-    pack.write_bytes(bytes(data))
+    flip_pack_byte(next(gen.root / r for r in gen.files if r.endswith(".pack")))
     assert packs.verify_sets(app.store) == ["sha1"]  # reported ...
     assert d.current() is gen and "corrupt" in (d.last_error or "")  # ... not withdrawn
     listed = set(app.store.corrupt)  # (every object the damage affects, read or not)
@@ -318,8 +311,6 @@ def test_nothing_is_drained_from_a_pack_that_does_not_verify(tmp_path, make_repo
     """A pack whose files' checksums hold but one of whose objects does not hash to its
     name (written again behind the store's back): git's index-pack --verify fails it,
     and every kv row stays."""
-    import hashlib
-
     src = make_repo()
     everything(src)
     monkeypatch.setenv("ALKFS_DRAIN", "0")
@@ -328,17 +319,8 @@ def test_nothing_is_drained_from_a_pack_that_does_not_verify(tmp_path, make_repo
         import_repo(app, src.gitdir, "r", progress=False)
         rows = kv_rows(app, Algorithm.GIT_SHA1)
         d = packs.derived_for(app.store, "sha1")
-        pack = next(d.current().root / r for r in d.current().files if r.endswith(".pack"))
-        data = bytearray(pack.read_bytes())
-        data[12 + (len(data) - 32) // 2] ^= 0x5A
-        data[-20:] = hashlib.sha1(data[:-20]).digest()
-        idx_path = pack.with_suffix(".idx")
-        idx = bytearray(idx_path.read_bytes())
-        idx[-40:-20] = data[-20:]
-        idx[-20:] = hashlib.sha1(idx[:-20]).digest()
-        for path, content in ((pack, data), (idx_path, idx)):
-            path.chmod(0o644)
-            path.write_bytes(bytes(content))
+        gen = d.current()
+        damage_pack_objects(next(gen.root / r for r in gen.files if r.endswith(".pack")))
         monkeypatch.setenv("ALKFS_DRAIN", "1")
         assert d.drain() == 0
         assert kv_rows(app, Algorithm.GIT_SHA1) == rows and not d.primary
@@ -352,10 +334,7 @@ def test_dropping_the_staged_pack_keeps_what_is_not_due_yet(tmp_path, make_repo)
     drops that pack: the other, staged for later and kept in no other pack, is written
     back loose first (it was lost: a branch pushed again later reached a missing commit)."""
     src = with_branch(make_repo)
-    src.git("checkout", "-q", "-b", "later", "main")
-    src.write("later-only.txt", "only on the branch that goes later\n")
-    src.commit("later")
-    src.git("checkout", "-q", "main")
+    side_branch(src, "later", "only on the branch that goes later\n")
     app = Alkfs.open(tmp_path / "store", window_s=3600)
     try:
         import_repo(app, src.gitdir, "r", progress=False)

@@ -9,7 +9,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from helpers import git, git_out
+from helpers import flip_pack_byte, git, git_out
 
 from alkfs.app import Alkfs
 from alkfs.errors import StoreIO
@@ -412,11 +412,7 @@ def test_two_checks_at_once_withdraw_a_corrupt_set_once(app, make_repo, monkeypa
     import_repo(app, repo.gitdir, "r", progress=False)
     d = packs.derived_for(app.store, "sha1")
     gen = d.current()
-    pack = next(gen.root / r for r in gen.files if r.endswith(".pack"))
-    data = bytearray(pack.read_bytes())
-    data[len(data) // 2] ^= 0xFF
-    pack.chmod(0o644)
-    pack.write_bytes(bytes(data))
+    flip_pack_byte(next(gen.root / r for r in gen.files if r.endswith(".pack")))
     start = threading.Barrier(4)
     found: list[list[str]] = []
 

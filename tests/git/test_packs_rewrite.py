@@ -15,7 +15,7 @@ from alkfs.git.refs import RefUpdate
 from alkfs.keys import Algorithm
 
 from .conftest import stored_keys
-from .scenarios import everything
+from .scenarios import everything, side_branch
 
 
 def _digests(gen) -> set[bytes]:
@@ -46,10 +46,7 @@ def no_scan(monkeypatch):
 def _imported(tmp_path, make_repo):
     src = make_repo()
     everything(src)
-    src.git("checkout", "-q", "-b", "gone")
-    src.write("gone-only.txt", "only on the branch that goes\n")
-    src.commit("gone")
-    src.git("checkout", "-q", "main")
+    side_branch(src, "gone", "only on the branch that goes\n")
     app = Alkfs.open(tmp_path / "store", window_s=3600)
     import_repo(app, src.gitdir, "r", progress=False)
     return app, src

@@ -18,7 +18,7 @@ from alkfs.keys import Algorithm, Key
 from alkfs.keyset import KeyUnion, SortedKeys
 
 from .conftest import stored_keys
-from .scenarios import everything
+from .scenarios import everything, side_branch
 
 ALGO = {"sha1": Algorithm.GIT_SHA1, "sha256": Algorithm.GIT_SHA256}
 
@@ -121,10 +121,7 @@ def test_the_walk_alone_when_asked_gives_the_same_closure(app, make_repo, monkey
 def test_a_sweep_by_the_git_mark_deletes_exactly_what_no_ref_reaches(tmp_path, make_repo):
     src = make_repo()
     everything(src)
-    src.git("checkout", "-q", "-b", "dropped")
-    src.write("dropped-only.txt", "only on dropped\n")
-    src.commit("dropped")
-    src.git("checkout", "-q", "main")
+    side_branch(src, "dropped", "only on dropped\n")
     app = Alkfs.open(tmp_path / "store", window_s=0)
     try:
         import_repo(app, src.gitdir, "r", progress=False)
