@@ -2,9 +2,9 @@
 
 The lock guards pin refcounts, in-flight delete markers and the registered
 liveness/protect sources. It is never held across I/O: a delete decides and
-sets its marker inside the lock, deletes outside it, then clears the marker;
-a pin mint that meets a marker waits for the delete to finish, then the put
-stores afresh.
+sets its marker inside the lock, deletes outside it, then clears the marker
+once the delete has committed; a pin mint that meets a marker waits for that,
+then the put stores afresh (a pin or a ref finds the object gone).
 """
 
 from __future__ import annotations
@@ -292,4 +292,11 @@ class Arbiter:
     def conclude(self, key: Key | bytes) -> None:
         with self._cond:
             self._deleting.discard(raw(key))
+            self._cond.notify_all()
+
+    def conclude_many(self, keys: Iterable[bytes]) -> None:
+        """`conclude` for many raw keys in one locked step."""
+        with self._cond:
+            for k in keys:
+                self._deleting.discard(k)
             self._cond.notify_all()

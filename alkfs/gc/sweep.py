@@ -168,30 +168,37 @@ def _delete(
     gone: list[tuple[bytes, int | None]] = []
     cancelled = 0
     fleet = store.fleet
-    with store.tx():
-        keep = None
-        if fleet is not None:
-            if fleet.epoch() != epoch:
-                report.cancelled_by_arbitration += len(part)
-                return
-            keep = fleet.pinned_elsewhere([key for key, _ in part]).__contains__
-        for key, staged_ns in part:
-            if not arbiter.arbitrate(key, protected):
-                cancelled += 1
-                continue
-            try:
+    marked: list[bytes] = []
+    try:
+        with store.tx():
+            keep = None
+            if fleet is not None:
+                if fleet.epoch() != epoch:
+                    report.cancelled_by_arbitration += len(part)
+                    return
+                keep = fleet.pinned_elsewhere([key for key, _ in part]).__contains__
+            for key, staged_ns in part:
+                if not arbiter.arbitrate(key, protected):
+                    cancelled += 1
+                    continue
+                marked.append(key)
                 # Decided under the delete marker and the row's lock: a put that published
-                # before is a write since staging; one after waits for the delete (for the
-                # marker, then for the transaction) and stores afresh.
+                # before is a write since staging; one after waits for the delete (for
+                # the marker, then for the transaction) and stores afresh.
                 freed = store.delete_staged(key, staged_ns, keep)
-            finally:
-                arbiter.conclude(key)
-            if freed is False:
-                cancelled += 1
-                continue
-            gone.append((key, freed))
-        if fleet is not None:
-            fleet.deleted([key for key, freed in gone if freed is not None])
+                if freed is False:
+                    cancelled += 1
+                    continue
+                gone.append((key, freed))
+            if fleet is not None:
+                fleet.deleted([key for key, freed in gone if freed is not None])
+    finally:
+        # The markers go once the transaction has ended, never before its commit: a pin
+        # minted meanwhile (a pin, a ref, a freshen) then looks at the object and finds
+        # it gone. Released at the delete instead, its look went through another
+        # connection, which still saw the uncommitted delete's row: it pinned an object
+        # the commit then removed.
+        arbiter.conclude_many(marked)
     report.cancelled_by_arbitration += cancelled
     for key, freed in gone:
         report.deleted += 1

@@ -8,8 +8,10 @@ from collections import Counter
 
 import trio
 
+from alkfs.errors import Missing
 from alkfs.gc.sweep import SweepReport
 from alkfs.keys import Key
+from alkfs.pins import Pins
 
 from .conftest import Column, chunked, patterned, sha256_key
 
@@ -207,3 +209,49 @@ def test_reads_racing_re_puts_of_the_same_large_object_never_report_it_corrupt(
         stop.set()
         toucher.join()
     assert store.corrupt == set()
+
+
+def test_a_pin_minted_while_a_sweep_deletes_waits_for_the_commit_and_finds_it_gone(
+    sqlite_column: Column,
+) -> None:
+    """The sweep deletes a part of its candidates in one transaction. A pin of one
+    already deleted in it, made before the commit, must find the object gone (Missing),
+    not see the uncommitted delete's row through another connection and pin an object
+    the commit removes (found by test_write_pins' racing sweep loop)."""
+    store = sqlite_column.store
+    pins = Pins(store)
+    store.register_source(pins)
+    ka, kb = store.add(b"deleted first\n"), store.add(b"deleted second\n")
+    assert store.sweep(0).candidates_staged == 2  # unpinned: the next sweep deletes both
+    first, second = sorted((ka, kb), key=lambda k: k.raw)  # (a part goes in key order)
+    blocked, go = threading.Event(), threading.Event()
+
+    def hold(raw: bytes) -> None:  # `first` is deleted, the transaction still open
+        if raw == second.raw:
+            blocked.set()
+            assert go.wait(30)
+
+    store.kv._between_lock_and_delete = hold  # type: ignore[method-assign]  # (the seam)
+    reports: list[SweepReport] = []
+    sweeper = threading.Thread(target=lambda: reports.append(store.sweep(0)))
+    sweeper.start()
+    assert blocked.wait(30)
+    outcome: list[object] = []
+
+    def pin_first() -> None:
+        try:
+            outcome.append(pins.pin("late", first))
+        except Missing as exc:
+            outcome.append(exc)
+
+    pinner = threading.Thread(target=pin_first)
+    pinner.start()
+    pinner.join(0.3)
+    go.set()
+    sweeper.join(30)
+    pinner.join(30)
+    assert not sweeper.is_alive() and not pinner.is_alive()
+    assert reports[0].deleted == 2
+    assert [type(o) for o in outcome] == [Missing]
+    assert pins.get("late") is None
+    assert not store.has(first) and not store.has(second)
