@@ -113,6 +113,11 @@ class LfsMedia:
             and _GIT_LO <= raw[:1] < _GIT_HI
             and (media := media_of(bytes(data))) is not None
         ]
+        self.record_pairs(found)
+
+    def record_pairs(self, found: Sequence[tuple[bytes, bytes]]) -> None:
+        """`record` for (pointer blob key, media key) pairs already read (raw keys): an
+        import whose objects go into a pack without passing through a put."""
         if not found:
             return
         with self._lock:
@@ -329,13 +334,16 @@ def media_dirs(gitdir: str) -> list[Path]:
     return dirs
 
 
-def import_media(store: Store, gitdir: str) -> tuple[int, int, list[str], list[Any]]:
-    """Store the media the source's pointers name from its own LFS storage, each checked
-    against its oid: (stored, already present, oids of media found nowhere, the pins of
-    what was stored, for the caller to release once the refs commit)."""
+def import_media(
+    store: Store, gitdir: str, pointers: dict[str, list[str]] | None = None
+) -> tuple[int, int, list[str], list[Any]]:
+    """Store the media the source's pointers name (`pointers`: source_pointers', if read
+    already) from its own LFS storage, each checked against its oid: (stored, already
+    present, oids of media found nowhere, the pins of what was stored, for the caller to
+    release once the refs commit)."""
     stored, present, missing, pins = 0, 0, [], []
     dirs = media_dirs(gitdir)
-    for oid in sorted(source_pointers(gitdir)):
+    for oid in sorted(source_pointers(gitdir) if pointers is None else pointers):
         key = Key.from_hex(Algorithm.SHA256, oid)
         pin = store.pin(key)  # (what is present stays so until the refs commit)
         if store.has(key):

@@ -172,11 +172,19 @@ def test_new_objects_are_built_with_everything_the_packs_alone_hold(app, make_re
     first = d.current()
     import_repo(app, big.gitdir, "big", progress=False)
     built = d.last_build
-    # (more new objects than half the set's pack: a consolidation, not an intake)
-    assert built is not None and built.mode == "incremental" and built.packs == 1
+    # (the import's own pack beside the first: the smaller holds under half the larger)
+    assert built is not None and built.mode == "adopt" and built.packs == 2
+    # a new loose object: the next build carries what the packs alone hold
+    loose = app.store.add(canonical("blob", b"arrived loose\n"), algo=Algorithm.GIT_SHA1)
+    built = d.build(exclude=[])
+    assert built is not None and built.objects == d.current().objects
+    assert loose.raw[1:] in d.current()
+    d.drain()
     gen = d.current()
     assert gen.number > first.number
-    assert set(gen.digests()) == {k[1:] for k in small.all_object_keys() | big.all_object_keys()}
+    assert set(gen.digests()) == {
+        k[1:] for k in small.all_object_keys() | big.all_object_keys()
+    } | {loose.raw[1:]}
     assert kv_rows(app, Algorithm.GIT_SHA1) == 0
     for repo in (small, big):
         for hexid, data in git_objects(repo.gitdir).items():

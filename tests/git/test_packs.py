@@ -96,7 +96,8 @@ def test_an_import_leaves_every_object_in_a_set_git_verifies(app, make_repo, tmp
     )
     assert git_out("count-objects", "-v", cwd=user).splitlines()[0] == "count: 0"
     meta = json.loads((gen.root / "alkfs.json").read_text())
-    assert (meta["generation"], meta["objects"], meta["mode"]) == (1, gen.objects, "full")
+    # (the import's own pack: git packed it from the source and checked it, packs/adopt.py)
+    assert (meta["generation"], meta["objects"], meta["mode"]) == (1, gen.objects, "adopt")
 
 
 def test_deltas_are_found_between_versions_of_one_file(app, make_repo, tmp_path):
@@ -109,7 +110,7 @@ def test_deltas_are_found_between_versions_of_one_file(app, make_repo, tmp_path)
     assert len(deltas) >= 5
 
 
-def test_new_objects_land_in_an_intake_pack_beside_the_previous_ones(app, make_repo, tmp_path):
+def test_a_second_import_lands_in_a_pack_beside_the_previous_ones(app, make_repo, tmp_path):
     repo = history(make_repo, "sha1")
     import_repo(app, repo.gitdir, "r", progress=False)
     d = packs.derived_for(app.store, "sha1")
@@ -121,10 +122,10 @@ def test_new_objects_land_in_an_intake_pack_beside_the_previous_ones(app, make_r
     repo.commit("more")
     import_repo(app, repo.gitdir, "r", progress=False)
     second = d.current()
-    assert second.number == 2 and second.meta["mode"] == "intake"
+    assert second.number == 2 and second.meta["mode"] == "adopt"
     assert d.last_build is not None and d.last_build.new_objects == 5  # commit, 2 trees, 2 blobs
     assert len(second.indexes) == 2
-    # the previous pack is the same file (a hard link), the intake pack holds only the new
+    # the previous pack is the same file (a hard link), the new pack holds only the new
     assert (second.root / base).read_bytes() == base_bytes
     assert sorted(i.count for i in second.indexes)[0] == 5
     assert pack_ids(second) == store_ids(app, Algorithm.GIT_SHA1)
@@ -141,7 +142,7 @@ def test_new_objects_land_in_an_intake_pack_beside_the_previous_ones(app, make_r
         assert git_out("verify-pack", "-v", str(idx.path), cwd=user).rstrip().endswith(": ok")
 
 
-def test_intake_packs_are_consolidated_geometrically(app, make_repo, tmp_path):
+def test_imported_packs_are_consolidated_geometrically(app, make_repo, tmp_path):
     repo = history(make_repo, "sha1", commits=3)
     import_repo(app, repo.gitdir, "r", progress=False)
     d = packs.derived_for(app.store, "sha1")
@@ -152,10 +153,10 @@ def test_intake_packs_are_consolidated_geometrically(app, make_repo, tmp_path):
         repo.commit(f"more {i}")
         import_repo(app, repo.gitdir, "r", progress=False)
         modes.append((d.last_build.mode, d.last_build.packs))
-    # intake packs until they would hold more than half as many objects as the base
+    # packs beside the base until they hold more than half as many objects as the base
     # pack (4 new objects each: commit, 2 trees, blob), then one consolidated pack
-    assert modes[0] == ("intake", 2)
-    first_full = next(i for i, (mode, _n) in enumerate(modes) if mode != "intake")
+    assert modes[0] == ("adopt", 2)
+    first_full = next(i for i, (mode, _n) in enumerate(modes) if mode != "adopt")
     assert modes[first_full] == ("incremental", 1)
     assert 2 * 4 * (first_full + 1) > base
     gen = d.current()

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 from ...errors import NoSpace, StoreIO
 from ...tiers.local import fsync_dir
 from ..shared_packs import SharedPacks
+from . import adopt as _adopt
 from . import intake
 from .drain import PRIMARY, Drain
 from .gitrun import GitRun
@@ -383,6 +384,10 @@ class Derived(Drain, KvRead, GitRun):
         graph = sorted(old_graph | set(_graphable(commits, dict.fromkeys(old_graph, True))))
         order = [(d, b"") for d in previous if d not in skip] + new_order
         return order, graph, top, [d for d, _p in new_order], seen
+
+    # an import's pack, beside the previous set's (adopt.py)
+    can_adopt = _adopt.can_adopt
+    adopt = _adopt.adopt
 
     # the intake, a pack beside the previous set's (intake.py)
     _intake_plan = intake._intake_plan

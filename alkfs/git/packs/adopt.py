@@ -1,0 +1,269 @@
+"""Adopting a repository's objects as a pack: the import's path where the sets are the
+store's copy of git objects (drain.py). git packs what the published set lacks straight
+from the source's own packs (`pack-objects`, its deltas reused, as a fetch's server
+does), `index-pack --strict` checks every object and every link as a fetch with
+`transfer.fsckObjects` does, and the pack joins the published set beside its packs (hard
+links) with a new multi-pack-index and a commit-graph layer of its commits. No object
+goes through the kv, and Python never holds an object's bytes. Methods of `Derived`
+(builder.py), written here as functions of it (as intake.py)."""
+
+from __future__ import annotations
+
+import binascii
+import contextlib
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ...errors import Interrupted, NoSpace, StoreIO, Verification
+from .drain import drain_enabled
+from .sets import KEEP_TEXT, MAX_PACKS, STOP_POLL_S, PackIndex, _left_out_record
+
+if TYPE_CHECKING:
+    from .builder import BuildResult, Derived
+
+log = logging.getLogger("alkfs.packs")
+
+ERR_MAX = 64 << 10  # bytes of git's stderr kept (the end of it is shown)
+# What `index-pack --strict` lets through: the oddities git's own fsck only warns about
+# and old histories carry (zero-padded tree modes, a NUL in a commit message, an empty
+# or full path name, a null id in a tree). Every other fsck finding refuses the import,
+# the tree names git cannot check out safely (`.`, `..`, `.git`, .gitmodules) included.
+STRICT = (
+    "--strict=zeroPaddedFilemode=ignore,nulInCommit=ignore,emptyName=ignore,"
+    "fullPathname=ignore,nullSha1=ignore"
+)
+
+
+def can_adopt(self: Derived) -> bool:
+    """Whether an import may keep its objects in a pack of their own: the sets are (or
+    become) the only copy of what they hold (a store of one process, drained, whose
+    published set reads)."""
+    return self.shared is None and drain_enabled() and self.store.holds_lock and self.broken is None
+
+
+def adopt(self: Derived, gitdir: str, hexes: Sequence[bytes]) -> tuple[int, int]:
+    """Pack the objects of the repository at `gitdir` named by `hexes` (ascii hex ids,
+    the caller holds their pins) that no main pack of the published set holds, check
+    them with `index-pack --strict` (Verification: a broken object or link, nothing
+    published), and publish the set with that pack beside its own. (objects packed,
+    bytes of the pack)."""
+    reserve = self.store.reserve
+    if reserve is not None and reserve.full:
+        raise NoSpace("the disk is full: nothing is imported until it is not")
+    prev = self._current
+    if prev is not None and prev.indexes:
+        wanted = [x for x in hexes if not prev.main_holds(binascii.unhexlify(x))]
+    else:
+        wanted = list(hexes)
+    if not wanted:
+        return 0, 0
+    self._make_root()
+    tmp = self.root / f"tmp-{self._who}-adopt-{uuid.uuid4().hex[:8]}"
+    try:
+        repo = tmp / "repo"
+        self._git(repo, "init", "-q", "--bare", f"--object-format={self.fmt}", str(repo))
+        if prev is not None:  # (links to objects the set holds resolve there)
+            (repo / "objects" / "info" / "alternates").write_text(f"{prev.root}\n")
+        name = _pack_and_index(self, gitdir, repo, b"\n".join(wanted) + b"\n")
+        pack_dir = repo / "objects" / "pack"
+        idx = PackIndex(pack_dir / f"pack-{name}.idx", self.fmt)
+        if idx.count != len(set(wanted)):
+            raise StoreIO(
+                f"derived {self.fmt}: the import's pack holds {idx.count} objects, "
+                f"not the {len(set(wanted))} asked for"
+            )
+        size = (pack_dir / f"pack-{name}.pack").stat().st_size
+        with self.lock:
+            _publish_with(self, tmp, pack_dir, name, idx.count)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    if _unbalanced(self):
+        self.build()  # (one pack of the set's objects, their deltas reused)
+    return idx.count, size
+
+
+def _unbalanced(self: Derived) -> bool:
+    """Whether the set's main packs call for a consolidation, by the intake's rule
+    (geometric, factor 2): MAX_PACKS of them, or all but the largest holding more than
+    half as many objects as it does."""
+    gen = self._current
+    if gen is None:
+        return False
+    counts = sorted(i.count for i in gen.indexes if i is not gen.staged_index)
+    return len(counts) >= MAX_PACKS or 2 * sum(counts[:-1]) > counts[-1]
+
+
+def _git_env(gitdir: str) -> dict[str, str]:
+    env = {
+        **os.environ,
+        "GIT_DIR": gitdir,
+        "GIT_CONFIG_NOSYSTEM": "1",
+        "GIT_CONFIG_GLOBAL": os.devnull,
+        "GIT_TERMINAL_PROMPT": "0",
+        "GIT_NO_LAZY_FETCH": "1",
+    }
+    for name in ("GIT_ALTERNATE_OBJECT_DIRECTORIES", "GIT_WORK_TREE", "GIT_OBJECT_DIRECTORY"):
+        env.pop(name, None)
+    return env
+
+
+def _kill(proc: subprocess.Popen[bytes]) -> None:
+    """Kill a git started in its own process group (its children too) and reap it."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.communicate()
+
+
+def _pack_and_index(self: Derived, gitdir: str, repo: Path, ids: bytes) -> str:
+    """`git pack-objects --stdout` of `ids` in the source piped into `git index-pack
+    --strict --stdin` in `repo`, both in one process group killed at the store's stop
+    (Interrupted); the new pack's name."""
+    with contextlib.ExitStack() as stack:
+        listing = stack.enter_context(tempfile.TemporaryFile(dir=repo))
+        listing.write(ids)
+        listing.seek(0)
+        errs = [stack.enter_context(tempfile.TemporaryFile(dir=repo)) for _ in range(2)]
+        base = ["git", "-c", "core.fsync=none", "-c", "gc.auto=0"]
+        t0 = time.monotonic()
+        packer = subprocess.Popen(
+            [*base, "pack-objects", "--stdout", "-q", "--delta-base-offset"],
+            stdin=listing,
+            stdout=subprocess.PIPE,
+            stderr=errs[0],
+            env=_git_env(gitdir),
+            start_new_session=True,
+        )
+        assert packer.stdout is not None
+        try:
+            indexer = subprocess.Popen(
+                [*base, "index-pack", STRICT, "--stdin"],
+                stdin=packer.stdout,
+                stdout=subprocess.PIPE,
+                stderr=errs[1],
+                env=_git_env(str(repo)),
+                start_new_session=True,
+            )
+        except BaseException:
+            _kill(packer)
+            raise
+        finally:
+            packer.stdout.close()
+        out = b""
+        while True:
+            try:
+                out, _ = indexer.communicate(timeout=STOP_POLL_S)
+                break
+            except subprocess.TimeoutExpired:
+                if self.store.stopping.is_set():
+                    _kill(packer)
+                    _kill(indexer)
+                    raise Interrupted("import stopped: the store is closing") from None
+        packer.wait()
+        log.debug(
+            "derived %s: pack-objects | index-pack took %.3f s", self.fmt, time.monotonic() - t0
+        )
+        texts = []
+        for f in errs:
+            f.seek(max(0, os.fstat(f.fileno()).st_size - ERR_MAX))
+            texts.append(f.read().decode(errors="replace").strip()[-500:])
+        if indexer.returncode != 0:
+            # (the packer dies of the closed pipe then: the indexer's words are the cause)
+            raise Verification(
+                f"git index-pack --strict refused the repository's objects: {texts[1] or texts[0]}"
+            )
+        if packer.returncode != 0:
+            raise StoreIO(f"git pack-objects failed ({packer.returncode}): {texts[0]}")
+    words = out.split()
+    if len(words) != 2 or words[0] not in (b"pack", b"keep"):
+        raise StoreIO(f"git index-pack said {out[:200]!r}")
+    return words[1].decode()
+
+
+def _publish_with(self: Derived, tmp: Path, pack_dir: Path, name: str, count: int) -> None:
+    """Publish the published set's files (hard links) plus the pack `name` of `pack_dir`
+    (under the set's lock), with a new multi-pack-index and a commit-graph layer of the
+    pack's commits; the sets are the only copy of its objects from then on (PRIMARY,
+    written first)."""
+    prev = self._current
+    number = self._next_number()
+    out = tmp / "gen"
+    (out / "pack").mkdir(parents=True)
+    (out / "info").mkdir()
+    linked: set[Path] = set()
+    if prev is not None:
+        for rel in prev.files:
+            src, dst = prev.root / rel, out / rel
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            if rel == "pack/multi-pack-index":
+                continue  # written anew below
+            if rel.endswith("-chain"):
+                shutil.copyfile(src, dst)  # git replaces it: never share it
+            else:
+                os.link(src, dst)
+                linked.add(dst)
+    for suffix in (".pack", ".idx"):
+        os.rename(pack_dir / f"pack-{name}{suffix}", out / "pack" / f"pack-{name}{suffix}")
+    (out / "pack" / f"pack-{name}.keep").write_bytes(KEEP_TEXT)
+    repo = tmp / "repo"
+    self._git(repo, "multi-pack-index", "write", objdir=out)
+    _graph_layer(self, repo, out, f"pack-{name}.idx")
+    self._check(out, skip=linked)
+    top, kept = 0, ""
+    record: list[str] | None = []
+    held: list[str] | None = []
+    if prev is not None:
+        top = int(prev.meta.get("max_rowid", 0))
+        before = self.left_out(prev)
+        if before:  # (those deleted since drop out of the record)
+            tag = bytes([self.algo.value])
+            have = self._kv().present([tag + d for d in before])
+            before = [d for d in before if tag + d in have]
+        record = None if before is None else _left_out_record(set(before))
+        withheld = prev.withheld()
+        held = None if withheld is None else _left_out_record(set(withheld))
+        kept = "" if prev.staged_index is None else prev.staged_index.path.name
+    objects = (0 if prev is None else prev.objects) + count
+    self._make_primary()  # (before the set: its new pack is the only copy of its objects)
+    result: BuildResult = self._finish(
+        out, number, top, objects, "adopt", record, count, kept, held
+    )
+    self.last_build = result
+    log.info(
+        "derived %s: adopted a pack of %d imported objects (generation %d)", self.fmt, count, number
+    )
+
+
+def _graph_layer(self: Derived, repo: Path, out: Path, idx_name: str) -> None:
+    """A commit-graph layer of the commits of the new pack (git adds those of their
+    ancestors no layer names, read from the set's packs); if git cannot write it, the
+    layers stay as they were and git reads those commits from the packs."""
+    graphs = out / "info" / "commit-graphs"
+    had = set(os.listdir(graphs)) if graphs.is_dir() else None
+    chain = graphs / "commit-graph-chain"
+    chain_text = chain.read_bytes() if had and chain.name in had else None
+    try:
+        self._git(
+            repo,
+            "commit-graph",
+            "write",
+            "--split",
+            "--stdin-packs",
+            "--no-progress",
+            objdir=out,
+            input=idx_name.encode() + b"\n",
+        )
+    except StoreIO as exc:
+        log.error("derived %s: no commit-graph layer for the imported pack: %s", self.fmt, exc)
+        self._graphs_as_they_were(graphs, had, chain_text)
+    if graphs.is_dir():
+        for stale in graphs.glob("*.lock"):
+            stale.unlink()

@@ -1,0 +1,82 @@
+"""An import keeps git's packs: git packs the source's objects, `index-pack --strict`
+checks them, the pack joins the published set; nothing passes through the kv."""
+
+from __future__ import annotations
+
+import pytest
+from helpers import git_objects
+
+from alkfs.errors import Verification
+from alkfs.git import packs
+from alkfs.git.importer import import_repo
+from alkfs.git.packs.drain import PRIMARY
+from alkfs.keys import Algorithm, Key
+
+from .scenarios import everything
+
+
+@pytest.mark.parametrize("fmt", ["sha1", "sha256"])
+def test_an_import_writes_no_kv_row_and_reads_back_every_object(app, make_repo, fmt):
+    src = make_repo(fmt)
+    everything(src)
+    algo = Algorithm.GIT_SHA1 if fmt == "sha1" else Algorithm.GIT_SHA256
+    top = app.store.kv.high_water()
+    result = import_repo(app, src.gitdir, "r", progress=False)
+    objects = git_objects(src.gitdir)
+    assert (result.objects, result.stored, result.present) == (len(objects), len(objects), 0)
+    assert app.store.kv.high_water() == top  # (not one row inserted, not even for a while)
+    d = packs.derived_for(app.store, fmt)
+    gen = d.current()
+    assert gen.meta["mode"] == "adopt" and (d.root / PRIMARY).exists()
+    assert {d.hex() for d in gen.digests()} == set(objects)
+    for hexid, data in objects.items():
+        key = Key.from_hex(algo, hexid)
+        assert app.store.get(key) == data and app.store.stat(key).tier == "packs"
+    assert app.refs.refs("r") == src.for_each_ref()
+
+
+def dot_git_tree(src) -> str:
+    """A commit on `main` whose tree names an entry `.git` (git's fsck: hasDotgit)."""
+    blob = src.git("hash-object", "-w", "--stdin", input=b"not a repository\n").strip()
+    tree = src.git("mktree", input=f"100644 blob {blob}\t.git\n".encode()).strip()
+    commit = src.git("commit-tree", tree, "-m", "a tree git refuses to check out").strip()
+    src.git("update-ref", "refs/heads/main", commit)
+    return commit
+
+
+def test_an_import_git_refuses_to_check_changes_nothing(app, make_repo):
+    fine = make_repo(name="fine")
+    everything(fine)
+    import_repo(app, fine.gitdir, "fine", progress=False)
+    d = packs.derived_for(app.store, "sha1")
+    before = d.current()
+    top = app.store.kv.high_water()
+    bad = make_repo(name="bad")
+    dot_git_tree(bad)
+    with pytest.raises(Verification) as e:
+        import_repo(app, bad.gitdir, "bad", progress=False)
+    assert "hasDotgit" in str(e.value) and len(str(e.value)) < 1000
+    assert d.current().number == before.number
+    assert sorted(p.name for p in d.root.iterdir()) == sorted(
+        ["CURRENT", PRIMARY, f"gen-{before.number}"]
+    )  # (no build cut short left behind)
+    assert app.store.kv.high_water() == top
+    assert [r.id for r in app.refs.repos()] == ["fine"]
+    assert app.store.sweep(0).deleted == 0 and app.store.sweep(0).deleted == 0
+    for hexid, data in git_objects(fine.gitdir).items():
+        assert app.store.get(Key.from_hex(Algorithm.GIT_SHA1, hexid)) == data
+
+
+def test_an_old_history_with_zero_padded_tree_modes_imports(app, make_repo):
+    """What git's own fsck only warns about (old tools wrote `040000` for trees) is let
+    through; packs/adopt.py STRICT lists it."""
+    src = make_repo()
+    blob = src.git("hash-object", "-w", "--stdin", input=b"inside\n").strip()
+    inner = src.git("mktree", input=f"100644 blob {blob}\tf.txt\n".encode()).strip()
+    body = b"040000 dir\0" + bytes.fromhex(inner)
+    tree = src.git("hash-object", "-w", "-t", "tree", "--literally", "--stdin", input=body)
+    commit = src.git("commit-tree", tree.strip(), "-m", "old").strip()
+    src.git("update-ref", "refs/heads/main", commit)
+    result = import_repo(app, src.gitdir, "old", progress=False)
+    assert (result.stored, app.refs.refs("old")) == (4, {"refs/heads/main": commit})
+    assert app.store.get(Key.from_hex(Algorithm.GIT_SHA1, tree.strip()))[:5] == b"tree "
