@@ -156,22 +156,21 @@ def test_round_trip_sqlite_postgresql_sqlite(
     app.close()
     n = counts(before["tables"])
     packed = {raw: data for raw, (tier, data) in before["objects"].items() if tier == "packs"}
-    assert len(packed) == 7  # the small git objects, kept in their packs alone (drained)
+    assert len(packed) == 9  # the imported git objects, large ones too: in their pack alone
     assert len(before["objects"]) == n["blobs"] + n["catalog"] + len(packed)
     assert n == {
-        # mode, threshold, schema_version, store_id, lfs_scanned, arrival_high (the
-        # drain deleted the newest rows: alkfs/schema.py)
-        "meta": 6,
+        # mode, threshold, schema_version, store_id, lfs_scanned
+        "meta": 5,
         "blobs": 14,  # 12 pinned, the orphan, the loose git blob
         "gc_window": 2,  # the orphan and the loose blob, staged
-        "catalog": 5,  # 3 pinned large objects, 2 large git blobs
+        "catalog": 3,  # the pinned large objects
         "git_repos": 2,
         "git_refs": 4,  # imported: main, side, v1; hand: main
         "pins": 15,
         "roots": 1,
         "lfs_pointers": 0,
     }
-    assert sum(1 for tier, _ in before["objects"].values() if tier == "large") == LARGE + 2
+    assert sum(1 for tier, _ in before["objects"].values() if tier == "large") == LARGE
 
     # what PostgreSQL holds: the packed objects written back into the kv first (a
     # PostgreSQL store's fleet keeps the kv's copies), every other thing as it was
@@ -194,7 +193,7 @@ def test_round_trip_sqlite_postgresql_sqlite(
     assert (code, err) == (0, "")
     assert out.count("\n") == 1 and SECRET not in out
     summary = json.loads(out)
-    assert summary["rows"] == n and summary["written_back"] == 7
+    assert summary["rows"] == n and summary["written_back"] == 9
     assert summary["database"] == pg_uri
     assert not (root / DB_NAME).exists()
     migrated = [f for f in files(root) if f.startswith(DB_NAME + ".migrated-")]
@@ -251,9 +250,9 @@ def test_interrupted_migration_resumes(
 
     with pytest.raises(KeyboardInterrupt):
         migrate.to_postgresql(root, pg_uri, progress=stop_after_three)
-    assert calls[1:] == [(6, calls[0][1]), (13, calls[0][1]), (20, calls[0][1])]
+    assert calls[1:] == [(5, calls[0][1]), (12, calls[0][1]), (19, calls[0][1])]
     rows = pg_rows(pg_uri)
-    assert (rows["meta"], rows["blobs"], rows["pins"]) == (6, 14, 0)
+    assert (rows["meta"], rows["blobs"], rows["pins"]) == (5, 14, 0)
     assert (root / DB_NAME).is_file() and read_binding(root) is None
 
     # the source stays usable, and changes made before the rerun are carried over
