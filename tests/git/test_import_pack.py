@@ -4,7 +4,7 @@ checks them, the pack joins the published set; nothing passes through the kv."""
 from __future__ import annotations
 
 import pytest
-from helpers import git_objects
+from helpers import git_objects, git_out
 
 from alkfs.errors import Verification
 from alkfs.git import packs
@@ -80,3 +80,20 @@ def test_an_old_history_with_zero_padded_tree_modes_imports(app, make_repo):
     result = import_repo(app, src.gitdir, "old", progress=False)
     assert (result.stored, app.refs.refs("old")) == (4, {"refs/heads/main": commit})
     assert app.store.get(Key.from_hex(Algorithm.GIT_SHA1, tree.strip()))[:5] == b"tree "
+
+
+def test_a_shallow_clone_imports_with_its_history_cut_where_git_cut_it(app, make_repo, tmp_path):
+    src = make_repo()
+    everything(src)
+    shallow = tmp_path / "shallow.git"
+    git_out("clone", "-q", "--bare", "--depth", "1", f"file://{src.gitdir}", str(shallow))
+    objects = git_objects(shallow)
+    result = import_repo(app, str(shallow), "cut", progress=False)
+    assert (result.objects, result.stored) == (len(objects), len(objects))
+    listed = git_out(f"--git-dir={shallow}", "for-each-ref", "--format=%(refname) %(objectname)")
+    assert app.refs.refs("cut") == dict(line.split() for line in listed.splitlines())
+    assert (shallow / "shallow").is_file() and len(listed.splitlines()) >= 1
+    first, second = app.store.sweep(0), app.store.sweep(0)
+    assert (first.aborted, first.deleted, second.deleted) == (None, 0, 0)
+    for hexid, data in objects.items():
+        assert app.store.get(Key.from_hex(Algorithm.GIT_SHA1, hexid)) == data

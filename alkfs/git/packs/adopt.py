@@ -73,6 +73,9 @@ def adopt(self: Derived, gitdir: str, hexes: Sequence[bytes]) -> tuple[int, int]
         self._git(repo, "init", "-q", "--bare", f"--object-format={self.fmt}", str(repo))
         if prev is not None:  # (links to objects the set holds resolve there)
             (repo / "objects" / "info" / "alternates").write_text(f"{prev.root}\n")
+        shallow = Path(gitdir, "shallow")
+        if shallow.is_file():  # (a shallow clone: its boundary commits' parents are absent)
+            shutil.copyfile(shallow, repo / "shallow")
         name = _pack_and_index(self, gitdir, repo, b"\n".join(wanted) + b"\n")
         pack_dir = repo / "objects" / "pack"
         idx = PackIndex(pack_dir / f"pack-{name}.idx", self.fmt)
@@ -174,7 +177,10 @@ def _pack_and_index(self: Derived, gitdir: str, repo: Path, ids: bytes) -> str:
         texts = []
         for f in errs:
             f.seek(max(0, os.fstat(f.fileno()).st_size - ERR_MAX))
-            texts.append(f.read().decode(errors="replace").strip()[-500:])
+            text = f.read().decode(errors="replace").strip()[-500:]
+            texts.append("; ".join(line.strip() for line in text.splitlines() if line.strip()))
+        if any("No space left" in t for t in texts):
+            raise NoSpace(f"the disk is full: the import's pack was not written ({texts[1]})")
         if indexer.returncode != 0:
             # (the packer dies of the closed pipe then: the indexer's words are the cause)
             raise Verification(
