@@ -76,35 +76,13 @@ def adopt(self: Derived, gitdir: str, hexes: Sequence[bytes]) -> tuple[int, int]
         shallow = Path(gitdir, "shallow")
         if shallow.is_file():  # (a shallow clone: its boundary commits' parents are absent)
             shutil.copyfile(shallow, repo / "shallow")
+        name = _pack_and_index(self, gitdir, repo, b"\n".join(wanted) + b"\n")
         pack_dir = repo / "objects" / "pack"
-        want = len(set(wanted))
-        idx = None
-        if want == len(set(hexes)):
-            # Everything: packed as `git repack -adk` packs a repository (every ref and
-            # reflog, then what nothing reaches), so git writes it in its own order,
-            # commits and trees apart from blobs, and finds deltas by path as a clone's
-            # pack does. Unless that packs other than every object (what it leaves out:
-            # a .keep pack's or an alternate's unreachable objects): then by the list.
-            name = _pack_and_index(self, gitdir, repo, b"", EVERYTHING)
-            idx = PackIndex(pack_dir / f"pack-{name}.idx", self.fmt)
-            if idx.count != want:
-                log.info(
-                    "derived %s: the repository's own packing gave %d objects of %d: "
-                    "packing the list",
-                    self.fmt,
-                    idx.count,
-                    want,
-                )
-                for p in pack_dir.iterdir():
-                    p.unlink()
-                idx = None
-        if idx is None:
-            name = _pack_and_index(self, gitdir, repo, b"\n".join(wanted) + b"\n")
-            idx = PackIndex(pack_dir / f"pack-{name}.idx", self.fmt)
-        if idx.count != want:
+        idx = PackIndex(pack_dir / f"pack-{name}.idx", self.fmt)
+        if idx.count != len(set(wanted)):
             raise StoreIO(
                 f"derived {self.fmt}: the import's pack holds {idx.count} objects, "
-                f"not the {want} asked for"
+                f"not the {len(set(wanted))} asked for"
             )
         size = (pack_dir / f"pack-{name}.pack").stat().st_size
         with self.lock:
@@ -148,19 +126,8 @@ def _kill(proc: subprocess.Popen[bytes]) -> None:
     proc.communicate()
 
 
-EVERYTHING = (
-    "--all",
-    "--reflog",
-    "--indexed-objects",
-    "--keep-unreachable",
-    "--pack-loose-unreachable",
-)
-
-
-def _pack_and_index(
-    self: Derived, gitdir: str, repo: Path, ids: bytes, revs: Sequence[str] = ()
-) -> str:
-    """`git pack-objects --stdout` of `ids` (or of `revs`) in the source piped into `git index-pack
+def _pack_and_index(self: Derived, gitdir: str, repo: Path, ids: bytes) -> str:
+    """`git pack-objects --stdout` of `ids` in the source piped into `git index-pack
     --strict --stdin` in `repo`, both in one process group killed at the store's stop
     (Interrupted); the new pack's name."""
     with contextlib.ExitStack() as stack:
@@ -171,7 +138,7 @@ def _pack_and_index(
         base = ["git", "-c", "core.fsync=none", "-c", "gc.auto=0"]
         t0 = time.monotonic()
         packer = subprocess.Popen(
-            [*base, "pack-objects", "--stdout", "-q", "--delta-base-offset", *revs],
+            [*base, "pack-objects", "--stdout", "-q", "--delta-base-offset"],
             stdin=listing,
             stdout=subprocess.PIPE,
             stderr=errs[0],
