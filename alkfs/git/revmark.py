@@ -196,7 +196,14 @@ def _run(
     tips_file = tmp / "tips"
     tips_file.write_text("".join(x.hex() + "\n" for x in given))
     out_file, err_file = tmp / "live", tmp / "err"
-    git = "git -c core.fsync=none -c gc.auto=0 rev-list --objects --no-object-names"
+    # (git's caches bounded: by default it keeps up to 96 MiB of delta bases and maps
+    # whole pack windows of 1 GiB, whose pages it touches count in its RSS; at 944k
+    # objects these limits took its peak from 540 to 176 MB at the same time)
+    git = (
+        "git -c core.fsync=none -c gc.auto=0 -c core.deltaBaseCacheLimit=16m"
+        " -c core.packedGitWindowSize=16m -c core.packedGitLimit=64m"
+        " rev-list --objects --no-object-names"
+    )
     git += " --missing=print --stdin"
     if shutil.which("nice"):
         git = "nice -n 10 " + git

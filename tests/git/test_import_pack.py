@@ -3,6 +3,8 @@ checks them, the pack joins the published set; nothing passes through the kv."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 from helpers import git_objects, git_out
 
@@ -125,3 +127,53 @@ def test_unreachable_objects_loose_packed_and_lent_are_imported_too(app, make_re
     assert lent in git_objects(other.gitdir)
     import_repo(app, other.gitdir, "other", progress=False)
     assert app.store.get(Key.from_hex(Algorithm.GIT_SHA1, lent)) == b"blob 18\0unreachable, lent\n"
+
+
+def test_removing_a_repository_an_import_packed_alone_drops_its_pack_whole(
+    app, make_repo, tmp_path
+):
+    """A fork imported after its upstream is a pack of its own objects; `repo rm` of the
+    fork and two sweeps publish the set without that pack and its commit-graph layer:
+    nothing rewritten, the upstream's pack the same file."""
+    upstream = make_repo(name="upstream")
+    everything(upstream)
+    for i in range(6):
+        upstream.write(f"lib/m{i}.txt", f"module {i}\n" * 40)
+        upstream.commit(f"upstream {i}")
+    import_repo(app, upstream.gitdir, "upstream", progress=False)
+    fork = make_repo(name="fork")
+    fork.git("fetch", "-q", "--update-head-ok", upstream.gitdir, "+refs/*:refs/*")
+    fork.git("reset", "-q", "--hard", "HEAD")
+    fork.write("fork/own.txt", "the fork's own file\n")
+    fork.commit("the fork's own commit")
+    assert fork.rev("HEAD^") == upstream.rev("HEAD")
+    import_repo(app, fork.gitdir, "fork", progress=False)
+    d = packs.derived_for(app.store, "sha1")
+    before = d.current()
+    assert len(before.indexes) == 2
+    [base] = [i for i in before.indexes if i.count > 4]
+    own = {
+        bytes.fromhex(x)
+        for x in fork.git("rev-list", "--objects", "HEAD^..HEAD").split()
+        if len(x) == 40
+    }
+    assert len(own) == 4  # the commit, its tree, the new tree fork/ and its blob
+    assert sorted(i.count for i in before.indexes)[0] == 4  # (the fork's own pack)
+    app.refs.delete_repo("fork")
+    first, second = app.store.sweep(0), app.store.sweep(0)
+    assert (first.candidates_staged, second.deleted) == (4, 4)
+    after = d.current()
+    assert after.meta["mode"] == "drop-packs" and len(after.indexes) == 1
+    assert os.stat(after.indexes[0].path).st_ino == os.stat(base.path).st_ino  # (a link)
+    assert set(after.digests()) == set(before.digests()) - own
+    user = tmp_path / "user.git"
+    git_out("init", "-q", "--bare", str(user))
+    (user / "objects" / "info" / "alternates").write_text(f"{after.root}\n")
+    git_out(f"--git-dir={user}", "update-ref", "refs/heads/main", upstream.rev("HEAD"))
+    git_out(f"--git-dir={user}", "fsck", "--full", "--strict", "--no-dangling")
+    git_out(f"--git-dir={user}", "commit-graph", "verify", f"--object-dir={after.root}")
+    git_out(f"--git-dir={user}", "multi-pack-index", f"--object-dir={after.root}", "verify")
+    for hexid, data in git_objects(upstream.gitdir).items():
+        assert app.store.get(Key.from_hex(Algorithm.GIT_SHA1, hexid)) == data
+    for d_ in own:
+        assert not app.store.has(Key(bytes([Algorithm.GIT_SHA1.value]) + d_))

@@ -22,6 +22,7 @@ from ...errors import NoSpace, StoreIO
 from ...tiers.local import fsync_dir
 from ..shared_packs import SharedPacks
 from . import adopt as _adopt
+from . import drop as _drop
 from . import intake
 from .drain import PRIMARY, Drain
 from .gitrun import GitRun
@@ -409,6 +410,10 @@ class Derived(Drain, KvRead, GitRun):
             held = prev.withheld()
             top = int(prev.meta.get("max_rowid", 0))
             return self._build_intake(prev, {}, top, [], held, True)
+        if exclude and prev is not None and len(prev.indexes) > 1:
+            whole = _drop.whole_packs(prev, exclude)
+            if whole is not None:  # (exactly what some packs hold: those packs go)
+                return _drop.drop_packs(self, prev, *whole)
         staged = self._staged()
         order, graph_commits, top, fresh, seen = self._plan(prev, exclude | staged)
         number = self._next_number()
