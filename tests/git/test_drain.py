@@ -372,3 +372,36 @@ def test_dropping_the_staged_pack_keeps_what_is_not_due_yet(tmp_path, make_repo)
                 assert app.store.get(key) == data
     finally:
         app.close()
+
+
+def test_many_packed_objects_are_read_by_git_as_the_python_reader_reads_them(
+    tmp_path, make_repo, monkeypatch
+):
+    """`packed_values` of many objects (a sweep's candidates written back, an undrain)
+    asks git for them (cat-file --batch) and hashes each: the same (digest, canonical
+    bytes) as the reader of alkfs/git/packread.py; on a pack whose objects were
+    damaged, both leave out the same objects and serve the rest."""
+    from alkfs.git.packs import drain
+
+    src = make_repo()
+    everything(src)
+    app = Alkfs.open(tmp_path / "s", window_s=0)
+    try:
+        import_repo(app, src.gitdir, "r", progress=False)
+        d = packs.derived_for(app.store, "sha1")
+        digests = sorted(d.current().digests()) + [b"\x01" * 20]  # (one no pack holds)
+
+        def read(threshold: int) -> dict[bytes, bytes]:
+            monkeypatch.setattr(drain, "GIT_READS_FROM", threshold)
+            return dict(d.packed_values(digests))
+
+        by_git, by_python = read(0), read(10**9)
+        assert by_git == by_python and len(by_git) == len(digests) - 1
+        assert by_git == {bytes.fromhex(x): v for x, v in git_objects(src.gitdir).items()}
+        damage_pack_objects(
+            next(d.current().root / r for r in d.current().files if r.endswith(".pack"))
+        )
+        by_git, by_python = read(0), read(10**9)
+        assert by_git == by_python and 0 < len(by_git) < len(digests) - 1
+    finally:
+        app.close()

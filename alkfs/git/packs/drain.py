@@ -27,8 +27,10 @@ and unless `ALKFS_DRAIN=0` is set."""
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
+import tempfile
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -51,6 +53,8 @@ log = logging.getLogger("alkfs.packs")
 PRIMARY = "PRIMARY"
 PRIMARY_TEXT = b"alkfs: these sets are the only copy of the git objects they hold\n"
 DRAIN_PAGE = 8192  # kv rows looked at (and deleted) a transaction (one commit each)
+GIT_READS_FROM = 256  # objects read from the packs by git rather than here, from this many
+_HASHES = {"sha1": hashlib.sha1, "sha256": hashlib.sha256}
 
 
 def drain_enabled() -> bool:
@@ -179,10 +183,24 @@ class Drain:
 
     def packed_values(self, digests: list[bytes]) -> Iterator[tuple[bytes, bytes]]:
         """(digest, canonical bytes) of those of `digests` the published set holds, read
-        from its packs and verified (one that does not verify: logged, left out)."""
+        from its packs and verified (one that does not verify: logged, left out). Many
+        are read by git (`cat-file --batch`, a page at a time), hashed here."""
         gen = self._current
         if gen is None or not gen.indexes or not digests:
             return
+        if len(digests) > GIT_READS_FROM:
+            for i in range(0, len(digests), DRAIN_PAGE):
+                page = digests[i : i + DRAIN_PAGE]
+                try:
+                    found = list(self._git_values(gen, page))
+                except StoreIO as exc:  # (git stops at a damaged object: each is read here)
+                    log.warning("derived %s: git could not read a page: %s", self.fmt, exc)
+                    found = list(self._read_here(gen, page))
+                yield from found
+            return
+        yield from self._read_here(gen, digests)
+
+    def _read_here(self, gen: Generation, digests: list[bytes]) -> Iterator[tuple[bytes, bytes]]:
         with open_packs(gen) as packs:
             for n, d in enumerate(digests):
                 self.store.check_stopping(n)
@@ -196,6 +214,39 @@ class Drain:
                 if found is not None:
                     kind, body = found
                     yield d, b"%s %d\0" % (kind, len(body)) + body
+
+    def _git_values(self, gen: Generation, digests: list[bytes]) -> Iterator[tuple[bytes, bytes]]:
+        """`packed_values` of one page, read by `git cat-file --batch` from the set's packs
+        (one it does not hold, `missing`, is left out) and hashed against its name."""
+        held = [d for d in digests if d in gen]
+        if not held:
+            return
+        with tempfile.TemporaryDirectory(dir=self.root, prefix="tmp-read-") as tmp:
+            repo = Path(tmp) / "repo"
+            self._git(repo, "init", "-q", "--bare", f"--object-format={self.fmt}", str(repo))
+            out = self._git(
+                repo,
+                "cat-file",
+                "--batch",
+                objdir=gen.root,
+                input=b"".join(d.hex().encode() + b"\n" for d in held),
+            )
+        hasher = _HASHES[self.fmt]
+        pos = 0
+        for n, d in enumerate(held):
+            self.store.check_stopping(n)
+            nl = out.index(b"\n", pos)
+            words = out[pos:nl].split()
+            if len(words) != 3:  # (`<oid> missing`: gone meanwhile)
+                pos = nl + 1
+                continue
+            size = int(words[2])
+            data = b"%s %d\0" % (words[1], size) + out[nl + 1 : nl + 1 + size]
+            pos = nl + 1 + size + 1
+            if hasher(data).digest() != d:
+                log.error("derived %s: %s does not read back from its pack", self.fmt, d.hex())
+                continue
+            yield d, data
 
     def restore(self, digests: list[bytes]) -> int:
         """Write back into the kv those of `digests` (a sweep's candidates) that only the
