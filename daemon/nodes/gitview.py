@@ -112,11 +112,11 @@ class GitDir(StaticDir):
         /repos/<id>/objects/<xx>/<rest> the kernel has looked up."""
         if not key.algo.is_git:
             return []
-        fan = self.object_dir(key.algo).fanout(key.hex[:2].encode())
-        rest = key.hex[2:].encode()
         known = self.ctx.inodes.known(("loose", key.raw))
         if known is None:  # the kernel holds no entry of it, in any directory
-            return [(fan.ino, rest, 0)]
+            return []
+        fan = self.object_dir(key.algo).fanout(key.hex[:2].encode())
+        rest = key.hex[2:].encode()
         out = [(fan.ino, rest, known.ino)]
         fmt = "sha1" if key.algo is Algorithm.GIT_SHA1 else "sha256"
         for repo in self.ctx.refs.repos():

@@ -86,9 +86,11 @@ class ObjectsDir(StaticDir):
         return self.attr()
 
     def _deleted(self, key: Key) -> list[tuple[int, bytes, int]]:
-        d = self.algo_dir(key.algo)
         known = self.ctx.inodes.known(("object", key.raw))
-        return [(d.ino, key.hex.encode(), known.ino if known is not None else 0)]
+        if known is None:  # the kernel never kept an entry of it (none is cached as absent)
+            return []
+        d = self.algo_dir(key.algo)
+        return [(d.ino, key.hex.encode(), known.ino)]
 
 
 class AlgoDir(_Dir):
