@@ -1,6 +1,8 @@
 """Import a git repository: its objects, then all its refs in one atomic CAS batch.
 
-Objects come from `git cat-file --batch`, each verified against its id as it is
+Where the packs are the store's copy of git objects, the objects go in as git's own
+pack (import_pack.py). Otherwise (a fleet, ALKFS_DRAIN=0), as follows: objects come
+from `git cat-file --batch`, each verified against its id as it is
 stored. Objects already in the store are skipped, so a rerun reads no content.
 Every object of the source stays pinned (in-process) from before it is looked up
 or stored until the refs that reach it have committed, so a sweep running during
@@ -17,31 +19,37 @@ from __future__ import annotations
 import binascii
 import collections
 import concurrent.futures
-import contextlib
 import fcntl
 import itertools
 import os
 import subprocess
-import sys
 import threading
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..errors import Exists, Invalid, Missing, Refused, Stale, StoreIO, Verification
+from ..errors import Exists, Invalid, Missing, StoreIO, Verification
 from ..keys import Algorithm, Key
 from ..tiers.sql import SqlTier
 from . import lfs
 from .connected import check_connected
-from .objects import FORMATS, MAX_HEADER
-from .refs import Outcome, RefUpdate, algo_of, valid_ref_name, valid_repo_id
+from .import_pack import derived_of, import_as_pack
+from .importing import (
+    ImportResult,
+    _check_format,
+    _git,
+    _import_refs,
+    _phase,
+    _progress,
+    object_format,
+    resolve_gitdir,
+)
+from .objects import MAX_HEADER
+from .refs import algo_of, valid_repo_id
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterator
+    from collections.abc import Callable
 
     from ..app import Alkfs
     from ..store import Store
-    from .packs import Derived
 
 PUT_BATCH_ITEMS = 8192
 PUT_BATCH_BYTES = 16 << 20
@@ -50,32 +58,6 @@ SAMPLE = 256  # ids looked up first: none present means a first import
 READ = 1 << 20  # bytes a read of git's pipe
 PIPE_SIZE = 1 << 20  # git's pipe, enlarged where the system allows
 F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
-TICK_S = 0.5  # a phase's elapsed time is redrawn this often
-
-
-@dataclass
-class ImportResult:
-    repo_id: str
-    object_format: str
-    objects: int  # objects in the source
-    stored: int  # newly stored by this import
-    present: int  # already in the store, skipped
-    bytes: int  # canonical bytes newly stored
-    refs: dict[str, str] = field(default_factory=dict)  # the source's refs, as imported
-    head: str | None = None  # the symbolic HEAD's target, if the source had one
-    outcomes: list[Outcome] = field(default_factory=list)
-    media_stored: int = 0  # LFS media newly stored from the source's lfs/objects
-    media_present: int = 0  # LFS media its pointers name that the store already held
-    media_missing: list[str] = field(default_factory=list)  # named, found nowhere (oids)
-
-    def summary(self) -> str:
-        """One line for the command line."""
-        line = (
-            f"{len(self.refs)} refs, {self.objects} objects ({self.stored} stored, "
-            f"{self.present} already present)"
-        )
-        line += lfs.media_summary(self.media_stored, self.media_present, self.media_missing)
-        return line
 
 
 _WRITER: concurrent.futures.ThreadPoolExecutor | None = None
@@ -109,41 +91,6 @@ def _put(store: Store, batch: Store.Digested) -> list[bool]:
     """put_digested on the writer thread."""
     _prepare(store)
     return store.put_digested(batch)
-
-
-def _git(gitdir: str, *args: str, check: bool = True) -> subprocess.CompletedProcess[bytes]:
-    proc = subprocess.run(["git", f"--git-dir={gitdir}", *args], capture_output=True, check=False)
-    if check and proc.returncode != 0:
-        raise StoreIO(
-            f"git {' '.join(args)} failed: {proc.stderr.decode(errors='replace').strip()}"
-        )
-    return proc
-
-
-def resolve_gitdir(path: str | os.PathLike[str]) -> str:
-    """The git directory of a repository path: a bare repository (or a .git directory)
-    itself, or the repository of a work tree. A plain directory is Missing, even one
-    inside some other repository's work tree."""
-    root = Path(path)
-    if (root / "HEAD").is_file() and (root / "objects").is_dir():
-        return str(root.resolve())
-    if (root / ".git").exists():
-        proc = subprocess.run(
-            ["git", "-C", str(root), "rev-parse", "--absolute-git-dir"],
-            capture_output=True,
-            check=False,
-        )
-        if proc.returncode == 0:
-            return proc.stdout.decode().strip()
-    raise Missing(f"not a git repository: {root}")
-
-
-def object_format(gitdir: str) -> str:
-    proc = _git(gitdir, "config", "--get", "extensions.objectformat", check=False)
-    fmt = proc.stdout.decode().strip().lower() or "sha1"
-    if fmt not in FORMATS:
-        raise Invalid(f"unknown object format {fmt!r} in {gitdir}")
-    return fmt
 
 
 def _present(
@@ -187,40 +134,6 @@ def _sizes(gitdir: str, hexes: list[bytes]) -> list[int]:
         raise Missing(f"the source lost object {bad.decode(errors='replace')}") from None
 
 
-def _progress(progress: bool | None, total: int | None, desc: str, **kw: Any):
-    """A tqdm bar on stderr, when `progress` says (None: when stderr is a terminal)."""
-    enabled = sys.stderr.isatty() if progress is None else progress
-    if not enabled:
-        return None
-    from tqdm import tqdm
-
-    return tqdm(total=total, unit="obj", desc=desc, file=sys.stderr, leave=False, **kw)
-
-
-@contextlib.contextmanager
-def _phase(progress: bool | None, desc: str) -> Iterator[None]:
-    """While the block runs, a line naming the phase and its elapsed time, redrawn from a
-    thread (when `progress` says, as _progress); cleared when it ends."""
-    bar = _progress(progress, None, desc, bar_format="{desc} [{elapsed}]")
-    if bar is None:
-        yield
-        return
-    done = threading.Event()
-
-    def tick() -> None:
-        while not done.wait(TICK_S):
-            bar.refresh()
-
-    ticker = threading.Thread(target=tick, name="alkfs-import-progress", daemon=True)
-    ticker.start()
-    try:
-        yield
-    finally:
-        done.set()
-        ticker.join()
-        bar.close()
-
-
 def import_repo(
     app: Alkfs, gitdir: str, repo_id: str, progress: bool | None = None
 ) -> ImportResult:
@@ -241,9 +154,9 @@ def import_repo(
         check_connected(gitdir)  # as git's fetch does: a hole refuses the import
     algo = algo_of(fmt)
     store = app.store
-    derived = _derived(store, fmt)
+    derived = derived_of(store, fmt)
     if derived is not None and derived.can_adopt():
-        return _import_as_pack(app, derived, gitdir, repo_id, fmt, progress)
+        return import_as_pack(app, derived, gitdir, repo_id, fmt, progress)
     prefix = bytes([algo.value])
 
     # git starts streaming every object at once, and the parsing with it, while the ids
@@ -344,69 +257,6 @@ def import_repo(
     return result
 
 
-def _derived(store: Store, fmt: str) -> Derived | None:
-    from .packs import derived_for
-
-    return derived_for(store, fmt)
-
-
-def _import_as_pack(
-    app: Alkfs, derived: Derived, gitdir: str, repo_id: str, fmt: str, progress: bool | None
-) -> ImportResult:
-    """The import where the packs are the store's copy of git objects (drain.py): git
-    packs what the published set lacks from the source's packs and checks it with
-    `index-pack --strict` (packs/adopt.py); the pack joins the set, no object passes
-    through the kv. Every id is pinned first, until the refs commit."""
-    store = app.store
-    prefix = bytes([algo_of(fmt).value])
-    result = ImportResult(repo_id, fmt, 0, 0, 0, 0)
-    with _phase(progress, "objects: listing"):
-        hexes = _git(
-            gitdir, "cat-file", "--batch-all-objects", "--unordered", "--batch-check=%(objectname)"
-        ).stdout.split()
-    raws = [prefix + x for x in map(binascii.unhexlify, hexes)]
-    store.pin_raws(raws)
-    held: list[Any] = []
-    try:
-        with _phase(progress, "objects: git packs and checks them"):
-            result.stored, result.bytes = derived.adopt(gitdir, hexes)
-        result.objects = len(hexes)
-        result.present = result.objects - result.stored
-        del hexes
-        with _phase(progress, "LFS media"):
-            pointers = lfs.source_pointers(gitdir)
-            # (the pointer blobs' rows, as a put of them writes: they keep their media)
-            app.lfs.record_pairs(
-                [
-                    (prefix + binascii.unhexlify(blob), lfs.SHA256_TAG + bytes.fromhex(media))
-                    for media, blobs in pointers.items()
-                    for blob in blobs
-                ]
-            )
-            n_stored, n_present, absent, media_pins = lfs.import_media(store, gitdir, pointers)
-        held.extend(media_pins)
-        result.media_stored, result.media_present = n_stored, n_present
-        result.media_missing = absent
-        with _phase(progress, "refs"):
-            if not _check_format(app, repo_id, fmt):
-                try:
-                    app.refs.create_repo(repo_id, fmt)
-                except Exists:  # created meanwhile
-                    _check_format(app, repo_id, fmt)
-            _import_refs(app, gitdir, repo_id, result)
-    finally:
-        store.unpin_raws(raws)
-        for pin in held:
-            pin.release()
-    with _phase(progress, "packs: the kv's copies of what the set holds go"):
-        try:
-            derived.drain()
-            derived.prune()
-        except (StoreIO, OSError) as exc:
-            store.log.error("import: the kv's copies of packed objects stay: %s", exc)
-    return result
-
-
 def _pack(store: Store, fmt: str) -> None:
     """Leave the imported objects packed (derived packs: alkfs/git/packs/), and kept in
     their packs alone (drain.py). A failed build is logged: the objects are in the store
@@ -421,17 +271,6 @@ def _pack(store: Store, fmt: str) -> None:
         derived.drain()  # (what the set holds is kept there alone)
     except (StoreIO, OSError) as exc:
         store.log.error("import: the derived packs were not rebuilt: %s", exc)
-
-
-def _check_format(app: Alkfs, repo_id: str, fmt: str) -> bool:
-    """Whether the repository exists; Invalid if it has another object format."""
-    try:
-        repo = app.refs.repo(repo_id)
-    except Missing:
-        return False
-    if repo.object_format != fmt:
-        raise Invalid(f"repository {repo_id!r} is {repo.object_format}, the source is {fmt}")
-    return True
 
 
 def _read_body(stdout, head: bytes, n: int) -> bytearray:
@@ -651,31 +490,3 @@ def _store_objects(
         _stop(proc)
     if received != len(resolved):
         raise StoreIO(f"git cat-file gave {received} of {len(resolved)} objects {err}".strip())
-
-
-def _import_refs(app: Alkfs, gitdir: str, repo_id: str, result: ImportResult) -> None:
-    lines = _git(gitdir, "for-each-ref", "--format=%(objectname) %(refname)").stdout.splitlines()
-    source: dict[str, str] = {}
-    for line in lines:
-        oid, _, name = line.decode(errors="surrogateescape").partition(" ")
-        if valid_ref_name(name) and name.startswith("refs/"):
-            source[name] = oid
-    result.refs = dict(sorted(source.items()))
-    current = app.refs.refs(repo_id)
-    updates = [
-        RefUpdate(name, oid, current.get(name))
-        for name, oid in result.refs.items()
-        if current.get(name) != oid
-    ]
-    if updates:
-        result.outcomes = app.refs.update(repo_id, updates, atomic=True)
-        failed = [o for o in result.outcomes if not o.ok and o.reason != "atomic-sibling-failed"]
-        if failed:
-            text = ", ".join(f"{o.name}: {o.reason}" for o in failed)
-            if all(o.reason in ("stale", "exists", "missing-ref") for o in failed):
-                raise Stale(f"refs moved during the import, none changed ({text})")
-            raise Refused(f"the refs were refused, none changed ({text})")
-    head = _git(gitdir, "symbolic-ref", "-q", "HEAD", check=False).stdout.decode().strip()
-    if head and valid_ref_name(head) and head.startswith("refs/"):
-        app.refs.set_head(repo_id, head)
-        result.head = head

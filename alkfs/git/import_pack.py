@@ -1,0 +1,82 @@
+"""The import where the packs are the store's copy of git objects (packs/drain.py): git
+packs what the published set lacks from the source's packs and checks it with
+`index-pack --strict` (packs/adopt.py); the pack joins the set and no object passes
+through the kv."""
+
+from __future__ import annotations
+
+import binascii
+from typing import TYPE_CHECKING, Any
+
+from ..errors import Exists, StoreIO
+from . import lfs
+from .importing import ImportResult, _check_format, _git, _import_refs, _phase
+from .refs import algo_of
+
+if TYPE_CHECKING:
+    from ..app import Alkfs
+    from ..store import Store
+    from .packs import Derived
+
+
+def derived_of(store: Store, fmt: str) -> Derived | None:
+    from .packs import derived_for
+
+    return derived_for(store, fmt)
+
+
+def import_as_pack(
+    app: Alkfs, derived: Derived, gitdir: str, repo_id: str, fmt: str, progress: bool | None
+) -> ImportResult:
+    """The import where the packs are the store's copy of git objects (drain.py): git
+    packs what the published set lacks from the source's packs and checks it with
+    `index-pack --strict` (packs/adopt.py); the pack joins the set, no object passes
+    through the kv. Every id is pinned first, until the refs commit."""
+    store = app.store
+    prefix = bytes([algo_of(fmt).value])
+    result = ImportResult(repo_id, fmt, 0, 0, 0, 0)
+    with _phase(progress, "objects: listing"):
+        hexes = _git(
+            gitdir, "cat-file", "--batch-all-objects", "--unordered", "--batch-check=%(objectname)"
+        ).stdout.split()
+    raws = [prefix + x for x in map(binascii.unhexlify, hexes)]
+    store.pin_raws(raws)
+    held: list[Any] = []
+    try:
+        with _phase(progress, "objects: git packs and checks them"):
+            result.stored, result.bytes = derived.adopt(gitdir, hexes)
+        result.objects = len(hexes)
+        result.present = result.objects - result.stored
+        del hexes
+        with _phase(progress, "LFS media"):
+            pointers = lfs.source_pointers(gitdir)
+            # (the pointer blobs' rows, as a put of them writes: they keep their media)
+            app.lfs.record_pairs(
+                [
+                    (prefix + binascii.unhexlify(blob), lfs.SHA256_TAG + bytes.fromhex(media))
+                    for media, blobs in pointers.items()
+                    for blob in blobs
+                ]
+            )
+            n_stored, n_present, absent, media_pins = lfs.import_media(store, gitdir, pointers)
+        held.extend(media_pins)
+        result.media_stored, result.media_present = n_stored, n_present
+        result.media_missing = absent
+        with _phase(progress, "refs"):
+            if not _check_format(app, repo_id, fmt):
+                try:
+                    app.refs.create_repo(repo_id, fmt)
+                except Exists:  # created meanwhile
+                    _check_format(app, repo_id, fmt)
+            _import_refs(app, gitdir, repo_id, result)
+    finally:
+        store.unpin_raws(raws)
+        for pin in held:
+            pin.release()
+    with _phase(progress, "packs: the kv's copies of what the set holds go"):
+        try:
+            derived.drain()
+            derived.prune()
+        except (StoreIO, OSError) as exc:
+            store.log.error("import: the kv's copies of packed objects stay: %s", exc)
+    return result
