@@ -81,6 +81,7 @@ RANKS = {
     "alkfs.git.packs.drain": 6,
     "alkfs.git.packs.adopt": 6,
     "alkfs.git.packs.drop": 6,
+    "alkfs.git.packs.verify": 6,
     "alkfs.git": 6,
     "alkfs.pins": 6,
     "alkfs.pins.paths": 6,
