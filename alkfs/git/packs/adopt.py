@@ -221,18 +221,16 @@ def _publish_with(self: Derived, tmp: Path, pack_dir: Path, name: str, count: in
     (out / "pack" / f"pack-{name}.keep").write_bytes(KEEP_TEXT)
     repo = tmp / "repo"
     self._git(repo, "multi-pack-index", "write", objdir=out)
-    _graph_layer(self, repo, out, f"pack-{name}.idx")
+    # (a layer of the pack's commits: git adds their ancestors no layer names)
+    listing = f"pack-{name}.idx\n".encode()
+    self._graph_layer(repo, out, "--stdin-packs", listing, "no layer for the imported pack")
     self._check(out, skip=linked)
     top, kept = 0, ""
     record: list[str] | None = []
     held: list[str] | None = []
     if prev is not None:
         top = int(prev.meta.get("max_rowid", 0))
-        before = self.left_out(prev)
-        if before:  # (those deleted since drop out of the record)
-            tag = bytes([self.algo.value])
-            have = self._kv().present([tag + d for d in before])
-            before = [d for d in before if tag + d in have]
+        before = self.still_left_out(prev)
         record = None if before is None else _left_out_record(set(before))
         withheld = prev.withheld()
         held = None if withheld is None else _left_out_record(set(withheld))
@@ -246,30 +244,3 @@ def _publish_with(self: Derived, tmp: Path, pack_dir: Path, name: str, count: in
     log.info(
         "derived %s: adopted a pack of %d imported objects (generation %d)", self.fmt, count, number
     )
-
-
-def _graph_layer(self: Derived, repo: Path, out: Path, idx_name: str) -> None:
-    """A commit-graph layer of the commits of the new pack (git adds those of their
-    ancestors no layer names, read from the set's packs); if git cannot write it, the
-    layers stay as they were and git reads those commits from the packs."""
-    graphs = out / "info" / "commit-graphs"
-    had = set(os.listdir(graphs)) if graphs.is_dir() else None
-    chain = graphs / "commit-graph-chain"
-    chain_text = chain.read_bytes() if had and chain.name in had else None
-    try:
-        self._git(
-            repo,
-            "commit-graph",
-            "write",
-            "--split",
-            "--stdin-packs",
-            "--no-progress",
-            objdir=out,
-            input=idx_name.encode() + b"\n",
-        )
-    except StoreIO as exc:
-        log.error("derived %s: no commit-graph layer for the imported pack: %s", self.fmt, exc)
-        self._graphs_as_they_were(graphs, had, chain_text)
-    if graphs.is_dir():
-        for stale in graphs.glob("*.lock"):
-            stale.unlink()

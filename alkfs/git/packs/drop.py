@@ -97,11 +97,7 @@ def drop_packs(
         self._git(repo, "multi-pack-index", "write", objdir=out)
         self._check(out, skip=linked)
         top = int(prev.meta.get("max_rowid", 0))
-        before = self.left_out(prev)
-        if before:  # (those deleted since drop out of the record)
-            tag = bytes([self.algo.value])
-            have = self._kv().present([tag + d for d in before])
-            before = [d for d in before if tag + d in have]
+        before = self.still_left_out(prev)
         record = None if before is None else _left_out_record(set(before))
         held = None if held_before is None else _left_out_record({*held_before, *dropped})
         objects = prev.objects - sum(idx.count for idx in gone)

@@ -37,8 +37,18 @@ class GitRun:
         commits (when it fails, `if_not` is logged: a set without a new layer is still
         whole; git reads those commits from the packs)."""
         self._git(repo, "multi-pack-index", "write", objdir=out)
-        graphs = out / "info" / "commit-graphs"
         if graph:
+            listing = b"".join(c.hex().encode() + b"\n" for c in graph)
+            self._graph_layer(repo, out, "--stdin-commits", listing, if_not)
+        else:
+            self._graph_layer(repo, out, "", b"", if_not)
+
+    def _graph_layer(self, repo: Path, out: Path, how: str, listing: bytes, if_not: str) -> None:
+        """`git commit-graph write --split <how>` of `listing` into `out` (`how` empty:
+        none written); when it fails, `if_not` is logged and the layers stay as they were.
+        Stale locks are removed either way."""
+        graphs = out / "info" / "commit-graphs"
+        if how:
             had = set(os.listdir(graphs)) if graphs.is_dir() else None
             chain = graphs / "commit-graph-chain"
             chain_text = chain.read_bytes() if had and chain.name in had else None
@@ -48,10 +58,10 @@ class GitRun:
                     "commit-graph",
                     "write",
                     "--split",
-                    "--stdin-commits",
+                    how,
                     "--no-progress",
                     objdir=out,
-                    input=b"".join(c.hex().encode() + b"\n" for c in graph),
+                    input=listing,
                 )
             except StoreIO as exc:
                 log.error("derived %s: %s: %s", self.fmt, if_not, exc)

@@ -168,11 +168,7 @@ def _build_intake(
             self._git(repo, "init", "-q", "--bare", f"--object-format={self.fmt}", str(repo))
             self._git(repo, "multi-pack-index", "write", objdir=out)
         self._check(out, skip=linked)
-        before = self.left_out(prev)
-        if before:  # (those deleted since drop out of the record)
-            tag = bytes([self.algo.value])
-            have = self._kv().present([tag + d for d in before])
-            before = [d for d in before if tag + d in have]
+        before = self.still_left_out(prev)
         record = None
         if before is not None:
             record = _left_out_record({*before, *left, *dropped}.difference(new))

@@ -55,6 +55,15 @@ class KvRead:
         """What `gen` recorded it left out; None where only a scan tells."""
         return gen.left_out() if self._records_left_out else None
 
+    def still_left_out(self, gen: Generation) -> list[bytes] | None:
+        """`left_out(gen)` less those deleted since (a new set's record carries them)."""
+        before = self.left_out(gen)
+        if before:
+            tag = bytes([self.algo.value])
+            have = self._kv().present([tag + d for d in before])
+            before = [d for d in before if tag + d in have]
+        return before
+
     def max_rowid(self) -> int:
         return self._kv().high_water()
 
