@@ -8,9 +8,9 @@ from __future__ import annotations
 import binascii
 from typing import TYPE_CHECKING, Any
 
-from ..errors import Exists, StoreIO
+from ..errors import StoreIO
 from . import lfs
-from .importing import ImportResult, _check_format, _git, _import_refs, _phase
+from .importing import ImportResult, _git, _phase, media_and_refs
 from .refs import algo_of
 
 if TYPE_CHECKING:
@@ -48,7 +48,7 @@ def import_as_pack(
         result.objects = len(hexes)
         result.present = result.objects - result.stored
         del hexes
-        with _phase(progress, "LFS media"):
+        with _phase(progress, "LFS pointers"):
             pointers = lfs.source_pointers(gitdir)
             # (the pointer blobs' rows, as a put of them writes: they keep their media)
             app.lfs.record_pairs(
@@ -58,17 +58,7 @@ def import_as_pack(
                     for blob in blobs
                 ]
             )
-            n_stored, n_present, absent, media_pins = lfs.import_media(store, gitdir, pointers)
-        held.extend(media_pins)
-        result.media_stored, result.media_present = n_stored, n_present
-        result.media_missing = absent
-        with _phase(progress, "refs"):
-            if not _check_format(app, repo_id, fmt):
-                try:
-                    app.refs.create_repo(repo_id, fmt)
-                except Exists:  # created meanwhile
-                    _check_format(app, repo_id, fmt)
-            _import_refs(app, gitdir, repo_id, result)
+        media_and_refs(app, gitdir, repo_id, fmt, result, held, progress, pointers)
     finally:
         store.unpin_raws(raws)
         for pin in held:

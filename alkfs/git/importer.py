@@ -26,19 +26,18 @@ import subprocess
 import threading
 from typing import TYPE_CHECKING, Any
 
-from ..errors import Exists, Invalid, Missing, StoreIO, Verification
+from ..errors import Invalid, Missing, StoreIO, Verification
 from ..keys import Algorithm, Key
 from ..tiers.sql import SqlTier
-from . import lfs
 from .connected import check_connected
 from .import_pack import derived_of, import_as_pack
 from .importing import (
     ImportResult,
     _check_format,
     _git,
-    _import_refs,
     _phase,
     _progress,
+    media_and_refs,
     object_format,
     resolve_gitdir,
 )
@@ -229,18 +228,7 @@ def import_repo(
                 everything = len(missing) == count
                 proc = _cat_file(gitdir, everything)
                 _store_objects(store, proc, algo, missing, everything, result, progress, pinned)
-        with _phase(progress, "LFS media"):
-            n_stored, n_present, absent, media_pins = lfs.import_media(store, gitdir)
-        held.extend(media_pins)
-        result.media_stored, result.media_present = n_stored, n_present
-        result.media_missing = absent
-        with _phase(progress, "refs"):
-            if not _check_format(app, repo_id, fmt):
-                try:
-                    app.refs.create_repo(repo_id, fmt)
-                except Exists:  # created meanwhile
-                    _check_format(app, repo_id, fmt)
-            _import_refs(app, gitdir, repo_id, result)
+        media_and_refs(app, gitdir, repo_id, fmt, result, held, progress)
     finally:
         if stream is not None:
             _stop(stream)
@@ -261,9 +249,7 @@ def _pack(store: Store, fmt: str) -> None:
     """Leave the imported objects packed (derived packs: alkfs/git/packs/), and kept in
     their packs alone (drain.py). A failed build is logged: the objects are in the store
     and served loose meanwhile."""
-    from .packs import derived_for
-
-    derived = derived_for(store, fmt)
+    derived = derived_of(store, fmt)
     if derived is None:
         return
     try:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..errors import Invalid, Missing, Refused, Stale, StoreIO
+from ..errors import Exists, Invalid, Missing, Refused, Stale, StoreIO
 from . import lfs
 from .objects import FORMATS
 from .refs import Outcome, RefUpdate, valid_ref_name
@@ -158,3 +158,30 @@ def _import_refs(app: Alkfs, gitdir: str, repo_id: str, result: ImportResult) ->
     if head and valid_ref_name(head) and head.startswith("refs/"):
         app.refs.set_head(repo_id, head)
         result.head = head
+
+
+def media_and_refs(
+    app: Alkfs,
+    gitdir: str,
+    repo_id: str,
+    fmt: str,
+    result: ImportResult,
+    held: list[Any],
+    progress: bool | None,
+    pointers: dict[str, list[str]] | None = None,
+) -> None:
+    """The tail both imports share: the LFS media the source's pointers name (their pins
+    appended to `held`, for the caller to release once the refs committed), then the
+    repository (created with the source's format if missing) and its refs."""
+    with _phase(progress, "LFS media"):
+        n_stored, n_present, absent, media_pins = lfs.import_media(app.store, gitdir, pointers)
+    held.extend(media_pins)
+    result.media_stored, result.media_present = n_stored, n_present
+    result.media_missing = absent
+    with _phase(progress, "refs"):
+        if not _check_format(app, repo_id, fmt):
+            try:
+                app.refs.create_repo(repo_id, fmt)
+            except Exists:  # created meanwhile
+                _check_format(app, repo_id, fmt)
+        _import_refs(app, gitdir, repo_id, result)
