@@ -15,7 +15,8 @@ then every `ALKFS_PACK_POLL` seconds (default 5) counts the objects stored since
 published set was built and builds a new set when `ALKFS_PACK_OBJECTS` (20,000) have
 arrived, or any have and `ALKFS_PACK_EVERY` (60 s) passed since the last build, and
 right after a sweep staged objects the published set holds (the new set leaves them out,
-so the sweep that deletes them finds nothing to rebuild). A build
+so the sweep that deletes them finds nothing to rebuild), and when the set has more than
+MAX_PACKS packs (pushes kept as packs: one pack each) — consolidated into one. A build
 is one thread running git (`nice -n 10`); reads and writes go on meanwhile.
 `ALKFS_PACKS=off` serves and builds no derived packs at all (the loose views only).
 """
@@ -35,7 +36,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import trio
 
 from alkfs.errors import AlkfsError, Interrupted, log_failure
-from alkfs.git.packs import FORMATS, Derived, Generation, derived_for
+from alkfs.git.packs import FORMATS, MAX_PACKS, Derived, Generation, derived_for
 from alkfs.keys import Key
 from alkfs.store import ObjectStat
 
@@ -540,6 +541,9 @@ async def run(ctx: Context) -> None:
                     continue
                 new = await ctx.run_sync(d.new_since, gen)
                 if not new:
+                    many = gen is not None and len(gen.indexes) > MAX_PACKS
+                    if many and since_built(s.last_built.get(fmt), gen) >= every:
+                        await s.build(fmt, wait=False)  # (pushes kept as packs: one pack)
                     continue
                 since = since_built(s.last_built.get(fmt), gen)
                 if gen is None or new >= batch or since >= every:

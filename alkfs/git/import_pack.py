@@ -6,6 +6,8 @@ through the kv."""
 from __future__ import annotations
 
 import binascii
+from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import StoreIO
@@ -15,6 +17,7 @@ from .refs import algo_of
 
 if TYPE_CHECKING:
     from ..app import Alkfs
+    from ..gc.arbiter import Pin
     from ..store import Store
     from .packs import Derived
 
@@ -49,15 +52,7 @@ def import_as_pack(
         result.present = result.objects - result.stored
         del hexes
         with _phase(progress, "LFS pointers"):
-            pointers = lfs.source_pointers(gitdir)
-            # (the pointer blobs' rows, as a put of them writes: they keep their media)
-            app.lfs.record_pairs(
-                [
-                    (prefix + binascii.unhexlify(blob), lfs.SHA256_TAG + bytes.fromhex(media))
-                    for media, blobs in pointers.items()
-                    for blob in blobs
-                ]
-            )
+            pointers = record_pointers(app, gitdir, prefix)
         media_and_refs(app, gitdir, repo_id, fmt, result, held, progress, pointers)
     finally:
         store.unpin_raws(raws)
@@ -70,3 +65,33 @@ def import_as_pack(
         except (StoreIO, OSError) as exc:
             store.log.error("import: the kv's copies of packed objects stay: %s", exc)
     return result
+
+
+def record_pointers(app: Alkfs, gitdir: str, prefix: bytes) -> dict[str, list[str]]:
+    """The rows of the LFS pointer blobs among the objects of the repository at `gitdir`,
+    as a put of them writes (they keep their media alive); {media: [pointer blobs]}."""
+    pointers = lfs.source_pointers(gitdir)
+    app.lfs.record_pairs(
+        [
+            (prefix + binascii.unhexlify(blob), lfs.SHA256_TAG + bytes.fromhex(media))
+            for media, blobs in pointers.items()
+            for blob in blobs
+        ]
+    )
+    return pointers
+
+
+def keep_pushed(app: Alkfs, derived: Derived, pack: Path, pins: Callable[[list[Pin]], None]) -> int:
+    """A push's received pack kept as a pack of the set (Derived.keep_pack): its objects
+    pinned (`pins` takes the Pins, before anything is published; the caller releases
+    them when the push's refs are written) and its LFS pointers recorded, then the set
+    published with it. Returns how many objects the pack held."""
+    held: list[int] = []
+
+    def before(gitdir: str, raws: list[bytes]) -> None:
+        pins(app.store.pin_many(raws))
+        held.append(len(raws))
+        record_pointers(app, gitdir, raws[0][:1] if raws else b"")
+
+    derived.keep_pack(pack, before)
+    return held[0] if held else 0

@@ -12,13 +12,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from alkfs.errors import Verification
+from alkfs.git.import_pack import keep_pushed
 from alkfs.git.objects import decode_loose
+from alkfs.git.packs.adopt import KEEP_MIN
 from alkfs.keys import Algorithm, Key
 from alkfs.store import ObjectStat
 
 from ..errors import fail
 
 if TYPE_CHECKING:
+    from alkfs.git.packs import Derived
+
     from ..context import Context
     from .scratch import ScratchFile
     from .writes import RepoKey
@@ -113,19 +117,54 @@ def ingest_pack_blocking(
     return results
 
 
+def _pack_count(idx: Path) -> int:
+    """The object count an idx v2 file claims (its fan-out's last entry; 0 if it is not
+    one): only to choose the path, never trusted beyond that."""
+    with idx.open("rb") as f:
+        head = f.read(8 + 256 * 4)
+    if len(head) < 8 + 256 * 4 or head[:8] != b"\377tOc\0\0\0\2":
+        return 0
+    return int.from_bytes(head[-4:], "big")
+
+
+def store_pack_blocking(
+    ctx: Context, derived: Derived | None, pack: Path, idx: Path, repo: Any, pins: list[Any]
+) -> bool:
+    """Store a push's pack (see `ingest_pack`), its objects' pins put in `pins` as they
+    are taken (before the set that holds them is published). Whether it was kept as a
+    pack."""
+    if derived is not None and derived.can_adopt() and _pack_count(idx) >= KEEP_MIN:
+        keep_pushed(ctx.app, derived, pack, pins.extend)
+        return True
+    results = ingest_pack_blocking(ctx, pack, idx, repo.object_format, repo.algo)
+    pins.extend(r.pin for r in results)
+    return False
+
+
 async def ingest_pack(
     ctx: Context, pack: ScratchFile, idx: ScratchFile, repo: Any, pid: int
 ) -> int:
-    """A push's pack arrived in /repos/<id>/objects/pack: store every object in it,
-    pinned for the push's session. Returns how many objects it held."""
-    results = await ctx.run_sync(
-        ingest_pack_blocking, ctx, pack.disk, idx.disk, repo.object_format, repo.algo
-    )
+    """A push's pack arrived in /repos/<id>/objects/pack: kept as a pack of the set when
+    the sets hold git objects alone (a store of one process, drained) and it holds at
+    least KEEP_MIN objects (git's receive.unpackLimit: a push of fewer arrives loose),
+    else every object in it stored in the kv; pinned for the push's session either way.
+    Returns how many objects it held."""
+    derived = ctx.packs.derived.get(repo.object_format)
+    pins: list[Any] = []
+    try:
+        kept = await ctx.run_sync(
+            store_pack_blocking, ctx, derived, pack.disk, idx.disk, repo, pins
+        )
+    except BaseException:
+        for pin in pins:
+            pin.release()
+        raise
     w = ctx.writes
-    for r in results:
-        w.hold((repo.id, repo.created_ns), pid, r.pin)
-    log.info("repository %s: stored %d object(s) of a pushed pack", repo.id, len(results))
-    return len(results)
+    for pin in pins:
+        w.hold((repo.id, repo.created_ns), pid, pin)
+    how = "kept as a pack" if kept else "stored"
+    log.info("repository %s: %s %d object(s) of a pushed pack", repo.id, how, len(pins))
+    return len(pins)
 
 
 async def freshened(ctx: Context, key: Key, pid: int) -> None:

@@ -4,8 +4,9 @@ from the source's own packs (`pack-objects`, its deltas reused, as a fetch's ser
 does), `index-pack --strict` checks every object and every link as a fetch with
 `transfer.fsckObjects` does, and the pack joins the published set beside its packs (hard
 links) with a new multi-pack-index and a commit-graph layer of its commits. No object
-goes through the kv, and Python never holds an object's bytes. Methods of `Derived`
-(builder.py), written here as functions of it (as intake.py)."""
+goes through the kv, and Python never holds an object's bytes. A push's received pack
+is kept the same way (`keep_pack`). Methods of `Derived` (builder.py), written here as
+functions of it (as intake.py)."""
 
 from __future__ import annotations
 
@@ -19,9 +20,9 @@ import subprocess
 import tempfile
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import IO, TYPE_CHECKING
 
 from ...errors import Interrupted, NoSpace, StoreIO, Verification
 from .drain import drain_enabled
@@ -41,6 +42,13 @@ STRICT = (
     "--strict=zeroPaddedFilemode=ignore,nulInCommit=ignore,emptyName=ignore,"
     "fullPathname=ignore,nullSha1=ignore"
 )
+# A push's objects: each checked (git fsck's errors refuse it, its warnings do not); their
+# links were checked by the receive-pack that wrote the pack, through the mount, where
+# the objects they name may still be loose (in the kv) and so not in any pack.
+FSCK = "--fsck-objects"
+# Objects a received pack holds for it to be kept as a pack (git's receive.unpackLimit:
+# a smaller push arrives loose anyway, unless a user configured otherwise).
+KEEP_MIN = 100
 
 
 def can_adopt(self: Derived) -> bool:
@@ -76,7 +84,10 @@ def adopt(self: Derived, gitdir: str, hexes: Sequence[bytes]) -> tuple[int, int]
         shallow = Path(gitdir, "shallow")
         if shallow.is_file():  # (a shallow clone: its boundary commits' parents are absent)
             shutil.copyfile(shallow, repo / "shallow")
-        name = _pack_and_index(self, gitdir, repo, b"\n".join(wanted) + b"\n")
+        with tempfile.TemporaryFile(dir=repo) as listing:
+            listing.write(b"\n".join(wanted) + b"\n")
+            listing.seek(0)
+            name = _pack_and_index(self, gitdir, repo, listing, STRICT)
         pack_dir = repo / "objects" / "pack"
         idx = PackIndex(pack_dir / f"pack-{name}.idx", self.fmt)
         if idx.count != len(set(wanted)):
@@ -89,12 +100,64 @@ def adopt(self: Derived, gitdir: str, hexes: Sequence[bytes]) -> tuple[int, int]
             _publish_with(self, tmp, pack_dir, name, idx.count)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    if _unbalanced(self):
+    if unbalanced(self):
         self.build()  # (one pack of the set's objects, their deltas reused)
     return idx.count, size
 
 
-def _unbalanced(self: Derived) -> bool:
+def keep_pack(
+    self: Derived, pack: Path, before: Callable[[str, list[bytes]], None]
+) -> tuple[int, int]:
+    """Keep a pack git received (a push's: complete, since receive-pack's `index-pack
+    --fix-thin` appended the bases it lacked) as a pack of the set: indexed anew here
+    with `index-pack --fsck-objects` (every id from the bytes, every object checked;
+    Verification: nothing published), then `before(gitdir, raw keys)` runs (the caller
+    pins the objects and reads what it needs from the bare repository at `gitdir`), then
+    the set is published with the pack beside its own, byte for byte as received, or,
+    when the set's main packs already hold some of its objects, with a pack of the rest
+    (`pack-objects` from it, its deltas reused). No consolidation runs here (the daemon's
+    intake does it: `unbalanced`). (objects published, bytes of their pack)."""
+    reserve = self.store.reserve
+    if reserve is not None and reserve.full:
+        raise NoSpace("the disk is full: the pushed pack is not kept until it is not")
+    self._make_root()
+    tmp = self.root / f"tmp-{self._who}-keep-{uuid.uuid4().hex[:8]}"
+    try:
+        repo = tmp / "repo"
+        self._git(repo, "init", "-q", "--bare", f"--object-format={self.fmt}", str(repo))
+        with pack.open("rb") as received:
+            name = _pack_and_index(self, None, repo, received, FSCK)
+        pack_dir = repo / "objects" / "pack"
+        idx = PackIndex(pack_dir / f"pack-{name}.idx", self.fmt)
+        tag = bytes([self.algo.value])
+        before(str(repo), [tag + d for d in idx.digests()])
+        prev = self._current
+        if prev is not None and any(prev.main_holds(d) for d in idx.digests()):
+            wanted = [binascii.hexlify(d) for d in idx.digests() if not prev.main_holds(d)]
+            if not wanted:
+                return 0, 0
+            out = tmp / "rest"
+            self._git(out, "init", "-q", "--bare", f"--object-format={self.fmt}", str(out))
+            with tempfile.TemporaryFile(dir=tmp) as listing:
+                listing.write(b"\n".join(wanted) + b"\n")
+                listing.seek(0)
+                name = _pack_and_index(self, str(repo), out, listing, FSCK)
+            pack_dir = out / "objects" / "pack"
+            idx = PackIndex(pack_dir / f"pack-{name}.idx", self.fmt)
+            if idx.count != len(wanted):
+                raise StoreIO(
+                    f"derived {self.fmt}: the pushed pack's rest holds {idx.count} objects, "
+                    f"not the {len(wanted)} asked for"
+                )
+        size = (pack_dir / f"pack-{name}.pack").stat().st_size
+        with self.lock:
+            _publish_with(self, tmp, pack_dir, name, idx.count, "keep")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return idx.count, size
+
+
+def unbalanced(self: Derived) -> bool:
     """Whether the set's main packs call for a consolidation, by the intake's rule
     (geometric, factor 2): MAX_PACKS of them, or all but the largest holding more than
     half as many objects as it does."""
@@ -126,40 +189,44 @@ def _kill(proc: subprocess.Popen[bytes]) -> None:
     proc.communicate()
 
 
-def _pack_and_index(self: Derived, gitdir: str, repo: Path, ids: bytes) -> str:
-    """`git pack-objects --stdout` of `ids` in the source piped into `git index-pack
-    --strict --stdin` in `repo`, both in one process group killed at the store's stop
-    (Interrupted); the new pack's name."""
+def _pack_and_index(
+    self: Derived, gitdir: str | None, repo: Path, source: IO[bytes], check: str
+) -> str:
+    """`git index-pack <check> --stdin` in `repo` of the pack `git pack-objects --stdout`
+    makes of the ids listed in `source` in the repository at `gitdir` — or, with no
+    `gitdir`, of the pack `source` itself. Both gits in their own process groups, killed
+    at the store's stop (Interrupted); the new pack's name."""
     with contextlib.ExitStack() as stack:
-        listing = stack.enter_context(tempfile.TemporaryFile(dir=repo))
-        listing.write(ids)
-        listing.seek(0)
         errs = [stack.enter_context(tempfile.TemporaryFile(dir=repo)) for _ in range(2)]
         base = ["git", "-c", "core.fsync=none", "-c", "gc.auto=0"]
         t0 = time.monotonic()
-        packer = subprocess.Popen(
-            [*base, "pack-objects", "--stdout", "-q", "--delta-base-offset"],
-            stdin=listing,
-            stdout=subprocess.PIPE,
-            stderr=errs[0],
-            env=_git_env(gitdir),
-            start_new_session=True,
-        )
-        assert packer.stdout is not None
+        packer: subprocess.Popen[bytes] | None = None
+        if gitdir is not None:
+            packer = subprocess.Popen(
+                [*base, "pack-objects", "--stdout", "-q", "--delta-base-offset"],
+                stdin=source,
+                stdout=subprocess.PIPE,
+                stderr=errs[0],
+                env=_git_env(gitdir),
+                start_new_session=True,
+            )
+            assert packer.stdout is not None
         try:
             indexer = subprocess.Popen(
-                [*base, "index-pack", STRICT, "--stdin"],
-                stdin=packer.stdout,
+                [*base, "index-pack", check, "--stdin"],
+                stdin=source if packer is None else packer.stdout,
                 stdout=subprocess.PIPE,
                 stderr=errs[1],
                 env=_git_env(str(repo)),
                 start_new_session=True,
             )
         except BaseException:
-            _kill(packer)
+            if packer is not None:
+                _kill(packer)
             raise
         finally:
-            packer.stdout.close()
+            if packer is not None and packer.stdout is not None:
+                packer.stdout.close()
         out = b""
         while True:
             try:
@@ -167,10 +234,12 @@ def _pack_and_index(self: Derived, gitdir: str, repo: Path, ids: bytes) -> str:
                 break
             except subprocess.TimeoutExpired:
                 if self.store.stopping.is_set():
-                    _kill(packer)
+                    if packer is not None:
+                        _kill(packer)
                     _kill(indexer)
-                    raise Interrupted("import stopped: the store is closing") from None
-        packer.wait()
+                    raise Interrupted("a pack's indexing stopped: the store is closing") from None
+        if packer is not None:
+            packer.wait()
         log.debug(
             "derived %s: pack-objects | index-pack took %.3f s", self.fmt, time.monotonic() - t0
         )
@@ -180,13 +249,12 @@ def _pack_and_index(self: Derived, gitdir: str, repo: Path, ids: bytes) -> str:
             text = f.read().decode(errors="replace").strip()[-500:]
             texts.append("; ".join(line.strip() for line in text.splitlines() if line.strip()))
         if any("No space left" in t for t in texts):
-            raise NoSpace(f"the disk is full: the import's pack was not written ({texts[1]})")
+            raise NoSpace(f"the disk is full: a pack was not written ({texts[1]})")
         if indexer.returncode != 0:
             # (the packer dies of the closed pipe then: the indexer's words are the cause)
-            raise Verification(
-                f"git index-pack --strict refused the repository's objects: {texts[1] or texts[0]}"
-            )
-        if packer.returncode != 0:
+            flag = check.partition("=")[0]
+            raise Verification(f"git index-pack {flag} refused the objects: {texts[1] or texts[0]}")
+        if packer is not None and packer.returncode != 0:
             raise StoreIO(f"git pack-objects failed ({packer.returncode}): {texts[0]}")
     words = out.split()
     if len(words) != 2 or words[0] not in (b"pack", b"keep"):
@@ -194,7 +262,9 @@ def _pack_and_index(self: Derived, gitdir: str, repo: Path, ids: bytes) -> str:
     return words[1].decode()
 
 
-def _publish_with(self: Derived, tmp: Path, pack_dir: Path, name: str, count: int) -> None:
+def _publish_with(
+    self: Derived, tmp: Path, pack_dir: Path, name: str, count: int, mode: str = "adopt"
+) -> None:
     """Publish the published set's files (hard links) plus the pack `name` of `pack_dir`
     (under the set's lock), with a new multi-pack-index and a commit-graph layer of the
     pack's commits; the sets are the only copy of its objects from then on (PRIMARY,
@@ -237,10 +307,9 @@ def _publish_with(self: Derived, tmp: Path, pack_dir: Path, name: str, count: in
         kept = "" if prev.staged_index is None else prev.staged_index.path.name
     objects = (0 if prev is None else prev.objects) + count
     self._make_primary()  # (before the set: its new pack is the only copy of its objects)
-    result: BuildResult = self._finish(
-        out, number, top, objects, "adopt", record, count, kept, held
-    )
+    result: BuildResult = self._finish(out, number, top, objects, mode, record, count, kept, held)
     self.last_build = result
+    what = "imported" if mode == "adopt" else "pushed"
     log.info(
-        "derived %s: adopted a pack of %d imported objects (generation %d)", self.fmt, count, number
+        "derived %s: kept a pack of %d %s objects (generation %d)", self.fmt, count, what, number
     )

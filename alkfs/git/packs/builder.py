@@ -390,6 +390,8 @@ class Derived(Verify, Drain, KvRead, GitRun):
     # an import's pack, beside the previous set's (adopt.py)
     can_adopt = _adopt.can_adopt
     adopt = _adopt.adopt
+    keep_pack = _adopt.keep_pack
+    unbalanced = _adopt.unbalanced
 
     # the intake, a pack beside the previous set's (intake.py)
     _intake_plan = intake._intake_plan
