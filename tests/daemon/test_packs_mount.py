@@ -544,12 +544,16 @@ def test_staged_objects_move_into_a_pack_of_their_own_before_their_window_ends(
 ):
     """A sweep stages an object an intake packed: the next set holds it in its staged
     pack (so the sweep that deletes it only drops that pack), still packed, so off the
-    fan-out listing, and still read."""
+    fan-out listing, and still read. (Packed with a pinned object: an intake pack of
+    staged objects alone is dropped whole by the sweep that deletes them, not rebuilt
+    before: test_import_pack.py's repository removal.)"""
     store, _src = imported_store(tmp_path)
-    m = start_mount(store, "--window", "1h", env=FAST_INTAKE)
+    m = start_mount(store, "--window", "1h", env=PAIR_INTAKE)
     mnt = m.mnt
     oid = put_loose(mnt, "sha1", b"staged for an hour\n")
-    wait_for("the intake pack", lambda: oid in idx_ids(mnt, "sha1"))
+    kept = put_loose(mnt, "sha1", b"pinned for good\n")
+    os.symlink(f"../objects/git-sha1/{kept}", mnt / "pins" / "kept")
+    wait_for("the intake pack", lambda: {oid, kept} <= idx_ids(mnt, "sha1"))
     assert staged_pack(store) is None
     (mnt / ".alkfs" / "control").write_text("sweep\n")
     assert last_sweep(mnt)["candidates_staged"] == 1

@@ -160,8 +160,13 @@ def test_removing_a_repository_an_import_packed_alone_drops_its_pack_whole(
     assert len(own) == 4  # the commit, its tree, the new tree fork/ and its blob
     assert sorted(i.count for i in before.indexes)[0] == 4  # (the fork's own pack)
     app.refs.delete_repo("fork")
-    first, second = app.store.sweep(0), app.store.sweep(0)
-    assert (first.candidates_staged, second.deleted) == (4, 4)
+    first = app.store.sweep(0)
+    assert first.candidates_staged == 4
+    # the daemon's intake rebuilds a set before a sweep deletes what it holds: not here,
+    # where the deletion drops a pack whole (that rebuild rewrote the history between sweeps)
+    assert d.staged_in_current() == 0
+    second = app.store.sweep(0)
+    assert second.deleted == 4
     after = d.current()
     assert after.meta["mode"] == "drop-packs" and len(after.indexes) == 1
     assert os.stat(after.indexes[0].path).st_ino == os.stat(base.path).st_ino  # (a link)

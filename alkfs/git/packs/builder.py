@@ -284,11 +284,17 @@ class Derived(Verify, Drain, KvRead, GitRun):
     def staged_in_current(self) -> int:
         """How many objects staged for deletion the published set holds in its main packs
         (a build moves them into its staged pack: publish it before their window ends, so
-        the sweep that deletes them only drops that pack)."""
+        the sweep that deletes them only drops that pack). 0 when they are exactly
+        what some main packs hold (a repository removed whose objects were imported on
+        their own): that sweep drops those packs whole, nothing needs rebuilding first."""
         gen = self._current
         if gen is None or not gen.indexes:
             return 0
-        return sum(1 for d in self._staged() if gen.main_holds(d))
+        staged = self._staged()
+        held = sum(1 for d in staged if gen.main_holds(d))
+        if held and len(gen.indexes) > 1 and _drop.whole_packs(gen, staged) is not None:
+            return 0
+        return held
 
     def _staged(self) -> set[bytes]:
         prefix = self.algo.value
