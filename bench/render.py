@@ -65,11 +65,11 @@ def _num(x: float | int) -> str:
 
 def figure_text(f: dict) -> str:
     """The figure column: the ratio and what it is against, the value, the note."""
-    if "text" in f:
-        return str(f["text"])
-    parts = []
+    parts = [str(f["text"])] if "text" in f else []  # (a transcribed figure, as written)
     unit = f" {f['unit']}" if f.get("unit") else ""
-    if "ratio" in f:
+    if "text" in f:
+        pass
+    elif "ratio" in f:
         against = f" {f['baseline']}" if f.get("baseline") else ""
         parts.append(f"{f['ratio']:.2f}×{against}")
         if "value" in f:
