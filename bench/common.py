@@ -7,7 +7,13 @@ SIGKILL) and unmounted (`fusermount3 -u`, then `-uz`).
 
 from __future__ import annotations
 
+import contextlib
+import datetime
 import json
+import os
+import platform
+import resource
+import shlex
 import signal
 import subprocess
 import sys
@@ -113,11 +119,123 @@ def verdict(
     return ratio, ok
 
 
-def finish(rows: list[dict], failed: list[str], name: str, check: bool) -> int:
-    """Write the report to bench/out/`name`, print the verdict, return the exit code."""
+def finish(
+    rows: list[dict],
+    failed: list[str],
+    name: str,
+    check: bool,
+    figures: list[dict],
+    *,
+    quick: bool = False,
+) -> int:
+    """Write the report to bench/out/`name` and the figures to bench/results/ (record()),
+    print the verdict, return the exit code."""
     (OUT / name).write_text(json.dumps(rows, indent=2) + "\n")
+    record(figures, quick=quick)
     if failed:
         print(f"FAILED targets: {', '.join(failed)}")
     else:
         print("all targets PASS")
     return 1 if check and failed else 0
+
+
+# --- Results as data ------------------------------------------------------------------
+#
+# Every script ends with record(): its figures, with the command, the commit and the
+# machine, go to bench/results/<script>.json (<script>-quick.json for a --quick run),
+# replacing the previous run's; git keeps the history. bench/render.py makes the table of
+# docs/performance.md from them.
+
+RESULTS = HERE / "results"
+SCHEMA = 1
+
+
+def figure(
+    name: str,
+    value: float | None = None,
+    unit: str | None = None,
+    *,
+    baseline: str | None = None,
+    baseline_value: float | None = None,
+    ratio: float | None = None,
+    target: str | None = None,
+    passed: bool | None = None,
+    note: str | None = None,
+) -> dict:
+    """One measured figure: alkfs's `value` in `unit`; against `baseline` (what it is
+    compared with, `baseline_value` in the same unit), `ratio` as the script prints it,
+    `target` as text (e.g. ">= 0.6x"), `passed` its verdict. None fields are left out."""
+    row = {
+        "name": name,
+        "value": value,
+        "unit": unit,
+        "baseline": baseline,
+        "baseline_value": baseline_value,
+        "ratio": ratio,
+        "target": target,
+        "pass": passed,
+        "note": note,
+    }
+    return {
+        k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items() if v is not None
+    }
+
+
+def _git(*args: str) -> str | None:
+    done = subprocess.run(["git", "-C", str(HERE.parent), *args], capture_output=True, text=True)
+    return done.stdout.strip() if done.returncode == 0 else None
+
+
+def machine() -> dict:
+    """Cores, RAM, CPU model, kernel, Python and the load average now."""
+    facts: dict = {"cores": os.cpu_count(), "kernel": platform.release()}
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                facts["ram_mb"] = int(line.split()[1]) // 1024
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                facts["cpu"] = line.split(":", 1)[1].strip()
+                break
+    facts["python"] = platform.python_version()
+    facts["load"] = [round(x, 2) for x in os.getloadavg()]
+    return facts
+
+
+def peak_rss_mb() -> dict:
+    """Peak RSS of this process and of its largest waited-for child (daemons, git), MB."""
+    own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
+    children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    return {"self": round(own / 1024, 1), "children": round(children / 1024, 1)}
+
+
+def record(figures: list[dict], *, quick: bool = False, variant: str = "") -> Path:
+    """Write this run's figures (figure()s) to bench/results/<script>[-quick][-variant].json,
+    overwriting the last such run's, and return the path. A --quick run (smaller sizes)
+    has a file of its own: bench/render.py leaves it out of the table unless asked."""
+    script = Path(sys.argv[0]).stem
+    verdicts = [f["pass"] for f in figures if "pass" in f]
+    status = _git("status", "--porcelain", "--untracked-files=no")
+    doc = {
+        "schema": SCHEMA,
+        "script": script,
+        "source": "run",
+        "command": " ".join(
+            [f"bench/{Path(sys.argv[0]).name}", *(shlex.quote(a) for a in sys.argv[1:])]
+        ),
+        "quick": quick,
+        "variant": variant or None,
+        "utc": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "commit": _git("rev-parse", "HEAD"),
+        "dirty": bool(status) if status is not None else None,
+        "machine": machine(),
+        "peak_rss_mb": peak_rss_mb(),
+        "passed": all(verdicts) if verdicts else None,
+        "figures": figures,
+    }
+    RESULTS.mkdir(exist_ok=True)
+    path = RESULTS / f"{script}{'-quick' if quick else ''}{'-' + variant if variant else ''}.json"
+    path.write_text(json.dumps(doc, indent=2, ensure_ascii=False) + "\n")
+    print(f"figures: {path.relative_to(HERE.parent)}")
+    return path

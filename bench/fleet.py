@@ -435,8 +435,57 @@ def main() -> int:
         server.cleanup()
         shutil.rmtree(tmp, ignore_errors=True)
     return common.finish(
-        [rows], failed, "fleet-quick.json" if args.quick else "fleet.json", args.check
+        [rows],
+        failed,
+        "fleet-quick.json" if args.quick else "fleet.json",
+        args.check,
+        figures(rows),
+        quick=args.quick,
     )
+
+
+def figures(rows: dict) -> list[dict]:
+    """The report's figures for bench/results/: each operation's cost, the job through both
+    mounts, the cross-mount deletion delay."""
+    out = [
+        common.figure(
+            f"fleet member vs lone daemon: {op}",
+            c["fleet"],
+            "s",
+            baseline="a lone PostgreSQL daemon",
+            baseline_value=c["single"],
+            ratio=c["ratio"],
+            target=f"<= {COST_TARGET}x",
+            passed=c["ratio"] <= COST_TARGET,
+        )
+        for op, c in rows.get("cost", {}).items()
+    ]
+    if "together" in rows:
+        t = rows["together"]
+        out.append(
+            common.figure(
+                "put+read job through both mounts at once: per-mount slowdown",
+                t["both_s"],
+                "s",
+                baseline="mount 1 alone",
+                baseline_value=t["alone_s"],
+                ratio=t["slowdown"],
+                note=f"aggregate throughput {t['aggregate']:.2f}x one mount's",
+            )
+        )
+    d = rows.get("deletion_delay", {}).get("from_end")
+    if d:
+        out.append(
+            common.figure(
+                "object deleted through one mount, until ENOENT through the other (p99)",
+                d["p99"] * 1e3,
+                "ms",
+                target=f"<= {PROMISE_S:.0f} s",
+                passed=d["p99"] <= PROMISE_S,
+                note=f"p50 {d['p50'] * 1e3:.1f} ms, max {d['max'] * 1e3:.1f} ms",
+            )
+        )
+    return out
 
 
 if __name__ == "__main__":

@@ -26,6 +26,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+import common  # noqa: E402  (bench/ is sys.path[0]: the script runs as bench/git.py)
+
 from alkfs.app import Alkfs  # noqa: E402
 from alkfs.git.closure import RefClosure  # noqa: E402
 from alkfs.git.importer import (  # noqa: E402
@@ -217,6 +219,7 @@ def main() -> int:
 
     print(f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cpus; best of {args.runs}")
     failed = False
+    figures = []
     for label, ours, theirs, baseline in (
         ("import", low(imports), git_import, "git cat-file --batch-all-objects --batch"),
         ("closure", low(walks), git_walk, "git rev-list --objects --all"),
@@ -225,6 +228,19 @@ def main() -> int:
         cpu_ratio = ours[1] / theirs[1]
         verdict = "PASS" if ratio <= TARGET else "FAIL"
         failed |= ratio > TARGET
+        figures.append(
+            common.figure(
+                f"{label} of {objects:,} objects",
+                ours[0],
+                "s",
+                baseline=baseline,
+                baseline_value=theirs[0],
+                ratio=ratio,
+                target=f"<= {TARGET:.0f}x",
+                passed=ratio <= TARGET,
+                note=f"cpu {cpu_ratio:.2f}x",
+            )
+        )
         print(
             f"{label:8} alkfs {ours[0]:6.3f}s wall {ours[1]:6.3f}s cpu ({objects / ours[0]:7.0f} obj/s)"
             f" | {baseline}: {theirs[0]:6.3f}s wall {theirs[1]:6.3f}s cpu"
@@ -239,6 +255,7 @@ def main() -> int:
         f"{floor[1]:6.3f}s cpu"
         f" = {floor[0] / git_import[0]:5.2f}x the git baseline"
     )
+    common.record(figures)
     return 1 if failed else 0
 
 

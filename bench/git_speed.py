@@ -53,6 +53,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import common
 from common import BIN, Mount
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -289,6 +290,37 @@ def steady_state(src: Path, repo: Path, mnt: Path) -> dict:
     return took
 
 
+def figures(results: dict) -> list[dict]:
+    """bench/results/ figures: each command, warm and first run, per side against N. The
+    script judges nothing (the targets are docs/performance.md's)."""
+    out = []
+    for when, table in (("warm", results), ("first run", results.get("first_run", {}))):
+        for name in COMMANDS:
+            row = table.get(name)
+            if not isinstance(row, dict):
+                continue
+            for k in row:
+                if k.endswith("_ms") and k != "native_ms":
+                    side = k.removesuffix("_ms")
+                    out.append(
+                        common.figure(
+                            f"{name}, {when}, {side}",
+                            row[k],
+                            "ms",
+                            baseline="N, a native packed clone",
+                            baseline_value=row["native_ms"],
+                            ratio=row.get(side),
+                        )
+                    )
+    for key, what in (
+        ("time_to_packed_s", "a push into R until it is in a listed pack"),
+        ("sweep_to_rewritten_s", "a sweep until the set with its staged pack is listed"),
+    ):
+        if key in results:
+            out.append(common.figure(what, results[key], "s"))
+    return out
+
+
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--commits", type=int, default=4000)
@@ -448,6 +480,7 @@ def main() -> int:
         out = ROOT / "bench" / "out" / ("git-speed-quick.json" if args.quick else "git-speed.json")
         out.parent.mkdir(exist_ok=True)
         out.write_text(json.dumps(results, indent=1) + "\n")
+        common.record(figures(results), quick=args.quick)
         return 0
     finally:
         for m in (mount, versus):

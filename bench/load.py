@@ -392,6 +392,8 @@ def bench(a: argparse.Namespace) -> int:
 
 
 def report(a, got: dict[str, Any], problems: list[str], writers: int, load) -> int:
+    import common  # (bench() put bench/ on sys.path)
+
     rows: dict[str, Any] = {
         "clients": a.clients,
         "writers": writers,
@@ -405,6 +407,7 @@ def report(a, got: dict[str, Any], problems: list[str], writers: int, load) -> i
         f"on each side in {a.slice:g} s turns, {a.objects:,} pinned objects of 4 KiB read; "
         f"{os.cpu_count()} CPUs, load average {load[0]:.1f} before, {load[1]:.1f} after"
     )
+    results: list[dict] = []  # (bench/results/)
     for op in ("read", "write"):
         figures = {}
         for side in ("alkfs", "plain"):
@@ -421,6 +424,17 @@ def report(a, got: dict[str, Any], problems: list[str], writers: int, load) -> i
             "p99": pl["p99_ms"] / al["p99_ms"],
         }
         rows[op] = {**figures, "ratio": ratio}
+        results.append(
+            common.figure(
+                f"4 KiB {op}s, {a.clients} clients ({writers} writing)",
+                al["ops_s"],
+                "ops/s",
+                baseline="plain files",
+                baseline_value=pl["ops_s"],
+                ratio=ratio["ops_s"],
+                note=f"p50 {al['p50_ms']:.1f} ms, p99 {al['p99_ms']:.1f} ms",
+            )
+        )
         print(
             f"  4 KiB {op:<5}  alkfs {al['ops_s']:8,.0f} ops/s  p50 {al['p50_ms']:.3f} ms  "
             f"p99 {al['p99_ms']:.3f} ms | plain {pl['ops_s']:8,.0f} ops/s  "
@@ -462,6 +476,22 @@ def report(a, got: dict[str, Any], problems: list[str], writers: int, load) -> i
     out.mkdir(exist_ok=True)
     name = ("load-quick" if a.quick else "load") + ("" if a.sweep_every else "-nosweep") + ".json"
     (out / name).write_text(json.dumps(rows, indent=2) + "\n")
+    results.append(
+        common.figure(
+            "sweeps under the load",
+            sw["count"],
+            "sweeps",
+            note=f"{sw['deleted']:,} objects deleted, {sw['cancelled']:,} kept by arbitration",
+        )
+    )
+    results.append(
+        common.figure(
+            "errno, aborted sweeps, pins lost under the load",
+            passed=not problems,
+            note="; ".join(problems) or "none",
+        )
+    )
+    common.record(results, quick=a.quick, variant="" if a.sweep_every else "nosweep")
     return 1 if problems else 0
 
 

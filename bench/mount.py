@@ -366,7 +366,31 @@ def main() -> int:
         if not a.keep:
             shutil.rmtree(work, ignore_errors=True)
     name = "mount-quick.json" if a.quick else "mount.json"
-    return common.finish(report.rows, report.failed, name, a.check)
+    return common.finish(report.rows, report.failed, name, a.check, figures(report), quick=a.quick)
+
+
+def figures(report: Report) -> list[dict]:
+    """The rows as bench/results/ figures (a child script's row: its exit status)."""
+    out = []
+    for r in report.rows:
+        if "times_s" not in r:
+            note = r.get("error") or f"exit {r.get('exit')}"
+            out.append(common.figure(str(r["scenario"]), passed=r["pass"], note=note))
+            continue
+        versus = r["versus"]
+        out.append(
+            common.figure(
+                str(r["scenario"]),
+                r["times_s"]["alkfs"],
+                "s",
+                baseline=f"{versus}, throughput",
+                baseline_value=r["times_s"][versus],
+                ratio=r["ratio"],
+                target=f">= {r['target']:.2g}x",
+                passed=r["pass"],
+            )
+        )
+    return out
 
 
 @dataclass

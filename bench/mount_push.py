@@ -150,6 +150,17 @@ def main() -> int:
         print(
             f"ratio mount/plain: {ratio:.2f}x  target <= {TARGET:.0f}x  {'PASS' if ok else 'FAIL'}"
         )
+        figure = common.figure(
+            f"git push of {n:,} objects into MNT/repos/ID",
+            tm,
+            "s",
+            baseline="a plain bare repository",
+            baseline_value=tp,
+            ratio=ratio,
+            target=f"<= {TARGET:.0f}x",
+            passed=ok,
+        )
+        common.record([figure], quick=a.objects != 50_000)
         return 0 if ok or not a.check else 1
     finally:
         if daemon is not None:

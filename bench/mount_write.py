@@ -313,7 +313,21 @@ def main() -> int:
         if not a.keep:
             shutil.rmtree(work, ignore_errors=True)
     name = "mount-write-quick.json" if a.quick else "mount-write.json"
-    return common.finish(report.rows, report.failed, name, a.check)
+    figures = [
+        common.figure(
+            r["scenario"],
+            r["times_s"]["alkfs"],
+            "s",
+            baseline="the floor (bench/nullfs.py), throughput",
+            baseline_value=r["times_s"]["floor"],
+            ratio=r["ratio_to_floor"],
+            target=f">= {r['target_to_floor']}x",
+            passed=r["pass"],
+            note=f"plain {r['times_s']['plain']} s ({r['ratio_to_plain']}x)",
+        )
+        for r in report.rows
+    ]
+    return common.finish(report.rows, report.failed, name, a.check, figures, quick=a.quick)
 
 
 if __name__ == "__main__":

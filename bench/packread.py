@@ -28,6 +28,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+import common  # noqa: E402  (bench/ is sys.path[0]: the script runs as bench/packread.py)
+
 from alkfs.git.packread import PackSet  # noqa: E402
 
 ENV = {
@@ -173,6 +175,11 @@ def main() -> None:
         print(
             f"peak RSS         {rss / 1024:.1f} MiB after the PackSet pass ({before / 1024:.1f} before)"
         )
+        read = f"read every object of {len(ids):,} in {packs} packs"
+        figure = common.figure(
+            read, ours, "s", baseline="git cat-file", baseline_value=theirs, ratio=ours / theirs
+        )
+        common.record([figure])
     finally:
         if args.keep and args.repo is None:
             print(f"kept {tmp}")

@@ -162,6 +162,7 @@ def main() -> int:
     gitds: list[subprocess.Popen] = []
     failed: list[str] = []
     rows: list[dict] = []
+    figures: list[dict] = []  # (bench/results/refs.json)
     try:
         native_base = work / "native"
         native_base.mkdir()
@@ -216,6 +217,18 @@ def main() -> int:
                 flush=True,
             )
             rows.append({"name": name, "native_s": n, "mount_s": m, "ratio": ratio})
+            figures.append(
+                common.figure(
+                    name,
+                    m * 1e3,
+                    "ms",
+                    baseline="native, packed refs",
+                    baseline_value=n * 1e3,
+                    ratio=ratio,
+                    target=f"<= {target}x",
+                    passed=ok,
+                )
+            )
             if not ok:
                 failed.append(name)
 
@@ -299,7 +312,7 @@ def main() -> int:
             daemon.stop()
         shutil.rmtree(work, ignore_errors=True)
     common.OUT.mkdir(exist_ok=True)
-    return common.finish(rows, failed, "refs.json", args.check)
+    return common.finish(rows, failed, "refs.json", args.check, figures)
 
 
 if __name__ == "__main__":

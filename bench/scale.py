@@ -44,6 +44,7 @@ import threading
 import time
 from pathlib import Path
 
+import common
 from common import BIN, OUT, Mount
 
 GIT_ENV = {
@@ -144,9 +145,32 @@ def du(path: Path) -> int:
     return total
 
 
-def verdict(what: str, ratio: float, target: float) -> bool:
+FIGURES: list[dict] = []  # every verdict's figure, for bench/results/scale.json
+
+
+def verdict(
+    what: str,
+    ratio: float,
+    target: float,
+    value: float | None = None,
+    unit: str | None = None,
+    baseline: str | None = None,
+    baseline_value: float | None = None,
+) -> bool:
     ok = ratio <= target
     print(f"  {what:<60} {ratio:6.2f}x (target <= {target}x) {'PASS' if ok else 'FAIL'}")
+    FIGURES.append(
+        common.figure(
+            what,
+            value,
+            unit,
+            baseline=baseline,
+            baseline_value=baseline_value,
+            ratio=ratio,
+            target=f"<= {target}x",
+            passed=ok,
+        )
+    )
     return ok
 
 
@@ -307,7 +331,17 @@ def main() -> int:
             [alkfs, "--store", str(store), "git", "import", str(src), "--repo", "main"],
             env=CLEAN_ENV,
         )
-        ok.append(verdict("import time vs clone", fig["import"]["s"] / fig["clone"]["s"], 2))
+        ok.append(
+            verdict(
+                "import time vs clone",
+                fig["import"]["s"] / fig["clone"]["s"],
+                2,
+                fig["import"]["s"],
+                "s",
+                "git clone --mirror --no-local",
+                fig["clone"]["s"],
+            )
+        )
         ok.append(
             verdict(
                 "import tree RSS vs clone",
@@ -345,7 +379,13 @@ def main() -> int:
         )
         ok.append(
             verdict(
-                "store disk vs git gc (main and fork)", fig["disk_store"] / fig["disk_git"], 1.3
+                "store disk vs git gc (main and fork)",
+                fig["disk_store"] / fig["disk_git"],
+                1.3,
+                fig["disk_store"] / 1e6,
+                "MB",
+                "a git gc'd mirror's objects/",
+                fig["disk_git"] / 1e6,
             )
         )
 
@@ -378,7 +418,17 @@ def main() -> int:
                 f"  first sweep {took:.1f} s; daemon RSS idle {idle / 1e6:.0f} MB, peak "
                 f"{top / 1e6:.0f} MB, after {after / 1e6:.0f} MB"
             )
-            ok.append(verdict("first sweep vs rev-list", took / fig["rev_list"]["s"], 3))
+            ok.append(
+                verdict(
+                    "first sweep vs rev-list",
+                    took / fig["rev_list"]["s"],
+                    3,
+                    took,
+                    "s",
+                    "git rev-list --objects --all",
+                    fig["rev_list"]["s"],
+                )
+            )
             ok.append(
                 verdict(
                     "sweep peak RSS vs rev-list",
@@ -387,6 +437,15 @@ def main() -> int:
                 )
             )
             ok.append(after - idle <= 200e6)
+            FIGURES.append(
+                common.figure(
+                    "daemon RSS after the sweep, over idle",
+                    (after - idle) / 1e6,
+                    "MB",
+                    target="<= 200 MB",
+                    passed=ok[-1],
+                )
+            )
             print(
                 f"  after the sweep {(after - idle) / 1e6:+.0f} MB over idle (target <= 200 MB) "
                 f"{'PASS' if ok[-1] else 'FAIL'}"
@@ -429,7 +488,17 @@ def main() -> int:
             "git repack -adk (the rest)",
             ["git", f"--git-dir={rest}", "-c", "repack.writeBitmaps=false", "repack", "-adkq"],
         )
-        ok.append(verdict("two sweeps vs repack -adk", sum(times) / fig["repack_rest"]["s"], 3))
+        ok.append(
+            verdict(
+                "two sweeps vs repack -adk",
+                sum(times) / fig["repack_rest"]["s"],
+                3,
+                sum(times),
+                "s",
+                "git repack -adk of the rest",
+                fig["repack_rest"]["s"],
+            )
+        )
         subprocess.run(
             ["git", f"--git-dir={mirror}", "-c", "repack.writeBitmaps=false", "gc", "-q"],
             check=True,
@@ -443,6 +512,7 @@ def main() -> int:
     finally:
         OUT.mkdir(exist_ok=True)
         (OUT / "scale.json").write_text(json.dumps(fig, indent=2) + "\n")
+        common.record(FIGURES, quick=a.quick)
         if a.keep is None:
             shutil.rmtree(work, ignore_errors=True)
     print("all targets PASS" if all(ok) else f"{ok.count(False)} target(s) FAIL")

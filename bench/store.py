@@ -69,6 +69,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
+import common
+
 from alkfs.db import now_ns, sqlite3
 from alkfs.keys import Key
 from alkfs.store import DEFAULT_THRESHOLD, Store
@@ -623,7 +625,7 @@ def main() -> int:
         f"stored object; ratio = ours / baseline throughput (higher is better); "
         f"dual-tier threshold {DEFAULT_THRESHOLD}"
     )
-    results: list[tuple[str, bool]] = []
+    results: list[dict] = []  # common.figure()s
     pg = None
     try:
         pg = start_pg(work, not args.no_pg)
@@ -656,20 +658,32 @@ def main() -> int:
                     s.close()
             assert ratio is not None
             results.append(
-                (
-                    f"16 MiB repeated verified get >= {GET_TARGET}x plain file read: {ratio:.2f}x",
-                    ratio >= GET_TARGET,
+                common.figure(
+                    "16 MiB repeated verified get",
+                    baseline="a plain file read, throughput",
+                    ratio=ratio,
+                    target=f">= {GET_TARGET}x",
+                    passed=ratio >= GET_TARGET,
                 )
             )
         sq = bench_sweep(work, sweep_n, 5)
         results.append(
-            (
-                f"sweep mark+stage <= {SWEEP_TARGET}x plain key scan: {sq['ratio']:.2f}x",
-                sq["ratio"] <= SWEEP_TARGET,
+            common.figure(
+                f"sweep mark+stage of {sweep_n:,} kv objects (sqlite)",
+                baseline="a plain key scan, time",
+                ratio=sq["ratio"],
+                target=f"<= {SWEEP_TARGET}x",
+                passed=sq["ratio"] <= SWEEP_TARGET,
             )
         )
         results.append(
-            (f"sweep peak memory < 1 GiB: {sq['peak'] / MiB:.0f} MiB", sq["peak"] < MEMORY_TARGET)
+            common.figure(
+                "sweep peak memory (sqlite)",
+                sq["peak"] / MiB,
+                "MiB",
+                target="< 1 GiB",
+                passed=sq["peak"] < MEMORY_TARGET,
+            )
         )
         if pg is not None:
             r = bench_sweep(work, sweep_n, 5, pg.create_database("sweep"))
@@ -681,16 +695,22 @@ def main() -> int:
                 "pin rows and logs what it deleted)"
             )
             results.append(
-                (
-                    f"PostgreSQL sweep mark+stage <= {PG_SWEEP_TARGET}x plain psycopg key scan: "
-                    f"{r['ratio']:.2f}x",
-                    r["ratio"] <= PG_SWEEP_TARGET,
+                common.figure(
+                    f"sweep mark+stage of {sweep_n:,} kv objects (PostgreSQL)",
+                    baseline="a plain psycopg key scan, time",
+                    ratio=r["ratio"],
+                    target=f"<= {PG_SWEEP_TARGET}x",
+                    passed=r["ratio"] <= PG_SWEEP_TARGET,
+                    note=f"execute {r['exec_rate']:,.0f} deletions/s (sqlite {sq['exec_rate']:,.0f})",
                 )
             )
             results.append(
-                (
-                    f"PostgreSQL sweep peak memory < 1 GiB: {r['peak'] / MiB:.0f} MiB",
-                    r["peak"] < MEMORY_TARGET,
+                common.figure(
+                    "sweep peak memory (PostgreSQL)",
+                    r["peak"] / MiB,
+                    "MiB",
+                    target="< 1 GiB",
+                    passed=r["peak"] < MEMORY_TARGET,
                 )
             )
             if not args.only_sweep:
@@ -708,10 +728,15 @@ def main() -> int:
                     f"unverified read / bare: {kv / bare:.2f}x"
                 )
                 results.append(
-                    (
-                        f"PostgreSQL 1 KiB get (unread keys) >= {PG_GET_TARGET}x bare psycopg "
-                        f"SELECT: {ours / bare:.2f}x",
-                        ours / bare >= PG_GET_TARGET,
+                    common.figure(
+                        "PostgreSQL 1 KiB gets of keys not read before",
+                        ours,
+                        "gets/s",
+                        baseline="a bare psycopg SELECT, one connection",
+                        baseline_value=bare,
+                        ratio=ours / bare,
+                        target=f">= {PG_GET_TARGET}x",
+                        passed=ours / bare >= PG_GET_TARGET,
                     )
                 )
     finally:
@@ -720,9 +745,11 @@ def main() -> int:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
     print("\n== targets")
-    for text, ok in results:
-        print(f"   {'PASS' if ok else 'FAIL'}  {text}")
-    failed = [t for t, ok in results if not ok]
+    for f in results:
+        got = f"{f['ratio']:.2f}x" if "ratio" in f else f"{f['value']:.0f} {f['unit']}"
+        print(f"   {'PASS' if f['pass'] else 'FAIL'}  {f['name']} {f['target']}: {got}")
+    common.record(results, quick=args.quick)
+    failed = [f["name"] for f in results if not f["pass"]]
     if args.check and failed:
         return 1
     return 0

@@ -24,10 +24,10 @@ at all (no FOPEN_CACHE_DIR: its READDIRs come here), so a reply still in flight 
 older listing cannot be read back by it; if the invalidation does not reach the kernel in
 time, the open is not cached either.
 
-Needs the `FileInfo.cache_readdir` of third_party/pyfuse3-noflush.patch; with a pyfuse3
-that lacks it (CACHE_READDIR false) directories are opened as before (a plain handle).
+Needs the `FileInfo.cache_readdir` of third_party/pyfuse3-noflush.patch (alkfsd refuses
+to start with a pyfuse3 built without the patches: pyfuse3_patches).
 
-Answered in C (third_party/pyfuse3-cacheddirs.patch, CACHED_DIRS): once an open found the
+Answered in C (third_party/pyfuse3-cacheddirs.patch): once an open found the
 kernel's cached listing current (FOPEN_KEEP_CACHE), the next OPENDIRs of that inode are
 answered inside pyfuse3 with the same reply and no call into Python, and so are their
 RELEASEDIRs (git's 256 fan-out directories of each object directory then cost it no
@@ -72,9 +72,9 @@ if TYPE_CHECKING:
     from .inodes import InodeTable
     from .nodes.base import Node
 
-CACHE_READDIR = hasattr(pyfuse3.FileInfo(), "cache_readdir")
-CACHED_DIRS = CACHE_READDIR and hasattr(pyfuse3, "cached_dirs_add")
-CACHED_FH: int = getattr(pyfuse3, "CACHED_DIR_FH", 0)  # the fh bit of a C-answered open
+# the fh bit of a C-answered open (getattr: this module is imported before alkfsd's main
+# refuses a pyfuse3 without the patches, and must not fail first)
+CACHED_FH: int = getattr(pyfuse3, "CACHED_DIR_FH", 0)
 DROP_WAIT_S = 5.0  # bound on the kernel taking an attribute invalidation (then: uncached)
 
 Entry = tuple[bytes, "Node", int]  # (name, node, next offset), as a node's readdir emits
@@ -111,14 +111,14 @@ class Listings:
 
     def __init__(self, ctx: Context | None, kernel: bool = True) -> None:
         self.ctx = ctx
-        self.kernel = kernel and CACHE_READDIR and ctx is not None
+        self.kernel = kernel and ctx is not None
         self._inodes: dict[int, _Inode] = {}
         self._mtimes: dict[int, int] = {}  # ino -> when its listing was last seen to change
         self.snapshots: dict[int, Snapshot] = {}  # fh -> snapshot
         # opens answered in C (see the module docstring): only a sole writer's listings
         # change solely through what `changed` hears of
         store = getattr(ctx, "store", None)  # (none: a test's stand-in context)
-        self.in_c = self.kernel and CACHED_DIRS and store is not None and store.sole_writer
+        self.in_c = self.kernel and store is not None and store.sole_writer
         self._read: dict[int, Snapshot] = {}  # ino -> last listing a C-answered open read
         self.opens = 0  # OPENDIRs of caching nodes decided here (not in C)
         # LOOKUPs answered in C: parent inode -> the children it holds entries of, and
@@ -361,8 +361,7 @@ class Listings:
 def changed() -> None:
     """Something a cached listing shows may have changed (any thread): no open is answered
     in C until an open has checked its listing again."""
-    if CACHED_DIRS:
-        pyfuse3.cached_dirs_reset()
+    pyfuse3.cached_dirs_reset()
 
 
 async def _listing(node: Node, dh: DirHandle) -> list[Entry]:

@@ -43,7 +43,7 @@ from alkfs.durations import format_duration
 from alkfs.errors import AlkfsError, StoreLocked, log_failure
 from alkfs.store import Store
 
-from . import deathguard, packs
+from . import deathguard, packs, pyfuse3_patches
 from .config import Usage, hide_password, settings
 from .context import Context, Options
 from .deathguard import unescape
@@ -368,6 +368,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"alkfsd: {exc}", file=sys.stderr)
         return 2
     logging.getLogger().setLevel(conf["log_level"].upper())
+    unpatched = pyfuse3_patches.refusal(pyfuse3)
+    if unpatched is not None:
+        print(f"alkfsd: {unpatched}", file=sys.stderr)
+        return 1
     store_path = os.path.abspath(str(conf["store"]))
     mnt = os.path.abspath(str(conf["mountpoint"]))
     try:

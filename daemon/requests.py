@@ -19,11 +19,6 @@ from .nodes.handles import Handle
 if TYPE_CHECKING:
     from .fs import Operations
 
-# FileInfo.noflush comes from third_party/pyfuse3-noflush.patch (the Makefile builds
-# pyfuse3 with it). With it, closing a file whose handle has nothing to flush (every
-# read-only open) costs no FLUSH round trip; a stock pyfuse3 still works, with the trip.
-NOFLUSH = hasattr(pyfuse3.FileInfo(), "noflush")
-
 OTHER_FIELDS = ("update_mode", "update_uid", "update_gid", "update_size")
 
 NAME_MAX = 255  # bytes of one name (statfs says so too), as on every Linux file system
@@ -37,9 +32,11 @@ def check_name(name: bytes) -> None:
 
 
 def file_info(fh: int, handle: Handle) -> pyfuse3.FileInfo:
+    """A handle's FileInfo. FileInfo.noflush (third_party/pyfuse3-noflush.patch, which
+    alkfsd requires: pyfuse3_patches): closing a file whose handle has nothing to flush
+    (every read-only open) costs no FLUSH round trip."""
     fi = pyfuse3.FileInfo(fh=fh, keep_cache=handle.keep_cache, direct_io=handle.direct_io)
-    if NOFLUSH and not handle.flushes:
-        fi.noflush = True
+    fi.noflush = not handle.flushes
     return fi
 
 

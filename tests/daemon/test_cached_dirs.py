@@ -14,16 +14,11 @@ import time
 from pathlib import Path
 
 import helpers
-import pytest
-from alkfsd import listings
 from helpers import git, git_out, sweep
 
 from alkfs.app import Alkfs
 from alkfs.git.importer import import_repo
 
-pytestmark = pytest.mark.skipif(
-    not listings.CACHED_DIRS, reason="pyfuse3 without pyfuse3-cacheddirs.patch"
-)
 NO_INTAKE = {"ALKFS_PACK_EVERY": "86400", "ALKFS_PACK_OBJECTS": "1000000"}
 
 

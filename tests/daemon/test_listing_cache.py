@@ -15,8 +15,6 @@ import time
 from pathlib import Path
 
 import pyfuse3
-import pytest
-from alkfsd import listings
 from alkfsd.listings import Listings
 from helpers import git, git_out, sweep
 
@@ -209,12 +207,6 @@ def flags(reply) -> tuple[bool, bool]:
     return (reply.keep_cache, reply.cache_readdir)
 
 
-needs_patch = pytest.mark.skipif(
-    not listings.CACHE_READDIR, reason="pyfuse3 without FileInfo.cache_readdir"
-)
-
-
-@needs_patch
 async def test_an_open_keeps_the_kernels_listing_only_while_it_is_the_listing():
     ctx = FakeCtx()
     ls_, node = Listings(ctx), FakeDir()  # type: ignore[arg-type]
@@ -242,7 +234,6 @@ async def test_an_open_keeps_the_kernels_listing_only_while_it_is_the_listing():
     assert ls_.snapshots == {}
 
 
-@needs_patch
 async def test_while_a_handle_holds_an_older_listing_a_new_open_is_not_cached():
     ctx = FakeCtx()
     ls_, node = Listings(ctx), FakeDir()  # type: ignore[arg-type]
@@ -261,7 +252,6 @@ async def test_while_a_handle_holds_an_older_listing_a_new_open_is_not_cached():
     assert flags(await ls_.open(9, 4, node, None)) == (True, True)
 
 
-@needs_patch
 async def test_an_open_is_not_cached_when_the_kernel_did_not_take_the_drop_in_time():
     ctx = FakeCtx(taken=False)
     ls_, node = Listings(ctx), FakeDir()  # type: ignore[arg-type]
@@ -276,7 +266,6 @@ async def test_an_open_is_not_cached_when_the_kernel_did_not_take_the_drop_in_ti
     assert ctx.invalidator.inodes == [9, 9]
 
 
-@needs_patch
 async def test_without_a_kernel_or_for_other_nodes_an_open_is_a_plain_handle():
     node = FakeDir()
     assert await Listings(FakeCtx(), kernel=False).open(9, 5, node, None) == 5  # type: ignore[arg-type]

@@ -1,6 +1,7 @@
 """The venv's pyfuse3 is the Makefile's patched build: opens can skip FLUSH, directory
 opens can ask the kernel to cache the listing, and a worker reads a queued request
-without waiting for the device first (third_party/pyfuse3-fastread.patch)."""
+without waiting for the device first (third_party/pyfuse3-fastread.patch). alkfsd
+refuses to start with a pyfuse3 built without the patches (pyfuse3_patches)."""
 
 from __future__ import annotations
 
@@ -8,16 +9,45 @@ import hashlib
 import os
 import random
 import threading
+import types
 
 import pyfuse3
-from alkfsd import listings, requests
+from alkfsd import pyfuse3_patches, requests
 from alkfsd.nodes.handles import BytesHandle
 from alkfsd.staging.staged import StagedHandle
 from helpers import fuse_fds
 
 
+def test_the_venvs_pyfuse3_has_every_patch() -> None:
+    assert pyfuse3_patches.missing(pyfuse3) == [], "run `make setup`"
+    assert pyfuse3_patches.refusal(pyfuse3) is None
+
+
+class _StockFileInfo:
+    """A stock pyfuse3's FileInfo: no noflush, no cache_readdir."""
+
+    fh = 0
+    keep_cache = True
+    direct_io = False
+
+
+def test_a_pyfuse3_without_the_patches_is_refused_in_one_line() -> None:
+    stock = types.SimpleNamespace(__name__="pyfuse3", FileInfo=_StockFileInfo)
+    assert pyfuse3_patches.missing(stock) == list(pyfuse3_patches.PATCHES)
+    why = pyfuse3_patches.refusal(stock)
+    assert why is not None and "\n" not in why
+    assert "pyfuse3-noflush.patch" in why and "make setup" in why
+    # the patched build's features, one patch left out: only that one is named
+    patched = types.SimpleNamespace(
+        FileInfo=pyfuse3.FileInfo,
+        NEXT_WAIT_NS=200_000,
+        CACHED_DIR_FH=1 << 63,
+        cached_dirs_add=pyfuse3.cached_dirs_add,
+    )
+    assert pyfuse3_patches.missing(patched) == ["pyfuse3-nogilcopy.patch"]
+
+
 def test_the_venvs_pyfuse3_is_built_with_fileinfo_noflush() -> None:
-    assert requests.NOFLUSH is True
     fi = pyfuse3.FileInfo(fh=7, noflush=True)
     assert (fi.fh, fi.noflush, fi.keep_cache) == (7, True, True)
 
@@ -32,7 +62,6 @@ def test_only_handles_with_nothing_to_flush_skip_it() -> None:
 def test_the_venvs_pyfuse3_lets_opendir_ask_for_a_cached_listing() -> None:
     """FileInfo.cache_readdir (the same patch): without it the daemon opens directories
     as before, so a venv built before the patch had it must be rebuilt (`make setup`)."""
-    assert listings.CACHE_READDIR is True, "pyfuse3 predates the patch: run `make setup`"
     fi = pyfuse3.FileInfo(fh=8, keep_cache=False, cache_readdir=True)
     assert (fi.fh, fi.keep_cache, fi.cache_readdir, fi.noflush) == (8, False, True, False)
     assert pyfuse3.FileInfo().cache_readdir is False
@@ -53,11 +82,10 @@ def test_the_venvs_pyfuse3_reads_the_device_without_blocking(start_mount) -> Non
 
 def test_the_venvs_pyfuse3_waits_briefly_for_the_next_request_and_answers_cached_dirs():
     """The fast-read patch's short wait after each answer (NEXT_WAIT_NS, 200 us unless
-    PYFUSE3_NEXT_WAIT_NS says otherwise) and the cacheddirs patch (listings.CACHED_DIRS:
+    PYFUSE3_NEXT_WAIT_NS says otherwise) and the cacheddirs patch (cached_dirs_*:
     an added inode is refused after a reset, the count follows) are in the build."""
     expected = int(os.environ.get("PYFUSE3_NEXT_WAIT_NS", "200000"))
     assert getattr(pyfuse3, "NEXT_WAIT_NS", None) == expected, "run `make setup`"
-    assert listings.CACHED_DIRS is True, "pyfuse3 predates the patch: run `make setup`"
     old = pyfuse3.cached_dirs_epoch()
     pyfuse3.cached_dirs_reset()
     assert pyfuse3.cached_dirs_count() == 0

@@ -555,11 +555,6 @@ class FakeCtx:
         self.daemon_uid = 0
 
 
-needs_patch = pytest.mark.skipif(
-    not listings.CACHED_DIRS, reason="pyfuse3 without FileInfo.cache_readdir and cached_dirs"
-)
-
-
 async def _open(ls_: Listings, fh: int, node: FakeDir, out: dict) -> None:
     out[fh] = await ls_.open(9, fh, node, None)  # type: ignore[arg-type]
 
@@ -570,7 +565,6 @@ async def _until(cond) -> None:
             await trio.sleep(0)
 
 
-@needs_patch
 async def test_a_listing_filled_while_a_second_open_drops_stays_known_as_cached():
     ctx = FakeCtx()
     ls_, node = Listings(ctx), FakeDir([b"old"])  # type: ignore[arg-type]
@@ -600,7 +594,6 @@ async def test_a_listing_filled_while_a_second_open_drops_stays_known_as_cached(
         ls_.close()
 
 
-@needs_patch
 async def test_an_empty_listing_answered_in_c_after_a_drop_is_known_as_cached():
     ctx = FakeCtx()
     ls_, node = Listings(ctx), FakeDir([b"old"])  # type: ignore[arg-type]
