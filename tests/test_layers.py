@@ -10,7 +10,8 @@ functions; `if TYPE_CHECKING:` blocks excepted) goes to a layer at or below its 
 The daemon's modules rank by layer (daemon/__init__.py states the rule), each listed by
 its own name (a daemon module missing here fails):
 
-    framework    10 errors, inodes, invalidate, deathguard, requests_stats    11 nodes.handles, nodes.base
+    framework    10 errors, inodes, invalidate, deathguard, requests_stats, pyfuse3_patches
+                 11 nodes.handles, nodes.base
                  12 nodes.listing, nodes.policy, nodes.root, listings, workers,
                     access    13 fs
     write state  20 staging.spool, staging.writes, packs    21 staging.writer, staging.scratch
@@ -103,6 +104,7 @@ DAEMON_RANKS = {
     # framework
     "alkfsd": 10,  # (the package: the rule)
     "alkfsd.errors": 10,
+    "alkfsd.pyfuse3_patches": 10,
     "alkfsd.inodes": 10,
     "alkfsd.invalidate": 10,
     "alkfsd.deathguard": 10,
