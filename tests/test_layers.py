@@ -2,7 +2,7 @@
 functions; `if TYPE_CHECKING:` blocks excepted) goes to a layer at or below its own.
 
     alkfs  0 errors, durations    1 keys, schema, machine      2 db, privacy, reserve
-           3 tiers, catalog, git.objects, git.borrower  4 gc, binding, fleet
+           3 tiers, catalog, git.objects, git.gitenv, git.borrower  4 gc, binding, fleet
            5 store    6 git.tables, git.refs, git.closure, git.packs, pins, roots
            7 git.importer, app    8 cli, migrate
     and the library never imports alkfsd, trio or pyfuse3.
@@ -50,6 +50,7 @@ RANKS = {
     "alkfs.tiers": 3,
     "alkfs.catalog": 3,
     "alkfs.git.objects": 3,
+    "alkfs.git.gitenv": 3,
     "alkfs.git.borrower": 3,
     "alkfs.git.packread": 3,
     "alkfs.git.packdelta": 3,

@@ -43,6 +43,7 @@ from ..errors import AlkfsError, Interrupted
 from ..keys import Algorithm, Key
 from ..keyset import SortedKeys
 from ..tiers.sql import SqlTier
+from .gitenv import git_env
 from .objects import MAX_HEADER, parse_header
 from .packs import DERIVED_DIR, Derived, Generation, derived_for
 
@@ -212,16 +213,7 @@ def _run(
         f"set -o pipefail; {git} < {q(str(tips_file))} 2> {q(str(err_file))}"
         f" | LC_ALL=C sort -u -S {SORT_MEMORY} -T {q(str(tmp))} > {q(str(out_file))}"
     )
-    env = {
-        **os.environ,
-        "GIT_DIR": str(repo),
-        "GIT_CONFIG_NOSYSTEM": "1",
-        "GIT_CONFIG_GLOBAL": os.devnull,
-        "GIT_TERMINAL_PROMPT": "0",
-        "LC_ALL": "C",
-    }
-    for name in ("GIT_ALTERNATE_OBJECT_DIRECTORIES", "GIT_OBJECT_DIRECTORY", "GIT_WORK_TREE"):
-        env.pop(name, None)
+    env = git_env(repo, LC_ALL="C")
     if given:
         proc = subprocess.Popen(
             ["bash", "-c", script], stdin=subprocess.DEVNULL, env=env, start_new_session=True

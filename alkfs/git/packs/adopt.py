@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
 from ...errors import Interrupted, NoSpace, StoreIO, Verification
+from ..gitenv import git_env
 from .drain import drain_enabled
 from .sets import KEEP_TEXT, MAX_PACKS, STOP_POLL_S, PackIndex, _left_out_record
 
@@ -168,20 +169,6 @@ def unbalanced(self: Derived) -> bool:
     return len(counts) >= MAX_PACKS or 2 * sum(counts[:-1]) > counts[-1]
 
 
-def _git_env(gitdir: str) -> dict[str, str]:
-    env = {
-        **os.environ,
-        "GIT_DIR": gitdir,
-        "GIT_CONFIG_NOSYSTEM": "1",
-        "GIT_CONFIG_GLOBAL": os.devnull,
-        "GIT_TERMINAL_PROMPT": "0",
-        "GIT_NO_LAZY_FETCH": "1",
-    }
-    for name in ("GIT_ALTERNATE_OBJECT_DIRECTORIES", "GIT_WORK_TREE", "GIT_OBJECT_DIRECTORY"):
-        env.pop(name, None)
-    return env
-
-
 def _kill(proc: subprocess.Popen[bytes]) -> None:
     """Kill a git started in its own process group (its children too) and reap it."""
     with contextlib.suppress(ProcessLookupError):
@@ -207,7 +194,7 @@ def _pack_and_index(
                 stdin=source,
                 stdout=subprocess.PIPE,
                 stderr=errs[0],
-                env=_git_env(gitdir),
+                env=git_env(gitdir),
                 start_new_session=True,
             )
             assert packer.stdout is not None
@@ -217,7 +204,7 @@ def _pack_and_index(
                 stdin=source if packer is None else packer.stdout,
                 stdout=subprocess.PIPE,
                 stderr=errs[1],
-                env=_git_env(str(repo)),
+                env=git_env(repo),
                 start_new_session=True,
             )
         except BaseException:

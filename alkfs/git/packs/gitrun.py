@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
 from ...errors import Interrupted, StoreIO
+from ..gitenv import git_env
 from .sets import STOP_POLL_S, TYPE_CODES, _hash
 
 if TYPE_CHECKING:
@@ -108,19 +109,7 @@ class GitRun:
         objdir: Path | None = None,
         input: bytes | None = None,
     ) -> bytes:
-        env = {
-            **os.environ,
-            "GIT_DIR": str(repo),
-            "GIT_CONFIG_NOSYSTEM": "1",
-            "GIT_CONFIG_GLOBAL": os.devnull,
-            "GIT_TERMINAL_PROMPT": "0",
-        }
-        env.pop("GIT_ALTERNATE_OBJECT_DIRECTORIES", None)
-        env.pop("GIT_WORK_TREE", None)
-        if objdir is not None:
-            env["GIT_OBJECT_DIRECTORY"] = str(objdir)
-        else:
-            env.pop("GIT_OBJECT_DIRECTORY", None)
+        env = git_env(repo, objdir)
         cmd = ["git", "-c", "core.fsync=none", "-c", "gc.auto=0", *args]
         if shutil.which("nice"):
             cmd = ["nice", "-n", "10", *cmd]

@@ -1,0 +1,27 @@
+"""The environment the store runs git in: the repository it names (GIT_DIR), none of the
+machine's or the user's configuration, no prompt, no lazy fetch of a promisor remote,
+and none of the caller's object-directory overrides (an alternates or object directory
+set around the store would change what git reads)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+DROPPED = ("GIT_ALTERNATE_OBJECT_DIRECTORIES", "GIT_OBJECT_DIRECTORY", "GIT_WORK_TREE")
+
+
+def git_env(gitdir: str | Path, objdir: str | Path | None = None, **extra: str) -> dict[str, str]:
+    """os.environ for a git of the store in the repository at `gitdir` (objects read
+    from and written to `objdir` when given), with `extra` variables over it."""
+    env = {k: v for k, v in os.environ.items() if k not in DROPPED}
+    env |= {
+        "GIT_DIR": str(gitdir),
+        "GIT_CONFIG_NOSYSTEM": "1",
+        "GIT_CONFIG_GLOBAL": os.devnull,
+        "GIT_TERMINAL_PROMPT": "0",
+        "GIT_NO_LAZY_FETCH": "1",
+    }
+    if objdir is not None:
+        env["GIT_OBJECT_DIRECTORY"] = str(objdir)
+    return env | extra
