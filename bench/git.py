@@ -4,8 +4,11 @@
 
 Builds (once, cached under bench/out/) a repository of at least 50,000 objects
 with `git fast-import`, then measures
-  import   alkfs import_repo into a fresh dual-tier store
-           vs `git cat-file --batch-all-objects --batch > /dev/null`   target <= 3x
+  import   alkfs import_repo into a fresh dual-tier store (git's pack kept: pack-objects
+           piped into index-pack --strict, a multi-pack-index, a commit-graph layer)
+           vs `git clone --mirror --no-local` (index-pack too)       target <= 3x
+           (the >= 1M-object target, <= 2x, is bench/scale.py's: here, at ~55k
+           objects, the store's fixed costs weigh more)
   closure  a cold ref-closure walk over the imported refs
            vs `git rev-list --objects --all > /dev/null`               target <= 3x
 Each figure is the best of a few runs. Exit status 1 when a target is missed.
@@ -31,7 +34,6 @@ import common  # noqa: E402  (bench/ is sys.path[0]: the script runs as bench/gi
 from alkfs.app import Alkfs  # noqa: E402
 from alkfs.git.closure import RefClosure  # noqa: E402
 from alkfs.git.importer import (  # noqa: E402
-    PUT_BATCH_ITEMS,
     import_repo,
 )
 
@@ -116,48 +118,14 @@ def git_to_devnull(gitdir: Path, *args: str) -> None:
         subprocess.run(["git", f"--git-dir={gitdir}", *args], stdout=null, check=True, env=ENV)
 
 
-def sqlite_floor(repo: Path, runs: int) -> tuple[float, float]:
-    """What the import's kv inserts cost alone: the store's own insert path (`_kv_insert`,
-    multi-row statements) on the import's rows, in git's order, a transaction per put
-    batch, with the import writer's pragmas; no git, parsing, hashing or threads."""
-    from alkfs.keys import Algorithm
-    from alkfs.store import Store
-
-    out = subprocess.run(
-        ["git", f"--git-dir={repo}", "cat-file", "--batch-all-objects", "--batch", "--unordered"],
-        capture_output=True,
-        check=True,
-    ).stdout
-    kinds: list[bytes] = []
-    bodies: list[bytes] = []
-    pos = 0
-    while pos < len(out):
-        end = out.index(b"\n", pos)
-        _oid, kind, size = out[pos:end].split()
-        n = int(size)
-        kinds.append(kind)
-        bodies.append(out[end + 1 : end + 1 + n])
-        pos = end + 1 + n + 1
-    results = []
-    with tempfile.TemporaryDirectory(dir=OUT) as scratch:
-        for run in range(runs):
-            store = Store.open(Path(scratch) / f"floor{run}", window_s=0)
-            assert store.db is not None
-            store.db.tune_bulk_writer()
-            batches = [
-                store.digest_git(
-                    Algorithm.GIT_SHA1,
-                    kinds[i : i + PUT_BATCH_ITEMS],
-                    bodies[i : i + PUT_BATCH_ITEMS],
-                )
-                for i in range(0, len(kinds), PUT_BATCH_ITEMS)
-            ]
-            with Timer() as t:
-                for batch in batches:
-                    store._kv_insert(batch.raws, batch.datas, time.time_ns())
-            store.close()
-            results.append((t.wall, t.cpu))
-    return min(w for w, _ in results), min(c for _, c in results)
+def clone_mirror(repo: Path) -> None:
+    """`git clone --mirror --no-local` of `repo` into a directory removed afterwards."""
+    with tempfile.TemporaryDirectory(dir=OUT) as tmp:
+        subprocess.run(
+            ["git", "clone", "-q", "--mirror", "--no-local", str(repo), f"{tmp}/m.git"],
+            check=True,
+            env=ENV,
+        )
 
 
 def main() -> int:
@@ -185,9 +153,7 @@ def main() -> int:
         print("FAIL: fewer than 50,000 objects; raise --commits")
         return 1
 
-    git_import = best(
-        lambda: git_to_devnull(repo, "cat-file", "--batch-all-objects", "--batch"), args.runs
-    )
+    git_import = best(lambda: clone_mirror(repo), args.runs)
     git_walk = best(lambda: git_to_devnull(repo, "rev-list", "--objects", "--all"), args.runs)
 
     imports: list[tuple[float, float]] = []
@@ -221,7 +187,7 @@ def main() -> int:
     failed = False
     figures = []
     for label, ours, theirs, baseline in (
-        ("import", low(imports), git_import, "git cat-file --batch-all-objects --batch"),
+        ("import", low(imports), git_import, "git clone --mirror --no-local"),
         ("closure", low(walks), git_walk, "git rev-list --objects --all"),
     ):
         ratio = ours[0] / theirs[0]
@@ -248,13 +214,6 @@ def main() -> int:
         )
     rerun = low(reruns)
     print(f"rerun    alkfs {rerun[0]:6.3f}s wall {rerun[1]:6.3f}s cpu (every object present)")
-    floor = sqlite_floor(repo, args.runs)
-    print(
-        f"floor    the store's kv inserts alone, the import's rows as it writes them ({PUT_BATCH_ITEMS} "
-        f"a transaction, the writer's pragmas): {floor[0]:6.3f}s wall "
-        f"{floor[1]:6.3f}s cpu"
-        f" = {floor[0] / git_import[0]:5.2f}x the git baseline"
-    )
     common.record(figures)
     return 1 if failed else 0
 
