@@ -15,11 +15,11 @@ from pathlib import Path
 
 import helpers
 import pytest
-from alkfsd import listings
 from helpers import git, git_out, sweep
 
 from alkfs.app import Alkfs
 from alkfs.git.importer import import_repo
+from alkfsd import listings
 
 pytestmark = pytest.mark.skipif(
     not listings.CACHED_DIRS, reason="pyfuse3 without pyfuse3-cacheddirs.patch"

@@ -16,12 +16,12 @@ from pathlib import Path
 
 import pyfuse3
 import pytest
-from alkfsd import listings
-from alkfsd.listings import Listings
 from helpers import git, git_out, sweep
 
 from alkfs.app import Alkfs
 from alkfs.git.importer import import_repo
+from alkfsd import listings
+from alkfsd.listings import Listings
 
 WAIT_S = 60.0  # bound of the polls below (never a timing assertion)
 NO_INTAKE = {"ALKFS_PACK_EVERY": "86400", "ALKFS_PACK_OBJECTS": "1000000"}

@@ -14,14 +14,14 @@ from types import SimpleNamespace
 
 import pyfuse3
 import pytest
-from alkfsd.context import Context, Options
-from alkfsd.errors import errno_of
-from alkfsd.fs import Operations
-from alkfsd.nodes import objects as objects_mod
 
 from alkfs import errors as lib
 from alkfs.app import Alkfs
 from alkfs.keys import Algorithm, Key
+from alkfsd.context import Context, Options
+from alkfsd.errors import errno_of
+from alkfsd.fs import Operations
+from alkfsd.nodes import objects as objects_mod
 
 ROOT = pyfuse3.ROOT_INODE
 LARGE = 200_000

@@ -10,10 +10,11 @@ import random
 import threading
 
 import pyfuse3
+from helpers import fuse_fds
+
 from alkfsd import listings, requests
 from alkfsd.nodes.handles import BytesHandle
 from alkfsd.staging.staged import StagedHandle
-from helpers import fuse_fds
 
 
 def test_the_venvs_pyfuse3_is_built_with_fileinfo_noflush() -> None:

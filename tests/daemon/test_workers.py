@@ -12,15 +12,15 @@ from pathlib import Path
 import pytest
 import trio
 import trio.testing
+
+from alkfs.app import Alkfs
+from alkfs.errors import StoreIO
+from alkfs.keys import Algorithm
 from alkfsd import context as context_mod
 from alkfsd.context import Context, Options
 from alkfsd.staging.spool import QUEUE_MAX, Spooler, Sync, TakeBack, Write
 from alkfsd.staging.writer import MEM_MAX, StagedWriter
 from alkfsd.workers import Workers
-
-from alkfs.app import Alkfs
-from alkfs.errors import StoreIO
-from alkfs.keys import Algorithm
 
 
 @pytest.fixture

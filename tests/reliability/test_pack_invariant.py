@@ -58,11 +58,11 @@ from pathlib import Path
 import pyfuse3
 import pytest
 import trio
-from alkfsd import listings
-from alkfsd.listings import Listings
 from helpers import git, git_out
 
 from alkfs.keys import Algorithm
+from alkfsd import listings
+from alkfsd.listings import Listings
 
 SOAK = os.environ.get("ALKFS_SOAK") == "1"
 SOAK_S = float(os.environ.get("ALKFS_SOAK_S") or (600 if SOAK else 40))
