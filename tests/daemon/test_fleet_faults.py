@@ -191,7 +191,7 @@ def fleet(start_pg_mount, tmp_path):
         store, "--window", "0", "--push-grace", "2s", mnt=tmp_path / "mnt1", env=FLEET_ENV
     )
     m2 = start_pg_mount(store, "--window", "0", mnt=tmp_path / "mnt2", env=FLEET_ENV)
-    yield m1, m2
+    return m1, m2
 
 
 # -- SIGSTOP past the TTL ----------------------------------------------------------------------

@@ -193,7 +193,7 @@ class FakeInvalidator:
         self.inodes.append(ino)
         return len(self.inodes)
 
-    async def wait(self, seq: int, timeout: float) -> bool:  # (as Invalidator.wait)
+    async def wait(self, seq: int, timeout: float) -> bool:  # noqa: ASYNC109 (as Invalidator.wait)
         return self.taken
 
 

@@ -193,7 +193,7 @@ def test_the_served_set_passes_gits_verifiers_and_fanouts_list_only_unpacked(
         with pytest.raises(PermissionError):
             os.utime(path)
         with pytest.raises(PermissionError):
-            open(path, "ab")
+            open(path, "ab").close()
     assert m.tracebacks() == []
 
 

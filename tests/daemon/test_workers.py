@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import trio
+import trio.lowlevel
 import trio.testing
 
 from alkfs.app import Alkfs
@@ -213,7 +214,7 @@ async def test_a_commit_keeps_what_its_stream_stored_when_the_mount_stops_meanwh
                 want += chunk
 
             async def stop_soon() -> None:
-                await trio.sleep(0)  # (the commit has queued its EndStream by now)
+                await trio.lowlevel.checkpoint()  # (the commit has queued its EndStream by now)
                 stop.cancel()
 
             nursery.start_soon(stop_soon)
