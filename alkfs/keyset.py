@@ -116,7 +116,7 @@ class KeyUnion:
     def __contains__(self, key: object) -> bool:
         if key in self.extra:
             return True
-        for p in self.parts:  # (a loop, not any(): this runs once per stored object)
+        for p in self.parts:  # noqa: SIM110 (a loop, not any(): runs once per stored object)
             if key in p:
                 return True
         return False

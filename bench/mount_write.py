@@ -61,8 +61,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import common  # noqa: E402
-from common import OUT, Mount  # noqa: E402
+import common
+from common import OUT, Mount
 
 
 @dataclass(frozen=True)

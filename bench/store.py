@@ -555,7 +555,7 @@ def start_pg(work: Path, wanted: bool):
         print("PostgreSQL column: skipped (--no-pg)")
         return None
     try:
-        import psycopg  # noqa: F401
+        import psycopg
         import psycopg_pool  # noqa: F401
         from durable_pg import DurablePg, PgNotInstalled
     except ImportError as e:

@@ -92,7 +92,7 @@ class Invalidator:
         with self._lock:
             return self._submitted
 
-    async def wait(self, seq: int, timeout: float) -> bool:
+    async def wait(self, seq: int, timeout: float) -> bool:  # noqa: ASYNC109 (says if in time)
         """Until every request up to `seq` was handed to the kernel (or `timeout` passed):
         whether they were. A trio wait: it holds no worker thread."""
         with trio.move_on_after(timeout):

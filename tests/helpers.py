@@ -11,6 +11,7 @@ import os
 import stat
 import subprocess
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
@@ -70,14 +71,24 @@ def sweep(m) -> dict:
 
 
 def git(
-    *args, cwd=None, env: dict[str, str] | None = None, check=True, input=None, timeout=300.0
-) -> subprocess.CompletedProcess:
-    """The real git with GIT_ENV (and `env` over it), its output bytes; asserts success
-    unless `check` is False."""
+    *args: str | os.PathLike[str],
+    cwd: str | os.PathLike[str] | None = None,
+    gitdir: str | os.PathLike[str] | None = None,
+    env: Mapping[str, str] | None = None,
+    environ: Mapping[str, str] | None = None,
+    check: bool = True,
+    input: bytes | None = None,
+    timeout: float = 300.0,
+) -> subprocess.CompletedProcess[bytes]:
+    """The real git (the one helper every test runs git with): `git [--git-dir=GITDIR]
+    ARGS...` in `cwd`, its stdout and stderr captured as bytes. Its environment: `environ`
+    (default os.environ; pass a cleaned copy to keep the test's own variables from git and
+    what it runs), GIT_ENV over it, `env` over both. Asserts success unless `check` is
+    False; `input` is its stdin; killed after `timeout` seconds."""
     done = subprocess.run(
-        ["git", *map(str, args)],
+        ["git", *([f"--git-dir={gitdir}"] if gitdir is not None else []), *map(str, args)],
         cwd=cwd,
-        env={**os.environ, **GIT_ENV, **(env or {})},
+        env={**(os.environ if environ is None else environ), **GIT_ENV, **(env or {})},
         capture_output=True,
         input=input,
         timeout=timeout,
@@ -87,23 +98,18 @@ def git(
     return done
 
 
-def git_out(
-    *args, cwd=None, env: dict[str, str] | None = None, check=True, input=None, timeout=300.0
-) -> str:
-    """git(...)'s stdout as str (not stripped)."""
-    return git(*args, cwd=cwd, env=env, check=check, input=input, timeout=timeout).stdout.decode()
+def git_out(*args: str | os.PathLike[str], **kw) -> str:
+    """git(*args, **kw)'s stdout as str (not stripped)."""
+    return git(*args, **kw).stdout.decode()
 
 
 def git_objects(gitdir: str | os.PathLike[str]) -> dict[str, bytes]:
     """Every object of the repository at `gitdir`: hex id -> its canonical bytes
     (`<type> <size>\\0<body>`, as the store keeps git objects), from one `cat-file --batch`."""
-    ids = git_out(f"--git-dir={gitdir}", "cat-file", "--batch-all-objects", "--batch-check")
+    ids = git_out("cat-file", "--batch-all-objects", "--batch-check", gitdir=gitdir)
     names = [line.split()[0] for line in ids.splitlines()]
     out = git(
-        f"--git-dir={gitdir}",
-        "cat-file",
-        "--batch",
-        input="".join(n + "\n" for n in names).encode(),
+        "cat-file", "--batch", gitdir=gitdir, input="".join(n + "\n" for n in names).encode()
     ).stdout
     objects, pos = {}, 0
     for hexid in names:

@@ -34,7 +34,7 @@ from datetime import datetime
 from pathlib import Path
 
 import pytest
-from helpers import GIT_ENV, sha
+from helpers import git_out, sha
 from install_fixture import (
     MARKS,
     Install,
@@ -97,17 +97,8 @@ class Shell:
         return done.stdout
 
     def git(self, *args: str | os.PathLike[str], cwd: Path | None = None) -> str:
-        done = subprocess.run(
-            ["git", *map(str, args)],
-            cwd=cwd,
-            env={**self.env, **GIT_ENV},
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-        )
-        assert done.returncode == 0, (args, done.stderr)
-        return done.stdout
+        """git in the shell's environment (helpers.git_out: GIT_ENV over it)."""
+        return git_out(*args, cwd=cwd, environ=self.env, timeout=120)
 
 
 @pytest.fixture

@@ -201,7 +201,7 @@ def test_helper_maps_options_to_daemon_flags(installed: Install, tmp_path: Path)
 
 
 @pytest.mark.parametrize(
-    "opts, says",
+    ("opts", "says"),
     [
         ("create,bogus=1", "unknown option 'bogus=1'"),
         ("create=yes", "option 'create' takes no value"),

@@ -1,159 +1,36 @@
 """The layers import one way: every import in alkfs/ and daemon/ (module level and inside
-functions; `if TYPE_CHECKING:` blocks excepted) goes to a layer at or below its own.
-
-    alkfs  0 errors, durations    1 keys, schema, machine      2 db, privacy, reserve
-           3 tiers, catalog, git.objects, git.gitenv, git.borrower  4 gc, binding, fleet
-           5 store    6 git.tables, git.refs, git.closure, git.packs, pins, roots
-           7 git.importer, app    8 cli, migrate
-    and the library never imports alkfsd, trio or pyfuse3.
-
-The daemon's modules rank by layer (daemon/__init__.py states the rule), each listed by
-its own name (a daemon module missing here fails):
-
-    framework    10 errors, inodes, invalidate, deathguard, requests_stats, pyfuse3_patches
-                 11 nodes.handles, nodes.base
-                 12 nodes.listing, nodes.policy, nodes.root, listings, workers,
-                    access    13 fs
-    write state  20 staging.spool, staging.writes, packs    21 staging.writer, staging.scratch
-                 22 staging.staged, staging.overlay, staging.ingest    25 context
-    views        30 status, nodes.pinning, nodes.largefile    31 nodes.objfile, nodes.control,
-                    nodes.pintree
-                 32 nodes.objects, nodes.loose, nodes.pins, nodes.roots    33 nodes.gitview, nodes.refwrites
-                 34 nodes.refdir, nodes.repoobjects    35 nodes.repos
-    main         40 config, main
-
-A daemon module also never imports a daemon module inside a function: that is how an
-import cycle hides from module-level checks (a name needed for types only goes under
-`if TYPE_CHECKING:`).
+functions; `if TYPE_CHECKING:` blocks excepted) goes to a layer at or below its own. The
+layers, and the rule's details, are declared once, in layers.toml at the repository root.
 """
 
 from __future__ import annotations
 
 import ast
+import tomllib
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
-RANKS = {
-    "alkfs.errors": 0,
-    "alkfs.durations": 0,
-    "alkfs": 0,  # (the package: __version__)
-    "alkfs.keys": 1,
-    "alkfs.keyset": 1,
-    "alkfs.schema": 1,
-    "alkfs.machine": 1,
-    "alkfs.db": 2,
-    "alkfs.privacy": 2,
-    "alkfs.reserve": 2,
-    "alkfs.tiers": 3,
-    "alkfs.catalog": 3,
-    "alkfs.git.objects": 3,
-    "alkfs.git.gitenv": 3,
-    "alkfs.git.borrower": 3,
-    "alkfs.git.packread": 3,
-    "alkfs.git.packdelta": 3,
-    "alkfs.git.lfs_pointer": 2,
-    "alkfs.git.lfs": 6,
-    "alkfs.gc": 4,
-    "alkfs.binding": 4,
-    "alkfs.fleet": 4,
-    "alkfs.store": 5,
-    "alkfs.store.state": 5,
-    "alkfs.store.core": 5,
-    "alkfs.store.puts": 5,
-    "alkfs.store.batches": 5,
-    "alkfs.store.listing": 5,
-    "alkfs.store.reads": 5,
-    "alkfs.store.deletes": 5,
-    "alkfs.git.tables": 6,
-    "alkfs.git.refs": 6,
-    "alkfs.git.closure": 6,
-    "alkfs.git.revmark": 6,
-    "alkfs.git.packed": 6,
-    "alkfs.git.packs": 6,
-    "alkfs.git.packs.sets": 6,
-    "alkfs.git.packs.order": 6,
-    "alkfs.git.packs.kvread": 6,
-    "alkfs.git.packs.gitrun": 6,
-    "alkfs.git.packs.intake": 6,
-    "alkfs.git.packs.builder": 6,
-    "alkfs.git.packs.guard": 6,
-    "alkfs.git.packs.drain": 6,
-    "alkfs.git.packs.adopt": 6,
-    "alkfs.git.packs.drop": 6,
-    "alkfs.git.packs.verify": 6,
-    "alkfs.git": 6,
-    "alkfs.pins": 6,
-    "alkfs.pins.paths": 6,
-    "alkfs.pins.records": 6,
-    "alkfs.pins.misses": 6,
-    "alkfs.pins.tree": 6,
-    "alkfs.pins.durable": 6,
-    "alkfs.roots": 6,
-    "alkfs.intents": 7,
-    "alkfs.git.importer": 7,
-    "alkfs.git.importing": 7,
-    "alkfs.git.import_pack": 7,
-    "alkfs.git.connected": 6,
-    "alkfs.app": 7,
-    "alkfs.cli": 8,
-    "alkfs.migrate": 8,
-}
-DAEMON_RANKS = {
-    # framework
-    "alkfsd": 10,  # (the package: the rule)
-    "alkfsd.errors": 10,
-    "alkfsd.pyfuse3_patches": 10,
-    "alkfsd.inodes": 10,
-    "alkfsd.invalidate": 10,
-    "alkfsd.deathguard": 10,
-    "alkfsd.nodes.handles": 11,
-    "alkfsd.nodes.base": 11,
-    "alkfsd.nodes.listing": 12,
-    "alkfsd.nodes.policy": 12,
-    "alkfsd.nodes.root": 12,
-    "alkfsd.listings": 12,
-    "alkfsd.workers": 12,
-    "alkfsd.access": 12,
-    "alkfsd.requests": 12,
-    "alkfsd.requests_stats": 10,
-    "alkfsd.fs": 13,
-    # write state
-    "alkfsd.staging": 20,  # (the package)
-    "alkfsd.staging.spool": 20,
-    "alkfsd.staging.writes": 20,
-    "alkfsd.packs": 20,
-    "alkfsd.staging.pending": 20,
-    "alkfsd.staging.writer": 21,
-    "alkfsd.staging.staged": 22,
-    "alkfsd.staging.scratch": 21,
-    "alkfsd.staging.overlay": 22,
-    "alkfsd.staging.ingest": 22,
-    "alkfsd.context": 25,
-    # views
-    "alkfsd.status": 30,
-    "alkfsd.nodes.pinning": 30,
-    "alkfsd.nodes.largefile": 30,
-    "alkfsd.nodes.objfile": 31,
-    "alkfsd.nodes.control": 31,
-    "alkfsd.nodes.objects": 32,
-    "alkfsd.nodes.loose": 32,
-    "alkfsd.nodes.lfs": 32,
-    "alkfsd.nodes.pintree": 31,
-    "alkfsd.nodes.pins": 32,
-    "alkfsd.nodes.roots": 32,
-    "alkfsd.nodes.gitview": 33,
-    "alkfsd.nodes.refwrites": 33,
-    "alkfsd.nodes.refdir": 34,
-    "alkfsd.nodes.repoobjects": 34,
-    "alkfsd.nodes.repos": 35,
-    # the command line and the mount's assembly
-    "alkfsd.config": 40,
-    "alkfsd.main": 40,
-}
-DAEMON_ONLY = ("trio", "pyfuse3", "alkfsd")
+LAYERS = ROOT / "layers.toml"
+
+
+def _ranks(table: dict[str, list[str]]) -> dict[str, int]:
+    """module -> rank, from a table of `rank = [modules]` lines (a module listed twice is an
+    error in the declaration)."""
+    out: dict[str, int] = {}
+    for rank_, modules in table.items():
+        for module in modules:
+            assert module not in out, f"layers.toml lists {module} twice"
+            out[module] = int(rank_)
+    return out
+
+
+_DECLARED = tomllib.loads(LAYERS.read_text())
+RANKS = _ranks(_DECLARED["alkfs"])
+DAEMON_RANKS = _ranks(_DECLARED["alkfsd"])
+DAEMON_ONLY = tuple(_DECLARED["fuse-free"])
 
 
 def rank(module: str) -> int | None:
@@ -246,7 +123,7 @@ def violations(path: Path, me: str | None = None) -> list[str]:
     me = me or module_name(path)
     where = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path.name
     mine = rank(me)
-    assert mine is not None, f"{me} has no layer: add it to RANKS"
+    assert mine is not None, f"{me} has no layer: add it to layers.toml"
     bad = []
     for line, target, in_function in imports(path, me):
         if me.split(".")[0] == "alkfs" and target.split(".")[0] in DAEMON_ONLY:
@@ -287,7 +164,7 @@ def test_an_upward_import_is_found(tmp_path: Path) -> None:
 
 
 def test_every_daemon_module_has_a_layer() -> None:
-    """A new daemon module is placed in a layer (DAEMON_RANKS) when it is made."""
+    """A new daemon module is placed in a layer (layers.toml's [alkfsd]) when it is made."""
     names = {module_name(p) for p in ROOT.joinpath("daemon").rglob("*.py")}
     assert sorted(n for n in names if n not in DAEMON_RANKS) == []
 

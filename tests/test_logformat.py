@@ -23,6 +23,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
 from alkfsd.errors import LOG_LINE_MAX
 from alkfsd.main import LOG_PRIORITIES_ENV, log_handler, mounted_at
 

@@ -16,9 +16,9 @@ import time
 from pathlib import Path
 
 import pytest
-from alkfsd.config import parser as daemon_parser
 
 from alkfs.cli import build_parser
+from alkfsd.config import parser as daemon_parser
 
 ROOT = Path(__file__).resolve().parents[1]
 GENERATOR = ROOT / "tools" / "manpages.py"

@@ -23,10 +23,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from alkfsd.config import parser as daemon_parser
-
 from alkfs import __version__
 from alkfs.cli import build_parser
+from alkfsd.config import parser as daemon_parser
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -231,7 +231,7 @@ def sweep_summary(report: dict[str, Any], seconds: float) -> str:
 
 
 def open_input(name: str) -> IO[bytes]:
-    return sys.stdin.buffer if name == "-" else open(name, "rb")  # noqa: SIM115
+    return sys.stdin.buffer if name == "-" else open(name, "rb")
 
 
 @contextlib.contextmanager

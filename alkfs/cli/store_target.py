@@ -32,7 +32,7 @@ class StoreTarget:
     def close(self) -> None:
         self.app.close()
 
-    def _stat(self, key: Key):  # noqa: ANN202 - ObjectStat
+    def _stat(self, key: Key):
         st = self.store.stat(key)
         if st is None:
             raise Missing(f"{key}: no such object")

@@ -460,12 +460,15 @@ class PostgresDatabase:
     def stream(self, sql: str, params: Any = (), batch: int = 8192) -> Iterator[Any]:
         """The rows of one query through a server-side cursor, `batch` at a time."""
         try:
-            with self._connection() as raw, raw.transaction():
-                with raw.cursor(name="alkfs_stream") as cur:
-                    cur.itersize = batch
-                    cur.execute(pg_sql(sql), params or None)
-                    while rows := cur.fetchmany(batch):
-                        yield from rows
+            with (
+                self._connection() as raw,
+                raw.transaction(),
+                raw.cursor(name="alkfs_stream") as cur,
+            ):
+                cur.itersize = batch
+                cur.execute(pg_sql(sql), params or None)
+                while rows := cur.fetchmany(batch):
+                    yield from rows
         except (psycopg.Error, psycopg_pool.PoolTimeout) as exc:
             self._raise(exc)
 

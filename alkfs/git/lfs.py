@@ -189,7 +189,7 @@ class LfsMedia:
     def _scan_memory(self) -> list[tuple[bytes, bytes]]:
         kv: Any = self.store.kv
         found: list[tuple[bytes, bytes]] = []
-        for key in kv.keys():
+        for key in kv.keys():  # noqa: SIM118 (a KV store's scan, not a dict)
             if key in self._mem_seen or not _GIT_LO <= key[:1] < _GIT_HI:
                 continue
             self._mem_seen.add(key)

@@ -169,7 +169,7 @@ class Pins(PinTree):
             for name, _, data in items
         ]
         wrote: dict[int, bool] = {}  # the results whose name was pinned: row written?
-        with self.misses.changing():
+        with self.misses.changing():  # noqa: SIM117 (one with would re-indent the block)
             with store.tx():
                 results = store.put_many(
                     [(data, key.algo, key) for _, key, data in items], hashed=True

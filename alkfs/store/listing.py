@@ -159,7 +159,7 @@ class StoreListing(StoreState):
                 c["kv"] += n
                 c["kv_bytes"] += size
         else:
-            for k in self.kv.keys():
+            for k in self.kv.keys():  # noqa: SIM118 (a KV store's scan, not a dict)
                 c = out[Algorithm(k[0]).label]
                 e = self.kv.stat(k)
                 c["count"] += 1

@@ -67,7 +67,7 @@ class RootsDir(Dir):
         path = _text(target)
         if path is None or not os.path.isabs(path):
             fail(errno.EINVAL, f"a root's target must be an absolute path: {clip(repr(target))}")
-        path = os.path.normpath(path)
+        path = os.path.normpath(path)  # noqa: ASYNC240 (a string operation: no I/O)
         # (realpath in a worker thread: a symbolic link into this mount is followed by
         # requests this thread must answer)
         real = await self.ctx.run_sync(os.path.realpath, path)

@@ -445,8 +445,7 @@ class Spooler:
                 elif isinstance(op, Truncate) and op.size > pos:  # an extending truncate
                     yield from _zeros(op.size - pos)
                     pos = op.size
-                done += 1
-                unreported[0] = done
+                done = unreported[0] = i + 1
             if stop:
                 raise _Abandoned("the writer was closed")
 

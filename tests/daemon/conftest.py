@@ -42,9 +42,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from alkfsd.main import mounted_at
 
 from alkfs.keys import Algorithm, Key
+from alkfsd.main import mounted_at
 
 MOUNT_TIMEOUT_S = 20.0
 STOP_TIMEOUT_S = 20.0

@@ -26,11 +26,12 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 
+import helpers
 import pytest
 from helpers import GIT_ENV, pin_target, status, sweep
-from helpers import git as run_git
 
 TTL_S = 2.0
 FLEET_ENV = {"ALKFS_FLEET_TTL": "2"}
@@ -41,8 +42,7 @@ GIT_TIMEOUT_S = 60.0
 
 
 # helpers.git with GIT_TIMEOUT_S: a git stuck on a stopped daemon fails in a minute, not five
-def git(*args, cwd=None, check=True, input=None, timeout=GIT_TIMEOUT_S):
-    return run_git(*args, cwd=cwd, check=check, input=input, timeout=timeout)
+git = partial(helpers.git, timeout=GIT_TIMEOUT_S)
 
 
 def out(*args) -> str:
@@ -191,7 +191,7 @@ def fleet(start_pg_mount, tmp_path):
         store, "--window", "0", "--push-grace", "2s", mnt=tmp_path / "mnt1", env=FLEET_ENV
     )
     m2 = start_pg_mount(store, "--window", "0", mnt=tmp_path / "mnt2", env=FLEET_ENV)
-    yield m1, m2
+    return m1, m2
 
 
 # -- SIGSTOP past the TTL ----------------------------------------------------------------------

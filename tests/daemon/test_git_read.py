@@ -6,12 +6,11 @@ the daemon starts; every git output through the mount must equal the source's.""
 from __future__ import annotations
 
 import os
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from helpers import git_out
+from helpers import git, git_out
 
 from alkfs.app import Alkfs
 from alkfs.git.importer import import_repo
@@ -20,47 +19,47 @@ PROJECT = Path(__file__).resolve().parents[2]
 LARGE = 150_000  # a blob over the default threshold: served from the large tier
 
 
-# a wrapper: the generated history dates each commit `date` minutes past a fixed clock
-def git(*args: str | os.PathLike[str], cwd: Path | None = None, date: int = 0) -> str:
-    stamp = f"{1_767_000_000 + 60 * date} +0000"
-    return git_out(*args, cwd=cwd, env={"GIT_AUTHOR_DATE": stamp, "GIT_COMMITTER_DATE": stamp})
+def at(minute: int = 0) -> dict[str, str]:
+    """The environment that dates a commit or tag `minute` minutes past a fixed clock."""
+    stamp = f"{1_767_000_000 + 60 * minute} +0000"
+    return {"GIT_AUTHOR_DATE": stamp, "GIT_COMMITTER_DATE": stamp}
 
 
 def make_history(path: Path, object_format: str) -> Path:
     """A history with branches, a two-parent and an octopus merge, an empty commit, an
     executable, a symlink, a large blob, lightweight and annotated tags and a tag of a tag."""
-    git("init", "-q", "-b", "main", f"--object-format={object_format}", path)
+    git_out("init", "-q", "-b", "main", f"--object-format={object_format}", path)
     n = iter(range(1, 1000))
 
     def commit(message: str, *files: tuple[str, bytes]) -> None:
         for name, data in files:
             (path / name).parent.mkdir(parents=True, exist_ok=True)
             (path / name).write_bytes(data)
-        git("add", "-A", cwd=path)
-        git("commit", "-q", "--allow-empty", "-m", message, cwd=path, date=next(n))
+        git_out("add", "-A", cwd=path)
+        git_out("commit", "-q", "--allow-empty", "-m", message, cwd=path, env=at(next(n)))
 
     commit("root", ("README", b"hello\n"), ("src/a.py", b"print('a')\n"))
     commit("large blob", ("data/big.bin", bytes(range(256)) * (LARGE // 256)))
-    git("checkout", "-q", "-b", "feature", "HEAD~1", cwd=path)
+    git_out("checkout", "-q", "-b", "feature", "HEAD~1", cwd=path)
     commit("feature one", ("src/b.py", b"print('b')\n"))
     (path / "run.sh").write_text("#!/bin/sh\necho run\n")
     os.chmod(path / "run.sh", 0o755)
     os.symlink("src/a.py", path / "link")
     commit("feature two: executable and symlink")
-    git("checkout", "-q", "-b", "fix", "main", cwd=path)
+    git_out("checkout", "-q", "-b", "fix", "main", cwd=path)
     commit("fix", ("README", b"hello, fixed\n"))
-    git("checkout", "-q", "-b", "docs", "main", cwd=path)
+    git_out("checkout", "-q", "-b", "docs", "main", cwd=path)
     commit("docs", ("docs/index.md", b"# docs\n"))
-    git("checkout", "-q", "main", cwd=path)
-    git("merge", "-q", "--no-ff", "-m", "merge feature", "feature", cwd=path, date=next(n))
-    git("tag", "light", cwd=path)
-    git("merge", "-q", "--no-ff", "-m", "octopus", "fix", "docs", cwd=path, date=next(n))
+    git_out("checkout", "-q", "main", cwd=path)
+    git_out("merge", "-q", "--no-ff", "-m", "merge feature", "feature", cwd=path, env=at(next(n)))
+    git_out("tag", "light", cwd=path)
+    git_out("merge", "-q", "--no-ff", "-m", "octopus", "fix", "docs", cwd=path, env=at(next(n)))
     commit("empty")
-    git("tag", "-a", "-m", "release one", "v1", cwd=path, date=next(n))
-    git("tag", "-a", "-m", "signed-off release", "v1-outer", "v1", cwd=path, date=next(n))
-    git("checkout", "-q", "-b", "topic", "feature", cwd=path)
+    git_out("tag", "-a", "-m", "release one", "v1", cwd=path, env=at(next(n)))
+    git_out("tag", "-a", "-m", "signed-off release", "v1-outer", "v1", cwd=path, env=at(next(n)))
+    git_out("checkout", "-q", "-b", "topic", "feature", cwd=path)
     commit("unmerged topic", ("src/c.py", b"print('c')\n"))
-    git("checkout", "-q", "main", cwd=path)
+    git_out("checkout", "-q", "main", cwd=path)
     return path / ".git"
 
 
@@ -77,7 +76,7 @@ class Served:
 def sources(tmp_path_factory) -> dict[str, tuple[str, Path]]:
     """The source repositories (made once per module; tests only read them)."""
     top = tmp_path_factory.mktemp("sources")
-    git("clone", "-q", "--mirror", PROJECT / ".git", top / "self.git")
+    git_out("clone", "-q", "--mirror", PROJECT / ".git", top / "self.git")
     return {
         "gen": ("sha1", make_history(top / "gen", "sha1")),
         "gen256": ("sha256", make_history(top / "gen256", "sha256")),
@@ -104,12 +103,12 @@ LOG = ("log", "--all", "--topo-order", "--format=%H %T %P%n%an %ae %at%n%cn %ce 
 def test_git_log_through_the_mounted_repository_equals_the_source(served, repo_id):
     _, src = served.sources[repo_id]
     mnt_repo = served.repo(repo_id)
-    assert git(f"--git-dir={mnt_repo}", *LOG) == git(f"--git-dir={src}", *LOG)
+    assert git_out(f"--git-dir={mnt_repo}", *LOG) == git_out(f"--git-dir={src}", *LOG)
     stat = ("log", "--all", "--stat", "--summary", "--format=%H")
-    assert git(f"--git-dir={mnt_repo}", *stat) == git(f"--git-dir={src}", *stat)
+    assert git_out(f"--git-dir={mnt_repo}", *stat) == git_out(f"--git-dir={src}", *stat)
     refs = ("for-each-ref", "--format=%(objectname) %(objecttype) %(refname) %(*objectname)")
-    assert git(f"--git-dir={mnt_repo}", *refs) == git(f"--git-dir={src}", *refs)
-    assert git(f"--git-dir={mnt_repo}", "symbolic-ref", "HEAD") == git(
+    assert git_out(f"--git-dir={mnt_repo}", *refs) == git_out(f"--git-dir={src}", *refs)
+    assert git_out(f"--git-dir={mnt_repo}", "symbolic-ref", "HEAD") == git_out(
         f"--git-dir={src}", "symbolic-ref", "HEAD"
     )
 
@@ -118,34 +117,34 @@ def test_git_log_through_the_mounted_repository_equals_the_source(served, repo_i
 def test_git_fsck_full_through_the_mounted_repository_is_clean(served, repo_id):
     _, src = served.sources[repo_id]
     args = ("fsck", "--full", "--strict", "--no-dangling", "--no-progress")
-    assert git(f"--git-dir={served.repo(repo_id)}", *args) == git(f"--git-dir={src}", *args)
+    assert git_out(f"--git-dir={served.repo(repo_id)}", *args) == git_out(f"--git-dir={src}", *args)
 
 
 @pytest.mark.parametrize("repo_id", REPOS)
 def test_git_clone_of_the_mounted_repository_gives_the_source_history(served, repo_id, tmp_path):
     _, src = served.sources[repo_id]
     mirror = tmp_path / "mirror.git"
-    git("clone", "-q", "--no-local", "--mirror", served.repo(repo_id), mirror)
+    git_out("clone", "-q", "--no-local", "--mirror", served.repo(repo_id), mirror)
     fsck = ("fsck", "--full", "--strict", "--no-dangling", "--no-progress")
     for args in (LOG, ("for-each-ref",), fsck):
-        assert git(f"--git-dir={mirror}", *args) == git(f"--git-dir={src}", *args)
+        assert git_out(f"--git-dir={mirror}", *args) == git_out(f"--git-dir={src}", *args)
     work = tmp_path / "work"
-    git("clone", "-q", served.repo(repo_id), work)  # a local clone, with a checkout
-    index = git("ls-files", "-s", cwd=work)
+    git_out("clone", "-q", served.repo(repo_id), work)  # a local clone, with a checkout
+    index = git_out("ls-files", "-s", cwd=work)
     tree_format = "--format=%(objectmode) %(objectname) 0\t%(path)"
-    assert index == git(f"--git-dir={src}", "ls-tree", "-r", tree_format, "HEAD")
-    assert git("status", "--porcelain", cwd=work) == ""
+    assert index == git_out(f"--git-dir={src}", "ls-tree", "-r", tree_format, "HEAD")
+    assert git_out("status", "--porcelain", cwd=work) == ""
 
 
 def every_object(gitdir: Path) -> list[str]:
-    out = git(f"--git-dir={gitdir}", "cat-file", "--batch-all-objects", "--batch-check")
+    out = git_out(f"--git-dir={gitdir}", "cat-file", "--batch-all-objects", "--batch-check")
     return out.splitlines()
 
 
 @pytest.mark.parametrize("fmt", ["sha1", "sha256"])
 def test_a_repository_with_the_git_view_as_alternate_sees_every_object(served, fmt, tmp_path):
     alt = tmp_path / f"alt-{fmt}.git"
-    git("init", "-q", "--bare", f"--object-format={fmt}", alt)
+    git_out("init", "-q", "--bare", f"--object-format={fmt}", alt)
     (alt / "objects" / "info" / "alternates").write_text(f"{served.m.mnt}/git/{fmt}\n")
     expected: set[str] = set()
     for object_format, gitdir in served.sources.values():
@@ -160,9 +159,4 @@ def test_a_repository_with_the_git_view_as_alternate_sees_every_object(served, f
 
 
 def cat_batch(gitdir: Path, oids: str) -> bytes:
-    return subprocess.run(
-        ["git", f"--git-dir={gitdir}", "cat-file", "--batch"],
-        input=oids.encode(),
-        capture_output=True,
-        check=True,
-    ).stdout
+    return git("cat-file", "--batch", gitdir=gitdir, input=oids.encode()).stdout

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import GIT_ENV, status, sweep
+from helpers import GIT_ENV, git, git_out, status, sweep
 
 pytestmark = pytest.mark.skipif(shutil.which("git-lfs") is None, reason="needs git-lfs")
 
@@ -34,27 +34,18 @@ def lfs_env(tmp_path: Path) -> dict[str, str]:
         "GIT_CONFIG_GLOBAL": str(home / ".gitconfig"),
         "GIT_TERMINAL_PROMPT": "0",
     }
-    subprocess.run(["git", "lfs", "install"], env=env, check=True, capture_output=True)
+    git("lfs", "install", env=env)
     return env
-
-
-def git(env: dict[str, str], *args, cwd: Path | None = None, check: bool = True) -> str:
-    done = subprocess.run(
-        ["git", *map(str, args)], cwd=cwd, env=env, capture_output=True, timeout=300
-    )
-    if check:
-        assert done.returncode == 0, (args, done.stdout.decode(), done.stderr.decode())
-    return done.stdout.decode() + done.stderr.decode()
 
 
 def work(env: dict[str, str], path: Path, media: dict[str, bytes]) -> Path:
     """A work tree tracking *.bin with git-lfs, with `media` committed on main."""
-    git(env, "init", "-q", "-b", "main", path)
-    git(env, "lfs", "track", "*.bin", cwd=path)
+    git_out("init", "-q", "-b", "main", path, env=env)
+    git_out("lfs", "track", "*.bin", cwd=path, env=env)
     for name, content in media.items():
         (path / name).write_bytes(content)
-    git(env, "add", ".", cwd=path)
-    git(env, "commit", "-q", "-m", "media", cwd=path)
+    git_out("add", ".", cwd=path, env=env)
+    git_out("commit", "-q", "-m", "media", cwd=path, env=env)
     return path
 
 
@@ -70,21 +61,21 @@ def test_the_tour_push_clone_pull_and_fsck_through_the_mount(mount, tmp_path, lf
     a, b = os.urandom(MB5), os.urandom(MB5)
     w = work(lfs_env, tmp_path / "w", {"a.bin": a, "b.bin": b})
     os.mkdir(mount.path("repos", "r"))
-    git(lfs_env, "push", f"file://{mount.path('repos', 'r')}", "main", cwd=w)
+    git_out("push", f"file://{mount.path('repos', 'r')}", "main", cwd=w, env=lfs_env)
     for content in (a, b):  # the media, byte for byte, as sha256 objects
         assert mount.path("objects", "sha256", oid(content)).read_bytes() == content
         lfs_path = mount.path("lfs", "objects", oid(content)[:2], oid(content)[2:4], oid(content))
         assert lfs_path.stat().st_size == MB5
-    pointer = git(lfs_env, "cat-file", "-p", "HEAD:a.bin", cwd=w)  # the blob is the pointer
+    pointer = git_out("cat-file", "-p", "HEAD:a.bin", cwd=w, env=lfs_env)  # the blob is the pointer
     assert (
         pointer == f"version https://git-lfs.github.com/spec/v1\noid sha256:{oid(a)}\nsize {MB5}\n"
     )
     clone = tmp_path / "clone"
-    git(lfs_env, "clone", "-q", mount.path("repos", "r"), clone)
-    git(lfs_env, "lfs", "pull", cwd=clone)
+    git_out("clone", "-q", mount.path("repos", "r"), clone, env=lfs_env)
+    git_out("lfs", "pull", cwd=clone, env=lfs_env)
     assert (clone / "a.bin").read_bytes() == a and (clone / "b.bin").read_bytes() == b
-    assert "Git LFS fsck OK" in git(lfs_env, "lfs", "fsck", cwd=clone)
-    assert "Git LFS fsck OK" in git(lfs_env, "lfs", "fsck", cwd=w)
+    assert "Git LFS fsck OK" in git_out("lfs", "fsck", cwd=clone, env=lfs_env)
+    assert "Git LFS fsck OK" in git_out("lfs", "fsck", cwd=w, env=lfs_env)
     assert os.listdir(mount.path("lfs", "objects")) == []  # resolves all, lists nothing
     assert mount.tracebacks() == []
 
@@ -96,23 +87,24 @@ def test_two_repositories_store_media_once_and_prune_in_shared_storage_deletes_n
     for name in ("one", "two"):
         w = work(lfs_env, tmp_path / name, {"m.bin": shared})
         os.mkdir(mount.path("repos", name))
-        git(lfs_env, "push", f"file://{mount.path('repos', name)}", "main", cwd=w)
+        git_out("push", f"file://{mount.path('repos', name)}", "main", cwd=w, env=lfs_env)
     assert status(mount)["objects"]["sha256"]["count"] == 1  # stored once
     storage = mount.path("lfs")
     own = {}
     for i in range(3):  # three clones sharing lfs.storage in the mount
         clone = tmp_path / f"c{i}"
-        git(lfs_env, "init", "-q", "-b", "main", clone)
-        git(lfs_env, "config", "lfs.storage", storage, cwd=clone)
-        git(lfs_env, "lfs", "track", "*.bin", cwd=clone)
+        git_out("init", "-q", "-b", "main", clone, env=lfs_env)
+        git_out("config", "lfs.storage", storage, cwd=clone, env=lfs_env)
+        git_out("lfs", "track", "*.bin", cwd=clone, env=lfs_env)
         own[i] = os.urandom(50_000 + i)
         (clone / f"own{i}.bin").write_bytes(own[i])
         (clone / "shared.bin").write_bytes(shared)
-        git(lfs_env, "add", ".", cwd=clone)
-        git(lfs_env, "commit", "-q", "-m", "x", cwd=clone)
+        git_out("add", ".", cwd=clone, env=lfs_env)
+        git_out("commit", "-q", "-m", "x", cwd=clone, env=lfs_env)
         assert stored(mount, own[i])  # `git add` wrote it through /lfs
     for i in range(3):
-        out = git(lfs_env, "lfs", "prune", "--verbose", cwd=tmp_path / f"c{i}")
+        done = git("lfs", "prune", "--verbose", cwd=tmp_path / f"c{i}", env=lfs_env)
+        out = (done.stdout + done.stderr).decode()
         assert "0 local objects" in out, out
     for content in [shared, *own.values()]:
         assert stored(mount, content)
@@ -125,14 +117,14 @@ def test_sweeps_keep_referenced_media_and_drop_it_after_its_last_branch(
     mount = start_mount(None, "--window", "0", "--push-grace", "1s")
     keep, drop, both = os.urandom(100_000), os.urandom(100_001), os.urandom(100_002)
     w = work(lfs_env, tmp_path / "w", {"keep.bin": keep, "both.bin": both})
-    git(lfs_env, "checkout", "-q", "-b", "side", cwd=w)
+    git_out("checkout", "-q", "-b", "side", cwd=w, env=lfs_env)
     (w / "drop.bin").write_bytes(drop)
-    git(lfs_env, "add", ".", cwd=w)
-    git(lfs_env, "commit", "-q", "-m", "side", cwd=w)
+    git_out("add", ".", cwd=w, env=lfs_env)
+    git_out("commit", "-q", "-m", "side", cwd=w, env=lfs_env)
     other = work(lfs_env, tmp_path / "other", {"both.bin": both})
     for repo, src, refs in (("r", w, ("main", "side")), ("o", other, ("main",))):
         os.mkdir(mount.path("repos", repo))
-        git(lfs_env, "push", f"file://{mount.path('repos', repo)}", *refs, cwd=src)
+        git_out("push", f"file://{mount.path('repos', repo)}", *refs, cwd=src, env=lfs_env)
     time.sleep(2.5)  # the uploads' push grace is over: only the pointers keep the media
     for _ in range(3):
         assert sweep(mount)["aborted"] is None
@@ -157,15 +149,15 @@ def test_media_uploaded_before_the_push_survives_sweeps_within_the_push_grace(
     w = work(lfs_env, tmp_path / "w", {"m.bin": content})
     os.mkdir(mount.path("repos", "r"))
     remote = f"file://{mount.path('repos', 'r')}"
-    git(lfs_env, "lfs", "push", "--object-id", remote, oid(content), cwd=w)  # media only
+    git_out("lfs", "push", "--object-id", remote, oid(content), cwd=w, env=lfs_env)  # media only
     assert stored(mount, content)
     # another push to the same repository (a ref written) does not end the media's grace
     other = work(lfs_env, tmp_path / "other", {"o.bin": os.urandom(1000)})
-    git(lfs_env, "push", remote, "main:refs/heads/other", cwd=other)
+    git_out("push", remote, "main:refs/heads/other", cwd=other, env=lfs_env)
     for _ in range(3):
         sweep(mount)
     assert stored(mount, content)  # (the window is 0: the push grace keeps it)
-    git(lfs_env, "push", remote, "main", cwd=w)
+    git_out("push", remote, "main", cwd=w, env=lfs_env)
     for _ in range(3):
         sweep(mount)
     assert mount.path("objects", "sha256", oid(content)).read_bytes() == content
@@ -177,13 +169,13 @@ def test_media_of_an_unpushed_commit_in_a_registered_repository_survives(
     mount = start_mount(None, "--window", "0", "--push-grace", "1s")
     content = os.urandom(150_000)
     repo = tmp_path / "borrower"
-    git(lfs_env, "init", "-q", "-b", "main", repo)
-    git(lfs_env, "config", "lfs.storage", mount.path("lfs"), cwd=repo)
+    git_out("init", "-q", "-b", "main", repo, env=lfs_env)
+    git_out("config", "lfs.storage", mount.path("lfs"), cwd=repo, env=lfs_env)
     os.symlink(str(repo), mount.path("roots", "b"))
-    git(lfs_env, "lfs", "track", "*.bin", cwd=repo)
+    git_out("lfs", "track", "*.bin", cwd=repo, env=lfs_env)
     (repo / "m.bin").write_bytes(content)
-    git(lfs_env, "add", ".", cwd=repo)
-    git(lfs_env, "commit", "-q", "-m", "not pushed", cwd=repo)
+    git_out("add", ".", cwd=repo, env=lfs_env)
+    git_out("commit", "-q", "-m", "not pushed", cwd=repo, env=lfs_env)
     time.sleep(2.5)  # the push grace of what `git add` wrote through /lfs is over
     for _ in range(3):
         assert sweep(mount)["aborted"] is None
@@ -205,7 +197,7 @@ def test_a_pointer_pushed_while_sweeps_run_keeps_its_media(start_mount, tmp_path
     w = work(lfs_env, tmp_path / "w", {"seed.bin": os.urandom(1000)})
     os.mkdir(m.path("repos", "r"))
     remote = f"file://{m.path('repos', 'r')}"
-    git(lfs_env, "push", remote, "main", cwd=w)
+    git_out("push", remote, "main", cwd=w, env=lfs_env)
     stop = threading.Event()
     reports: list[dict] = []
 
@@ -220,9 +212,9 @@ def test_a_pointer_pushed_while_sweeps_run_keeps_its_media(start_mount, tmp_path
         for i in range(RACE_ROUNDS):
             content = os.urandom(20_000 + i)
             (w / f"r{i}.bin").write_bytes(content)
-            git(lfs_env, "add", ".", cwd=w)
-            git(lfs_env, "commit", "-q", "-m", f"round {i}", cwd=w)
-            git(lfs_env, "push", remote, "main", cwd=w)
+            git_out("add", ".", cwd=w, env=lfs_env)
+            git_out("commit", "-q", "-m", f"round {i}", cwd=w, env=lfs_env)
+            git_out("push", remote, "main", cwd=w, env=lfs_env)
             pushed.append(content)
     finally:
         stop.set()
@@ -262,9 +254,9 @@ def test_import_through_the_mount_stores_the_media_and_names_what_is_absent(
     lost = oid(b"never uploaded")  # a pointer committed as it is: git-lfs keeps it
     pointer = f"version https://git-lfs.github.com/spec/v1\noid sha256:{lost}\nsize 14\n"
     (w / "lost.bin").write_text(pointer)
-    git(lfs_env, "add", ".", cwd=w)
-    git(lfs_env, "commit", "-q", "-m", "more", cwd=w)
-    assert git(lfs_env, "cat-file", "-p", "HEAD:lost.bin", cwd=w) == pointer
+    git_out("add", ".", cwd=w, env=lfs_env)
+    git_out("commit", "-q", "-m", "more", cwd=w, env=lfs_env)
+    assert git_out("cat-file", "-p", "HEAD:lost.bin", cwd=w, env=lfs_env) == pointer
     done = subprocess.run(
         [str(ALKFS), "--mount", mount.mnt, "git", "import", w / ".git", "--repo", "imp"],
         capture_output=True,
@@ -293,7 +285,7 @@ def test_a_fleet_media_pushed_through_one_member_swept_through_the_other(
     content = os.urandom(250_000)
     w = work(lfs_env, tmp_path / "w", {"m.bin": content})
     os.mkdir(m1.path("repos", "r"))
-    git(lfs_env, "push", f"file://{m1.path('repos', 'r')}", "main", cwd=w)
+    git_out("push", f"file://{m1.path('repos', 'r')}", "main", cwd=w, env=lfs_env)
     time.sleep(2.5)  # the upload's push grace is over: only the pointer keeps the media
     for _ in range(3):
         assert sweep(m2)["aborted"] is None

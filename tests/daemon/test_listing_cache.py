@@ -15,11 +15,12 @@ import time
 from pathlib import Path
 
 import pyfuse3
-from alkfsd.listings import Listings
 from helpers import git, git_out, sweep
 
 from alkfs.app import Alkfs
 from alkfs.git.importer import import_repo
+from alkfsd import listings
+from alkfsd.listings import Listings
 
 WAIT_S = 60.0  # bound of the polls below (never a timing assertion)
 NO_INTAKE = {"ALKFS_PACK_EVERY": "86400", "ALKFS_PACK_OBJECTS": "1000000"}
@@ -191,7 +192,7 @@ class FakeInvalidator:
         self.inodes.append(ino)
         return len(self.inodes)
 
-    async def wait(self, seq: int, timeout: float) -> bool:  # (as Invalidator.wait)
+    async def wait(self, seq: int, timeout: float) -> bool:  # noqa: ASYNC109 (as Invalidator.wait)
         return self.taken
 
 

@@ -14,14 +14,14 @@ from types import SimpleNamespace
 
 import pyfuse3
 import pytest
-from alkfsd.context import Context, Options
-from alkfsd.errors import errno_of
-from alkfsd.fs import Operations
-from alkfsd.nodes import objects as objects_mod
 
 from alkfs import errors as lib
 from alkfs.app import Alkfs
 from alkfs.keys import Algorithm, Key
+from alkfsd.context import Context, Options
+from alkfsd.errors import errno_of
+from alkfsd.fs import Operations
+from alkfsd.nodes import objects as objects_mod
 
 ROOT = pyfuse3.ROOT_INODE
 LARGE = 200_000
@@ -277,7 +277,7 @@ async def test_a_read_of_a_corrupt_large_objects_chunk_fails_eio_and_marks_it(h,
     # the object is one verified chunk (1 MiB): a read of any part of it checks all of it
     key = keys["large"]
     path = app.store.large_path(key)
-    with open(path, "r+b") as f:
+    with open(path, "r+b") as f:  # noqa: ASYNC230 (the test's set-up: nothing else runs)
         f.seek(LARGE - 1)
         f.write(b"M")
     ino = await h.ino(opath(key))

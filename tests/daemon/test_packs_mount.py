@@ -16,12 +16,12 @@ from pathlib import Path
 
 import pytest
 import trio
-from alkfsd.packs import since_built
 from helpers import git, git_out
 
 from alkfs.app import Alkfs
 from alkfs.git.importer import import_repo
 from alkfs.git.packs import Generation
+from alkfsd.packs import since_built
 
 FAST_INTAKE = {"ALKFS_PACK_EVERY": "0", "ALKFS_PACK_POLL": "0.2"}
 # an intake of two objects at once: neither lands alone in a pack of its own
@@ -193,7 +193,7 @@ def test_the_served_set_passes_gits_verifiers_and_fanouts_list_only_unpacked(
         with pytest.raises(PermissionError):
             os.utime(path)
         with pytest.raises(PermissionError):
-            open(path, "ab")
+            open(path, "ab").close()
     assert m.tracebacks() == []
 
 
@@ -389,10 +389,9 @@ def direct(tmp_path: Path):
 async def test_repack_now_publishes_a_set_and_drops_the_old_names(tmp_path):
     """Direct calls (no kernel): repack_now builds a set of every format with objects, and
     the view queues the invalidation of every name of the retired set."""
-    from alkfsd.packs import repack_now, retire_grace
-
     from alkfs.git.objects import canonical
     from alkfs.keys import Algorithm
+    from alkfsd.packs import repack_now, retire_grace
 
     with direct(tmp_path) as (app, ctx, s):
         old = s.current("sha1")

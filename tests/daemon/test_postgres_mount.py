@@ -173,9 +173,11 @@ def test_a_server_outage_is_eio_the_daemon_lives_and_recovers_with_nothing_lost(
         timings = {}
         for name, hexd in (("small", unread_small), ("large", unread_large)):
             t0 = time.monotonic()
-            with pytest.raises(OSError) as caught:
-                with open(m.path("objects", "sha256", hexd), "rb") as f:
-                    f.read()
+            with (
+                pytest.raises(OSError) as caught,
+                open(m.path("objects", "sha256", hexd), "rb") as f,
+            ):
+                f.read()
             timings[f"read {name}"] = time.monotonic() - t0
             assert caught.value.errno == errno.EIO, (name, caught.value)
         t0 = time.monotonic()
@@ -369,9 +371,8 @@ def test_the_connection_limit_met_while_mounted_is_eio_named_in_the_log_and_pass
         with psycopg.connect(admin, autocommit=True) as conn:
             conn.execute("ALTER ROLE alk_lim CONNECTION LIMIT 0")
         assert pg_server.terminate(dbname(pg_uri)) >= 2
-        with pytest.raises(OSError) as caught:
-            with open(m.path("objects", "sha256", unread), "rb") as f:
-                f.read()
+        with pytest.raises(OSError) as caught, open(m.path("objects", "sha256", unread), "rb") as f:
+            f.read()
         assert caught.value.errno == errno.EIO
         assert m.proc.poll() is None and m.mounted()
         # (a log line quotes the start of a reason: the connection limit comes first)

@@ -12,10 +12,11 @@ import threading
 import types
 
 import pyfuse3
+from helpers import fuse_fds
+
 from alkfsd import pyfuse3_patches, requests
 from alkfsd.nodes.handles import BytesHandle
 from alkfsd.staging.staged import StagedHandle
-from helpers import fuse_fds
 
 
 def test_the_venvs_pyfuse3_has_every_patch() -> None:

@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from alkfsd.nodes.loose import FIRST_PAGE
 from helpers import git, git_out
 
 from alkfs.app import Alkfs
@@ -31,6 +30,7 @@ from alkfs.git.importer import import_repo
 from alkfs.git.objects import canonical, encode_loose, loose_size
 from alkfs.keys import Algorithm, Key
 from alkfs.store import Store
+from alkfsd.nodes.loose import FIRST_PAGE
 
 # These tests check the loose views (the fan-out listings, the loose form, paging), so
 # their daemons serve no derived packs; tests/daemon/test_packs_mount.py covers packs.

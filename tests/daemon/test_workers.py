@@ -11,16 +11,17 @@ from pathlib import Path
 
 import pytest
 import trio
+import trio.lowlevel
 import trio.testing
+
+from alkfs.app import Alkfs
+from alkfs.errors import StoreIO
+from alkfs.keys import Algorithm
 from alkfsd import context as context_mod
 from alkfsd.context import Context, Options
 from alkfsd.staging.spool import QUEUE_MAX, Spooler, Sync, TakeBack, Write
 from alkfsd.staging.writer import MEM_MAX, StagedWriter
 from alkfsd.workers import Workers
-
-from alkfs.app import Alkfs
-from alkfs.errors import StoreIO
-from alkfs.keys import Algorithm
 
 
 @pytest.fixture
@@ -213,7 +214,7 @@ async def test_a_commit_keeps_what_its_stream_stored_when_the_mount_stops_meanwh
                 want += chunk
 
             async def stop_soon() -> None:
-                await trio.sleep(0)  # (the commit has queued its EndStream by now)
+                await trio.lowlevel.checkpoint()  # (the commit has queued its EndStream by now)
                 stop.cancel()
 
             nursery.start_soon(stop_soon)

@@ -8,6 +8,7 @@ import threading
 from pathlib import Path
 
 import pytest
+from helpers import git_out
 
 from alkfs.errors import Invalid, Missing, Stale
 from alkfs.git.importer import import_repo
@@ -34,17 +35,13 @@ def project_mirror(tmp_path_factory) -> Path:
     return dest
 
 
-def _git(gitdir: Path, *args: str) -> str:
-    return subprocess.run(
-        ["git", f"--git-dir={gitdir}", *args], capture_output=True, check=True
-    ).stdout.decode()
-
-
 def test_the_project_repository_imports_verified_with_exact_refs_and_survives_two_sweeps(
     app, project_mirror
 ):
     result = import_repo(app, str(project_mirror), "alkfs", progress=False)
-    listing = _git(project_mirror, "cat-file", "--batch-all-objects", "--batch-check=%(objectname)")
+    listing = git_out(
+        "cat-file", "--batch-all-objects", "--batch-check=%(objectname)", gitdir=project_mirror
+    )
     ids = listing.split()
     assert (result.objects, result.stored, result.present) == (len(ids), len(ids), 0)
     assert stored_keys(app) == {Key.from_hex(Algorithm.GIT_SHA1, x).raw for x in ids}
@@ -52,16 +49,18 @@ def test_the_project_repository_imports_verified_with_exact_refs_and_survives_tw
         data = app.store.get(Key(raw))
         assert hashlib.sha1(data).digest() == raw[1:]
         kind, body = split(data)
-        assert _git(project_mirror, "cat-file", "-t", raw[1:].hex()).strip() == kind
+        assert git_out("cat-file", "-t", raw[1:].hex(), gitdir=project_mirror).strip() == kind
     refs = dict(
         line.split(" ", 1)
-        for line in _git(project_mirror, "for-each-ref", "--format=%(refname) %(objectname)")
+        for line in git_out(
+            "for-each-ref", "--format=%(refname) %(objectname)", gitdir=project_mirror
+        )
         .strip()
         .splitlines()
     )
     assert app.refs.refs("alkfs") == refs
     assert result.refs == refs
-    assert app.refs.head("alkfs") == _git(project_mirror, "symbolic-ref", "HEAD").strip()
+    assert app.refs.head("alkfs") == git_out("symbolic-ref", "HEAD", gitdir=project_mirror).strip()
     first, second = app.store.sweep(0), app.store.sweep(0)
     assert (first.aborted, first.candidates_staged, first.deleted) == (None, 0, 0)
     assert (second.aborted, second.candidates_staged, second.deleted) == (None, 0, 0)

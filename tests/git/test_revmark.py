@@ -174,11 +174,11 @@ def test_sorted_keys_answer_membership_exactly():
 def test_sorted_keys_refuse_keys_out_of_order_or_of_another_width():
     b = SortedKeys.Builder(21)
     b.add(b"\x03" + bytes([5]) * 20)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="ascending order"):
         b.add(b"\x03" + bytes([4]) * 20)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="once each"):
         b.add(b"\x03" + bytes([5]) * 20)  # (twice)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="a key of 33 bytes in a set of 21"):
         b.add(b"\x03" + bytes([6]) * 32)
 
 

@@ -19,11 +19,12 @@ import signal
 import subprocess
 import threading
 import time
+from functools import partial
 
+import helpers
 import pytest
 from crash_helpers import SOAK
 from helpers import GIT_ENV, sweep
-from helpers import git as run_git
 
 TTL_S = 2.0
 FLEET_ENV = {"ALKFS_FLEET_TTL": "2"}
@@ -34,8 +35,8 @@ GIT_TIMEOUT_S = 120.0
 pytestmark = pytest.mark.timeout(int(DURATION_S) + 900)
 
 
-def git(*args, cwd=None, check=True):
-    return run_git(*args, cwd=cwd, check=check, timeout=GIT_TIMEOUT_S)
+# helpers.git with GIT_TIMEOUT_S: a git stuck on a stopped daemon fails in two minutes
+git = partial(helpers.git, timeout=GIT_TIMEOUT_S)
 
 
 def write_pin(m, name: str, data: bytes) -> float:

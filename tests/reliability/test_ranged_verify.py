@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pysqlite3.dbapi2 as sqlite3  # the store's own sqlite library (see tests/store)
 import pytest
-from alkfsd.context import Context
-from alkfsd.nodes.objfile import LargeHandle, ObjectFile
 
 from alkfs.keys import Key
 from alkfs.store import Store
+from alkfsd.context import Context
+from alkfsd.nodes.objfile import LargeHandle, ObjectFile
 
 MIB = 1 << 20
 SIZE = 5 * MIB

@@ -76,7 +76,7 @@ def test_puts_round_trip_byte_identical_through_every_input_shape(column: Column
 
 
 @pytest.mark.parametrize(
-    "algo, content",
+    ("algo", "content"),
     [
         (Algorithm.SHA256, b"plain sha256 content"),
         (Algorithm.BLAKE3, b"content named by blake3"),
@@ -652,7 +652,7 @@ def test_threshold_boundary_lengths_route_deterministically(tmp_path, threshold:
             files += lands_large
 
         at_default = patterned(DEFAULT_THRESHOLD, 199)
-        lands_large = DEFAULT_THRESHOLD > threshold
+        lands_large = threshold < DEFAULT_THRESHOLD
         result = store.put(at_default, length=DEFAULT_THRESHOLD)
         assert result.key == sha256_key(at_default)
         assert col.media() == (rows + (not lands_large), files + lands_large)

@@ -82,7 +82,7 @@ def run(target, *args) -> tuple[threading.Thread, dict]:
     def body() -> None:
         try:
             out["result"] = target(*args)
-        except BaseException as exc:  # noqa: BLE001 (handed to the test)
+        except BaseException as exc:
             out["error"] = exc
 
     thread = threading.Thread(target=body, daemon=True)
@@ -243,10 +243,9 @@ def test_a_nested_statement_is_part_of_the_threads_transaction(db: PostgresDatab
 
 
 def test_a_failing_transaction_leaves_nothing(db: PostgresDatabase) -> None:
-    with pytest.raises(psycopg.errors.UniqueViolation):
-        with db.tx() as conn:
-            conn.execute("INSERT INTO meta (name, value) VALUES ('x', '1')")
-            conn.execute("INSERT INTO meta (name, value) VALUES ('x', '2')")
+    with pytest.raises(psycopg.errors.UniqueViolation), db.tx() as conn:
+        conn.execute("INSERT INTO meta (name, value) VALUES ('x', '1')")
+        conn.execute("INSERT INTO meta (name, value) VALUES ('x', '2')")
     assert db.execute("SELECT count(*) FROM meta").fetchone()[0] == 0
 
 

@@ -7,6 +7,7 @@ import threading
 from collections import Counter
 
 import trio
+import trio.lowlevel
 
 from alkfs.errors import Missing
 from alkfs.gc.sweep import SweepReport
@@ -70,7 +71,7 @@ async def test_eight_writers_racing_window_zero_sweeps_never_lose_a_held_object(
     async def sweeper(done: trio.Event) -> None:
         while not done.is_set():
             reports.append(await trio.to_thread.run_sync(store.sweep, 0))
-            await trio.sleep(0)
+            await trio.lowlevel.checkpoint()
 
     async def writer(seed: int) -> None:
         rng = random.Random(seed)
@@ -84,12 +85,12 @@ async def test_eight_writers_racing_window_zero_sweeps_never_lose_a_held_object(
             if rng.random() < 0.5:
                 source.hold(result.key)
                 result.pin.release()
-                await trio.sleep(0)
+                await trio.lowlevel.checkpoint()
                 got = await trio.to_thread.run_sync(store.get, result.key)
                 assert got == data, "held by the liveness source"
                 source.drop(result.key)
             else:
-                await trio.sleep(0)
+                await trio.lowlevel.checkpoint()
                 got = await trio.to_thread.run_sync(store.read_range, result.key, 0, len(data))
                 assert got is not None and got[0] == data, "still pinned"
                 result.pin.release()
