@@ -18,7 +18,6 @@ from helpers import git, git_out, sweep
 
 from alkfs.app import Alkfs
 from alkfs.git.importer import import_repo
-from alkfsd import listings
 
 NO_INTAKE = {"ALKFS_PACK_EVERY": "86400", "ALKFS_PACK_OBJECTS": "1000000"}
 

@@ -19,7 +19,6 @@ from helpers import git, git_out, sweep
 
 from alkfs.app import Alkfs
 from alkfs.git.importer import import_repo
-from alkfsd import listings
 from alkfsd.listings import Listings
 
 WAIT_S = 60.0  # bound of the polls below (never a timing assertion)
