@@ -277,3 +277,20 @@ def objects_of(git_dir: Path | None, rev: str, cwd: Path | None = None) -> list[
     if git_dir is not None:
         args = ["--git-dir", str(git_dir), *args]
     return sorted(git(*args, cwd=cwd).splitlines())
+
+
+def check_derived_image(store: Path) -> None:
+    """The crash image's published derived set (if any) is whole: CURRENT names a
+    generation whose every idx verifies against its pack (git verify-pack)."""
+    root = store / "derived" / "sha1"
+    if not (root / "CURRENT").exists():
+        return
+    number = int((root / "CURRENT").read_text())
+    if number == 0:
+        return
+    gen = root / f"gen-{number}"
+    assert gen.is_dir(), sorted(os.listdir(root))
+    idxs = sorted(gen.rglob("*.idx"))
+    assert idxs, sorted(p.name for p in gen.rglob("*"))
+    for idx in idxs:
+        git("verify-pack", str(idx))

@@ -35,6 +35,7 @@ from crash_helpers import (
     Client,
     alkfs_cli,
     assert_cli_refused_while_mounted,
+    check_derived_image,
     control,
     crash_restart,
     git,
@@ -466,23 +467,6 @@ def test_crash_during_sweep_execute(start_mount, tmp_path):
 
 
 # -- derived packs -------------------------------------------------------------------------------
-
-
-def check_derived_image(store: Path) -> None:
-    """The crash image's published derived set (if any) is whole: CURRENT names a
-    generation whose every idx verifies against its pack (git verify-pack)."""
-    root = store / "derived" / "sha1"
-    if not (root / "CURRENT").exists():
-        return
-    number = int((root / "CURRENT").read_text())
-    if number == 0:
-        return
-    gen = root / f"gen-{number}"
-    assert gen.is_dir(), sorted(os.listdir(root))
-    idxs = sorted(gen.rglob("*.idx"))
-    assert idxs, sorted(p.name for p in gen.rglob("*"))
-    for idx in idxs:
-        git("verify-pack", str(idx))
 
 
 def test_crash_during_derived_pack_intake(start_mount, tmp_path):
