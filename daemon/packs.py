@@ -149,6 +149,7 @@ class Served:
             if d is not None:
                 self.derived[fmt] = d
                 d.on_publish.append(functools.partial(self._published, fmt))
+                d.mounted = True
 
     def current(self, fmt: str) -> Generation | None:
         d = self.derived.get(fmt)

@@ -87,6 +87,9 @@ class Derived(Verify, Drain, KvRead, GitRun):
         self.root = store.path.absolute() / DERIVED_DIR / fmt  # (written into alternates)
         self.lock = threading.RLock()
         self.on_publish: list[Callable[[Generation | None, Generation | None], None]] = []
+        # a mount serves the sets (daemon/packs.py): its readers hold retired ones, and
+        # it prunes them; False: nobody holds a retired set, it goes at once
+        self.mounted = False
         self._current: Generation | None = None
         self._swap = threading.Lock()  # (the published generation changes under it)
         self.last_build: BuildResult | None = None

@@ -83,7 +83,7 @@ def shed(store: Store) -> int:
             if not d.withdraw(wait=False):
                 continue
             d.last_error = "withdrawn: the disk is full"
-            if not d.on_publish:  # (no mount serves it: nobody holds its files)
+            if not d.mounted:  # (no mount serves it: nobody holds its files)
                 d.prune()
             out += size
         except Exception as exc:
@@ -127,6 +127,7 @@ def guard_deletes(store: Store, raws: Iterable[bytes]) -> Iterator[set[bytes]]:
     for raw in raws:
         if raw[0] in (Algorithm.GIT_SHA1.value, Algorithm.GIT_SHA256.value):
             by_fmt.setdefault(format_of(Algorithm(raw[0])), []).append(bytes(raw[1:]))
+    rebuilt: list[Derived] = []
     with contextlib.ExitStack() as stack:
         for fmt, digests in by_fmt.items():
             d = derived_for(store, fmt)
@@ -139,6 +140,7 @@ def guard_deletes(store: Store, raws: Iterable[bytes]) -> Iterator[set[bytes]]:
             if gen is not None and any(x in gen for x in digests):
                 try:
                     d.build(digests)  # all of them: one not packed yet must not be now
+                    rebuilt.append(d)
                 except Exception as exc:
                     log.error("derived %s: rebuild before deleting failed (%s)", fmt, exc)
                     if d.primary:  # (never withdrawn: these deletions wait for a later sweep)
@@ -149,6 +151,9 @@ def guard_deletes(store: Store, raws: Iterable[bytes]) -> Iterator[set[bytes]]:
             if d.shared is not None:
                 keep |= _served_elsewhere(d, digests)
         yield keep
+        for d in rebuilt:
+            if not d.mounted:  # (no mount serves it: nobody holds the retired set)
+                d.prune()
 
 
 def _served_elsewhere(d: Derived, digests: list[bytes]) -> set[bytes]:
