@@ -55,6 +55,7 @@ RANKS = {
     "alkfs.git.lfs_pointer": 2,
     "alkfs.git.lfs": 6,
     "alkfs.gc": 4,
+    "alkfs.gc.needs": 4,  # (what gc and fleet need of a store: below it)
     "alkfs.binding": 4,
     "alkfs.fleet": 4,
     "alkfs.store": 5,
