@@ -14,7 +14,7 @@ from collections.abc import Callable, Container, Iterable
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from itertools import filterfalse, islice, repeat
-from typing import Protocol
+from typing import NotRequired, Protocol, TypedDict, cast
 
 from ..db import Error as DatabaseError
 from ..db import now_ns
@@ -48,6 +48,32 @@ def _now() -> str:
     return datetime.now(UTC).isoformat(timespec="milliseconds")
 
 
+class SweepFigures(TypedDict):
+    """A sweep's report as JSON shows it (`SweepReport.to_dict`)."""
+
+    aborted: str | None
+    candidates_staged: int
+    deleted: int
+    cancelled_by_arbitration: int
+    taken: int
+    live: int
+    scanned: int
+    bytes_freed: int
+    started_at: str
+    duration_s: float
+    detail: NotRequired[str | None]
+
+
+class SweepProgressFigures(TypedDict):
+    """How far a running sweep got (`Store.sweep_progress`, the status's `sweep_progress`)."""
+
+    phase: str
+    scanned: int
+    staged: int
+    taken: int
+    deleted: int
+
+
 @dataclass
 class SweepReport:
     aborted: str | None = None
@@ -62,8 +88,8 @@ class SweepReport:
     duration_s: float = 0.0
     detail: str | None = None  # why it aborted, when a source said (an unreadable root)
 
-    def to_dict(self) -> dict:
-        out = asdict(self)
+    def to_dict(self) -> SweepFigures:
+        out = cast(SweepFigures, asdict(self))  # (asdict is typed dict[str, Any])
         if out["detail"] is None:
             del out["detail"]
         return out
@@ -385,7 +411,7 @@ def _mark_and_stage(
             progress("staging", report)
 
 
-def dry_run(store: CollectedStore, limit: int = DRY_RUN_LIST) -> dict:
+def dry_run(store: CollectedStore, limit: int = DRY_RUN_LIST) -> dict[str, object]:
     """What a sweep would stage now, changing nothing: the report's figures with
     `would_stage` (how many) and `candidates` (up to `limit`: key, size, why)."""
     report = SweepReport()
