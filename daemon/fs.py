@@ -25,7 +25,7 @@ from . import listings
 from .access import OTHER, ROOT, Access
 from .errors import RateLimit, fail, fuse_op
 from .listings import CACHED_FH, Listings
-from .nodes.base import Node
+from .nodes.base import Node, SetattrFields
 from .nodes.handles import DirHandle, Handle, wants_write
 from .nodes.root import Root
 from .requests import (
@@ -164,7 +164,12 @@ class Operations(pyfuse3.Operations):
 
     @fuse_op(of_ino)
     async def setattr(
-        self, inode: int, attr: Any, fields: Any, fh: int | None, req: RequestContext
+        self,
+        inode: int,
+        attr: pyfuse3.EntryAttributes,
+        fields: SetattrFields,
+        fh: int | None,
+        req: RequestContext,
     ) -> pyfuse3.EntryAttributes:
         node = self.node(inode)
         self._mutating(node)
@@ -348,7 +353,7 @@ class Operations(pyfuse3.Operations):
         return listings.of(self.ctx)
 
     @fuse_op(of_ino)
-    async def opendir(  # type: ignore[override]  # (a stock pyfuse3 says int only)
+    async def opendir(  # type: ignore[override, unused-ignore]  # (a stock pyfuse3 says int only; the patched build, FileInfo too)
         self, inode: int, req: RequestContext
     ) -> int | pyfuse3.FileInfo:
         node = self.node(inode)

@@ -23,7 +23,7 @@ import logging
 import stat
 from typing import TYPE_CHECKING, Any
 
-from pyfuse3 import RequestContext
+from pyfuse3 import EntryAttributes, RequestContext
 
 from alkfs.durations import parse_duration, parse_window
 from alkfs.gc import staged
@@ -31,7 +31,7 @@ from alkfs.gc import staged
 from ..errors import clip, fail
 from ..packs import repack_now
 from ..status import metrics_text, status_json
-from .base import DYNAMIC_TIMEOUT, File, Node, StaticDir
+from .base import DYNAMIC_TIMEOUT, File, Node, SetattrFields, StaticDir
 from .handles import BytesHandle, Handle, wants_write
 
 if TYPE_CHECKING:
@@ -93,8 +93,12 @@ class ControlFile(File):
         return ControlHandle(self)
 
     async def setattr(
-        self, attr: Any, fields: Any, handle: Handle | None, req: RequestContext
-    ) -> Any:
+        self,
+        attr: EntryAttributes,
+        fields: SetattrFields,
+        handle: Handle | None,
+        req: RequestContext,
+    ) -> EntryAttributes:
         # `echo sweep > control` truncates first: accept that (and touch) as no-ops.
         if fields.update_mode or fields.update_uid or fields.update_gid:
             fail(errno.EPERM, "the control file's owner and mode are fixed")

@@ -56,7 +56,7 @@ import os
 import threading
 from typing import TYPE_CHECKING, Any
 
-from pyfuse3 import RequestContext
+from pyfuse3 import EntryAttributes, RequestContext
 
 from alkfs.keys import Algorithm, Key
 
@@ -71,6 +71,7 @@ from .base import (
     Dir,
     Emit,
     Node,
+    SetattrFields,
     StaticDir,
     changes_anything,
 )
@@ -329,8 +330,12 @@ class DerivedFile(Node):
         return self._mtime
 
     async def setattr(
-        self, attr: Any, fields: Any, handle: Handle | None, req: RequestContext
-    ) -> Any:
+        self,
+        attr: EntryAttributes,
+        fields: SetattrFields,
+        handle: Handle | None,
+        req: RequestContext,
+    ) -> EntryAttributes:
         if changes_anything(fields):
             # git's freshening utime on a pack, every gc: EPERM (git then freshens the
             # objects it needs through their loose paths), logged at debug only

@@ -10,7 +10,7 @@ import zlib
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from pyfuse3 import RequestContext
+from pyfuse3 import EntryAttributes, RequestContext
 
 from alkfs.errors import Corrupt, Invalid
 from alkfs.git.objects import BLOCK, encode_loose, loose_size
@@ -24,7 +24,7 @@ from ..staging import ingest
 from ..staging.overlay import ScratchOverlay
 from ..staging.scratch import ScratchFile
 from ..staging.writes import RepoKey, pid_of
-from .base import FIRST_OFFSET, Dir, Emit, Node, changes_anything
+from .base import FIRST_OFFSET, Dir, Emit, Node, SetattrFields, changes_anything
 from .handles import DirHandle, Handle, LoadedHandle, wants_write
 from .listing import PAGE, after_cookie, cookie
 from .objfile import INLINE_VERIFY, LargeHandle, ObjectFile, verified_get
@@ -274,8 +274,12 @@ class LooseFile(ObjectFile):
         return loose_size(self.st.size)
 
     async def setattr(
-        self, attr: Any, fields: Any, handle: Handle | None, req: RequestContext
-    ) -> Any:
+        self,
+        attr: EntryAttributes,
+        fields: SetattrFields,
+        handle: Handle | None,
+        req: RequestContext,
+    ) -> EntryAttributes:
         """touch/utime freshens (ObjectFile); a toucher working for a push pins it first."""
         if changes_anything(fields):
             await ingest.freshened(self.ctx, self.key, pid_of(req))

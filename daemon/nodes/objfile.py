@@ -21,7 +21,7 @@ from alkfs.pins import valid_pin_name
 from alkfs.store import ObjectStat
 
 from ..errors import fail
-from .base import BLKSIZE, File, Node
+from .base import BLKSIZE, File, Node, SetattrFields
 from .handles import Handle, LoadedHandle
 from .largefile import LargeHandle
 from .pinning import pin_object, unpin_object
@@ -182,8 +182,12 @@ class ObjectFile(File):
 
     # -- touch: freshen -----------------------------------------------------------------
     async def setattr(
-        self, attr: Any, fields: Any, handle: Handle | None, req: RequestContext
-    ) -> Any:
+        self,
+        attr: pyfuse3.EntryAttributes,
+        fields: SetattrFields,
+        handle: Handle | None,
+        req: RequestContext,
+    ) -> pyfuse3.EntryAttributes:
         # A chmod/chown/truncate to what it is already is a no-op (cp -p, rsync -a).
         if noop_setattr(self, attr, fields):
             if not await self.ctx.run_sync(self.ctx.store.freshen, self.key):

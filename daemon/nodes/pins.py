@@ -59,7 +59,7 @@ from alkfs.store import ObjectStat, PutResult
 
 from ..errors import clip, fail
 from . import pinning
-from .base import DYNAMIC_TIMEOUT, FIRST_OFFSET, Dir, Emit, File, Node
+from .base import DYNAMIC_TIMEOUT, FIRST_OFFSET, Dir, Emit, File, Node, SetattrFields
 from .handles import DirHandle, Handle
 from .objfile import ObjectFile
 from .pintree import PinFile, PinFileEntry, PinLink, Tree, leaf_of, set_owned_attrs, show_owner
@@ -486,8 +486,12 @@ class PinsDir(TreeDir):
         self._place(Tree(), b"")
 
     async def setattr(
-        self, attr: Any, fields: Any, handle: Handle | None, req: RequestContext
-    ) -> Any:
+        self,
+        attr: pyfuse3.EntryAttributes,
+        fields: SetattrFields,
+        handle: Handle | None,
+        req: RequestContext,
+    ) -> pyfuse3.EntryAttributes:
         noop_setattr(self, attr, fields)  # times are accepted and ignored (rsync -a, cp -rp)
         return self.attr()
 
@@ -524,8 +528,12 @@ class PinSubdir(TreeDir):
         return self.attr()
 
     async def setattr(
-        self, attr: Any, fields: Any, handle: Handle | None, req: RequestContext
-    ) -> Any:
+        self,
+        attr: pyfuse3.EntryAttributes,
+        fields: SetattrFields,
+        handle: Handle | None,
+        req: RequestContext,
+    ) -> pyfuse3.EntryAttributes:
         a = self.attr()
         if fields.update_size:
             fail(errno.EISDIR, f"/pins/{self.record.name} is a directory")

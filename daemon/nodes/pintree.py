@@ -42,7 +42,7 @@ from alkfs.pins import FileAttrs, PinRecord, path_bytes, path_text
 from ..errors import fail
 from ..staging.staged import StagedFile
 from . import pinning
-from .base import DYNAMIC_TIMEOUT, File, Node, Symlink
+from .base import DYNAMIC_TIMEOUT, File, Node, SetattrFields, Symlink
 from .handles import Handle, wants_write
 from .objfile import ObjectFile
 from .policy import noop_setattr
@@ -80,7 +80,12 @@ def groups_of(pid: int | None) -> frozenset[int] | None:
 
 
 def owner_change(
-    req: RequestContext | None, uid: int, gid: int, attr: Any, fields: Any, what: str
+    req: RequestContext | None,
+    uid: int,
+    gid: int,
+    attr: pyfuse3.EntryAttributes,
+    fields: SetattrFields,
+    what: str,
 ) -> tuple[int | None, int | None]:
     """The owner and group a setattr asks `what` (shown as `uid`:`gid`) to take, each None
     when not asked or the same as now (a no-op), once allowed (see the module docstring;
@@ -111,7 +116,12 @@ def show_owner(ctx: Context, a: pyfuse3.EntryAttributes, rec: Any) -> pyfuse3.En
 
 
 async def set_owned_attrs(
-    ctx: Context, rec: Any, now: Any, attr: Any, fields: Any, req: RequestContext | None
+    ctx: Context,
+    rec: Any,
+    now: Any,
+    attr: pyfuse3.EntryAttributes,
+    fields: SetattrFields,
+    req: RequestContext | None,
 ) -> Any:
     """A pin's or a directory of pins' setattr: its mode, modification time, owner and
     group are kept in its row (an owner or group by `owner_change`'s rules). The row as
@@ -185,8 +195,12 @@ class PinLink(Symlink):
         return self.target
 
     async def setattr(
-        self, attr: Any, fields: Any, handle: Handle | None, req: RequestContext
-    ) -> Any:
+        self,
+        attr: pyfuse3.EntryAttributes,
+        fields: SetattrFields,
+        handle: Handle | None,
+        req: RequestContext,
+    ) -> pyfuse3.EntryAttributes:
         # `touch -h`: freshens the object; a chmod/chown to what it is is a no-op
         if noop_setattr(self, attr, fields):
             await self.ctx.run_sync(self.ctx.store.freshen, self.record.key)
@@ -242,8 +256,12 @@ class PinFileEntry(File):
         return await ObjectFile(self.ctx, self, st).open(flags, req)
 
     async def setattr(
-        self, attr: Any, fields: Any, handle: Handle | None, req: RequestContext
-    ) -> Any:
+        self,
+        attr: pyfuse3.EntryAttributes,
+        fields: SetattrFields,
+        handle: Handle | None,
+        req: RequestContext,
+    ) -> pyfuse3.EntryAttributes:
         """chmod, chown and the modification time are the pin's (its row keeps them;
         `owner_change` says who may chown); a size other than its own is EPERM, an
         access time alone is ignored."""
@@ -305,8 +323,12 @@ class PinFile(StagedFile):
             await self.idle.wait()
 
     async def setattr(
-        self, attr: Any, fields: Any, handle: Handle | None, req: RequestContext
-    ) -> Any:
+        self,
+        attr: pyfuse3.EntryAttributes,
+        fields: SetattrFields,
+        handle: Handle | None,
+        req: RequestContext,
+    ) -> pyfuse3.EntryAttributes:
         """Recorded until the content is stored (the pin takes them); once it is (a
         chmod right after the close, racing the commit of an empty file at release; a
         descriptor still open), they go to the pin's row too. An owner or group by

@@ -11,14 +11,14 @@ import stat
 import time
 from typing import TYPE_CHECKING, Any
 
-from pyfuse3 import RequestContext
+from pyfuse3 import EntryAttributes, RequestContext
 
 from alkfs.git.refs import ANY, LOST_RACE, MAX_REF_NAME, RefUpdate, Refusal, Repo
 from alkfs.keys import is_hex
 
 from ..errors import fail
 from ..staging.writes import pid_of, repo_key
-from .base import File, Node
+from .base import File, Node, SetattrFields
 from .handles import Handle
 from .listing import text_of
 
@@ -275,8 +275,12 @@ class LockFile(File):
         return LockHandle(self)
 
     async def setattr(
-        self, attr: Any, fields: Any, handle: Handle | None, req: RequestContext
-    ) -> Any:
+        self,
+        attr: EntryAttributes,
+        fields: SetattrFields,
+        handle: Handle | None,
+        req: RequestContext,
+    ) -> EntryAttributes:
         if fields.update_size:
             del self.buf[attr.st_size :]
         return self.attr()

@@ -53,7 +53,7 @@ from alkfs.keys import Algorithm, Key
 from alkfs.store import PutResult
 
 from ..errors import errno_of, fail
-from ..nodes.base import File, Node
+from ..nodes.base import File, Node, SetattrFields
 from ..nodes.handles import Handle, wants_write
 from .writer import StagedWriter
 
@@ -174,8 +174,12 @@ class StagedFile(File):
         return a
 
     async def setattr(
-        self, attr: Any, fields: Any, handle: Handle | None, req: RequestContext
-    ) -> Any:
+        self,
+        attr: pyfuse3.EntryAttributes,
+        fields: SetattrFields,
+        handle: Handle | None,
+        req: RequestContext,
+    ) -> pyfuse3.EntryAttributes:
         if fields.update_size and attr.st_size != self.writer.size:
             if self.writer.closed:
                 fail(errno.EPERM, f"{self.path} is stored: it is immutable")
