@@ -16,7 +16,7 @@ import functools
 import logging
 import os
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import pyfuse3
 from pyfuse3 import RequestContext
@@ -38,6 +38,7 @@ from .requests import (
     of_dh,
     of_fh,
     of_ino,
+    of_link,
     of_xattr,
 )
 
@@ -107,20 +108,22 @@ class Operations(pyfuse3.Operations):
         self.inodes.remember(node)
         return node.attr()
 
-    def passes(self, op: str, args: tuple[Any, ...]) -> bool:
+    def passes(self, op: str, args: tuple[object, ...]) -> bool:
         """Whether a request may be answered while acknowledged small files wait for
         their commit (staging/pending.py): those of the files being written, and
         lookups and creates of names not pending (`Node.passes_intents`). Any other
         first waits for the commit (errors.fuse_op)."""
+        # (`args` are the handler's positional arguments: a handle or an inode first; for
+        # lookup and create, the name second)
         if op in _BY_HANDLE:
-            handle = self.handles.get(args[0])
+            handle = self.handles.get(cast(int, args[0]))
             return handle is not None and handle.passes_intents
         if op in _BY_INODE:
-            node = self.inodes.get(args[0])
+            node = self.inodes.get(cast(int, args[0]))
             return node is not None and node.passes_intents(None)
         if op == "lookup" or op == "create":
-            node = self.inodes.get(args[0])
-            return node is not None and node.passes_intents(args[1])
+            node = self.inodes.get(cast(int, args[0]))
+            return node is not None and node.passes_intents(cast(bytes, args[1]))
         return False
 
     # -- names ----------------------------------------------------------------------
@@ -243,7 +246,7 @@ class Operations(pyfuse3.Operations):
         self.guard.refuse_never_written(new, name_new)
         await old.rename(name_old, new, name_new, flags, req)
 
-    @fuse_op(lambda self, ino, parent, name, *r: of_child(self, parent, name))
+    @fuse_op(of_link)
     async def link(
         self, inode: int, new_parent_inode: int, new_name: bytes, req: RequestContext
     ) -> pyfuse3.EntryAttributes:
