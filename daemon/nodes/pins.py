@@ -280,11 +280,11 @@ class TreeDir(Dir):
 
     # -- files written here (the StagingParent of their PinFile) --------------------------
     @staticmethod
-    def _pin_name(node: Any) -> str | None:
+    def _pin_name(node: PinFile) -> str | None:
         """The pin a file written here makes at close (None: it was unlinked)."""
         return None if node.unlinked else node.pin_name
 
-    def store_small(self, node: Any, data: bytes, wait: bool) -> PutResult | None:
+    def store_small(self, node: PinFile, data: bytes, wait: bool) -> PutResult | None:
         """The object and its pin in one transaction (a refused name stores nothing)."""
         text = self._pin_name(node)
         if text is None:
@@ -300,7 +300,7 @@ class TreeDir(Dir):
                 return ahead
         return pinning.put_pinned(self.ctx.pins, text, data, node.key, wait, attrs, True)
 
-    def publish_in_thread(self, node: Any, result: PutResult, wait: bool) -> None:
+    def publish_in_thread(self, node: PinFile, result: PutResult, wait: bool) -> None:
         """After the put (content that was spooled): pinned under its path, then the
         in-process pin goes (after the pin row committed); EEXIST if the name is
         another object's now. (Only a worker thread pins here.)"""
@@ -317,14 +317,14 @@ class TreeDir(Dir):
     def stored_file(self, st: ObjectStat) -> File:
         return ObjectFile(self.ctx, self, st)
 
-    async def publish(self, node: Any, result: PutResult) -> None:
+    async def publish(self, node: PinFile, result: PutResult) -> None:
         result.pin.release()  # (pinned under its path already: a second release is a no-op)
         self._forget(node)
 
-    async def closed(self, node: Any) -> None:
+    async def closed(self, node: PinFile) -> None:
         self._forget(node)
 
-    def _forget(self, node: Any) -> None:
+    def _forget(self, node: PinFile) -> None:
         # (no kernel invalidation needed: a StagedFile's entry timeout is 0, so the next
         # use of the name asks again and finds the pin, or nothing)
         staged, path = self.tree.staged, node.pin_path

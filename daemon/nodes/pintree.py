@@ -40,7 +40,7 @@ from alkfs.keys import Algorithm
 from alkfs.pins import FileAttrs, PinRecord, path_bytes, path_text
 
 from ..errors import fail
-from ..staging.staged import StagedFile
+from ..staging.staged import StagedFile, StagingParent
 from . import pinning
 from .base import DYNAMIC_TIMEOUT, File, Node, SetattrFields, Symlink
 from .handles import Handle, wants_write
@@ -296,7 +296,15 @@ class PinFile(StagedFile):
 
     __slots__ = ("pin_path", "owner")
 
-    def __init__(self, ctx: Context, host: Any, parent: Node, name: bytes, path: bytes, mode: int):
+    def __init__(
+        self,
+        ctx: Context,
+        host: StagingParent[PinFile],
+        parent: Node,
+        name: bytes,
+        path: bytes,
+        mode: int,
+    ):
         super().__init__(ctx, host, name, Algorithm.SHA256, mode=mode)
         self.parent = parent  # (the directory it is listed in; `host` stores it)
         self.pin_path = path

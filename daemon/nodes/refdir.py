@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import errno
 import os
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from pyfuse3 import EntryAttributes, RequestContext
 
@@ -52,7 +52,7 @@ class RepoFile(File):
     def mtime_ns(self) -> int:
         return self.repo.created_ns
 
-    async def getattr(self, req: RequestContext) -> Any:
+    async def getattr(self, req: RequestContext) -> EntryAttributes:
         self.data = self.content()
         return self.attr()
 
