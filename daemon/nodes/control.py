@@ -21,7 +21,7 @@ import errno
 import json
 import logging
 import stat
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from pyfuse3 import EntryAttributes, RequestContext
 
@@ -83,7 +83,7 @@ class ControlFile(File):
     def mode(self) -> int:
         return stat.S_IFREG | 0o600
 
-    def attr(self) -> Any:
+    def attr(self) -> EntryAttributes:
         a = super().attr()
         a.st_uid = self.ctx.daemon_uid  # (not the --owner user's: they may not write it)
         a.st_gid = self.ctx.daemon_gid
@@ -268,7 +268,7 @@ class _Generated(File):
     def size(self) -> int:
         return len(self.snapshot)
 
-    async def getattr(self, req: RequestContext) -> Any:
+    async def getattr(self, req: RequestContext) -> EntryAttributes:
         if self.open_count == 0:
             self.snapshot = await self.content()
         return self.attr()

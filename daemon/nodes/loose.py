@@ -8,7 +8,7 @@ import logging
 import os
 import zlib
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, cast
 
 from pyfuse3 import EntryAttributes, RequestContext
 
@@ -30,6 +30,8 @@ from .listing import PAGE, after_cookie, cookie
 from .objfile import INLINE_VERIFY, LargeHandle, ObjectFile, verified_get
 
 if TYPE_CHECKING:
+    from alkfs.git.refs import Repo
+
     from ..context import Context
 
 log = logging.getLogger("alkfsd")
@@ -79,7 +81,7 @@ def loose_segments(n: int, offset: int, size: int) -> Iterator[bytes | tuple[int
                 pos += length
 
 
-def repo_fanout_ident(repo: Any, xx: bytes) -> tuple:
+def repo_fanout_ident(repo: Repo, xx: bytes) -> tuple[str, str, int, bytes]:
     """The identity of /repos/<id>/objects/<xx> (repos.py), found here when objects go."""
     return ("repo-fanout", repo.id, repo.created_ns, xx)
 
@@ -156,10 +158,13 @@ class FanoutDir(Dir):
                 if not emit(st.key.hex[2:].encode(), LooseFile.fresh(self.ctx, self, st), c):
                     return
             return
-        recent: dict[int, bytes] = state_.setdefault("recent", {})
+        recent = cast(dict[int, bytes], state_.setdefault("recent", {}))
+        ahead: list[ObjectStat]
+        after: Key | None
         if start >= FIRST_OFFSET and state_.get("last") == start:
-            ahead: list[ObjectStat] = state_["ahead"]
-            after, done, count = state_["after"], state_["done"], state_["count"]
+            ahead = cast(list[ObjectStat], state_["ahead"])
+            after = cast(Key | None, state_["after"])
+            done, count = cast(bool, state_["done"]), cast(int, state_["count"])
         else:
             ahead, done, count = [], False, 0
             if start < FIRST_OFFSET:

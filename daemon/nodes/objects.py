@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import errno
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from pyfuse3 import EntryAttributes, RequestContext
 
@@ -203,11 +203,13 @@ class AlgoDir(_Dir):
         so what it did not take waits in `dh.state` for the next call, which resumes
         after the last entry given (any other offset restarts from that offset's key)."""
         store, ctx, state = self.ctx.store, self.ctx, dh.state
-        recent: dict[int, bytes] = state.setdefault("recent", {})
+        recent = cast(dict[int, bytes], state.setdefault("recent", {}))
         ahead: list[ObjectStat]
         after: Key | None
         if start >= FIRST_OFFSET and state.get("last") == start:
-            ahead, after, done = state["ahead"], state["after"], state["done"]
+            ahead = cast(list[ObjectStat], state["ahead"])
+            after = cast(Key | None, state["after"])
+            done = cast(bool, state["done"])
         else:
             ahead, done = [], False
             if start < FIRST_OFFSET:

@@ -9,7 +9,7 @@ import logging
 import os
 import stat
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Self
 
 import pyfuse3
 from pyfuse3 import RequestContext
@@ -75,7 +75,7 @@ class ObjectFile(File):
         self.pushed = False
 
     @classmethod
-    def fresh(cls, ctx: Context, parent: Node, st: ObjectStat, *args: Any) -> Any:
+    def fresh(cls, ctx: Context, parent: Node, st: ObjectStat, *args: bytes | None) -> Self:
         """A node about to be handed to the kernel. It replaces the instance the inode
         table holds, so it inherits `pushed`; when the table holds none, the kernel has no
         inode of it (never had, or forgot it) and the next open may push pages again."""

@@ -38,7 +38,7 @@ import errno
 import re
 import stat
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, cast
 
 import pyfuse3
 from pyfuse3 import RequestContext
@@ -80,6 +80,11 @@ def _shown(name: bytes) -> str:
 def _rebased(name: str, old: str, new: str) -> str:
     """`name` (at or below `old`) after `old` was renamed `new`."""
     return new + name[len(old) :]
+
+
+# Where a listing of a directory of /pins resumes: ("db", the last name given; None: from
+# the start), or ("staged", how many of the files being written here were given).
+Mark = tuple[str, str | int | None]
 
 
 class TreeDir(Dir):
@@ -145,9 +150,9 @@ class TreeDir(Dir):
         removed meanwhile shift nothing); another offset (a seekdir) counts from the
         start."""
         state = dh.state
-        marks: dict[int, tuple[str, Any]] = state.setdefault("marks", {})
+        marks = cast(dict[int, Mark], state.setdefault("marks", {}))
         if start < FIRST_OFFSET:
-            resume: tuple[str, Any] = ("db", None)
+            resume: Mark = ("db", None)
             state["staged"] = None
             offset = FIRST_OFFSET
         elif start in marks:
@@ -159,7 +164,9 @@ class TreeDir(Dir):
                 resume, offset = mark, offset + 1
                 if offset > start:
                     break
-        for old in state.get("before", ()):  # (only the last two replies' marks stay)
+        for old in cast(
+            set[int], state.get("before", ())
+        ):  # (only the last two replies' marks stay)
             marks.pop(old, None)
         state["before"] = state.get("last", ())
         state["last"] = now = set()
@@ -170,24 +177,24 @@ class TreeDir(Dir):
             now.add(offset)
             offset += 1
 
-    def _walk(self, resume: tuple[str, Any], state: dict) -> Iterator[tuple[Any, bytes, Node]]:
+    def _walk(self, resume: Mark, state: dict[str, object]) -> Iterator[tuple[Mark, bytes, Node]]:
         """(mark to resume after it, name, node) of every entry after `resume`."""
         phase, at = resume
         cut = len(self.prefix)
         if phase == "db":
             pins = self.ctx.pins
             while True:
-                page = pins.children(self.prefix, at, PAGE)
+                page = pins.children(self.prefix, cast(str | None, at), PAGE)
                 for found in page:
                     yield ("db", found.name), path_bytes(found.name[cut:]), self._node(found)
                 if len(page) < PAGE:
                     break
                 at = page[-1].name
             at = 0
-        staged = state.get("staged")
+        staged = cast(list[tuple[bytes, Node]] | None, state.get("staged"))
         if staged is None:
             staged = state["staged"] = self._staged_here()
-        for i in range(at, len(staged)):
+        for i in range(cast(int, at), len(staged)):
             yield ("staged", i + 1), staged[i][0], staged[i][1]
 
     def _staged_here(self) -> list[tuple[bytes, Node]]:

@@ -29,7 +29,7 @@ from __future__ import annotations
 import errno
 import os
 import stat
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import pyfuse3
 import trio
@@ -37,7 +37,7 @@ from pyfuse3 import RequestContext
 
 from alkfs.errors import Missing
 from alkfs.keys import Algorithm
-from alkfs.pins import FileAttrs, PinRecord, path_bytes, path_text
+from alkfs.pins import Entry, FileAttrs, PinRecord, path_bytes, path_text
 
 from ..errors import fail
 from ..staging.staged import StagedFile, StagingParent
@@ -108,7 +108,7 @@ def owner_change(
     return new_uid, new_gid
 
 
-def show_owner(ctx: Context, a: pyfuse3.EntryAttributes, rec: Any) -> pyfuse3.EntryAttributes:
+def show_owner(ctx: Context, a: pyfuse3.EntryAttributes, rec: Entry) -> pyfuse3.EntryAttributes:
     """`a` with the owner and group of the row `rec` (none kept: the mount's owner's)."""
     a.st_uid = ctx.uid if rec.uid is None else rec.uid
     a.st_gid = ctx.gid if rec.gid is None else rec.gid
@@ -117,12 +117,12 @@ def show_owner(ctx: Context, a: pyfuse3.EntryAttributes, rec: Any) -> pyfuse3.En
 
 async def set_owned_attrs(
     ctx: Context,
-    rec: Any,
-    now: Any,
+    rec: Entry,
+    now: pyfuse3.EntryAttributes,
     attr: pyfuse3.EntryAttributes,
     fields: SetattrFields,
     req: RequestContext | None,
-) -> Any:
+) -> Entry | None:
     """A pin's or a directory of pins' setattr: its mode, modification time, owner and
     group are kept in its row (an owner or group by `owner_change`'s rules). The row as
     it is now, or None when nothing of it changed."""

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import errno
 import stat
-from typing import Any
 
 from pyfuse3 import EntryAttributes
 
@@ -19,7 +18,7 @@ def noop_setattr(node: Node, attr: EntryAttributes, fields: SetattrFields) -> bo
     times were set (the caller freshens an object; a directory ignores them)."""
     a = node.attr()
 
-    def asks(field: str) -> Any:
+    def asks(field: str) -> int | None:
         return getattr(attr, field, None)  # (None: no value given, so not the same)
 
     if fields.update_size and asks("st_size") != a.st_size:

@@ -45,7 +45,7 @@ import errno
 import logging
 import stat
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from pyfuse3 import RequestContext
 
@@ -305,7 +305,7 @@ class RepoDir(Dir):
                 assert node is not None
                 out.append((name, node))
             dh.state["entries"] = out
-        await readdir_snapshot(dh, start, emit, lambda: dh.state["entries"])
+        await readdir_snapshot(dh, start, emit, lambda: cast(Entries, dh.state["entries"]))
 
 
 class ConfigFile(RepoFile):

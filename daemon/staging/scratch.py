@@ -50,7 +50,7 @@ import os
 import stat
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, cast
 
 from pyfuse3 import EntryAttributes, RequestContext
 
@@ -211,7 +211,7 @@ class ScratchDir(Dir):
     async def readdir(self, dh: DirHandle, start: int, emit: Emit) -> None:
         if start < FIRST_OFFSET or "entries" not in dh.state:
             dh.state["entries"] = sorted(self.entries.items())
-        listed = dh.state["entries"]
+        listed = cast(list[tuple[bytes, Node]], dh.state["entries"])
         first = 0 if start < FIRST_OFFSET else start - FIRST_OFFSET + 1
         for i in range(first, len(listed)):
             name, node = listed[i]
