@@ -16,7 +16,7 @@ import functools
 import logging
 import os
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, cast
 
 import pyfuse3
 from pyfuse3 import RequestContext
@@ -371,7 +371,7 @@ class Operations(pyfuse3.Operations):
             raise
 
     @fuse_op(of_dh)
-    async def readdir(self, fh: int, start_id: int, token: Any) -> None:
+    async def readdir(self, fh: int, start_id: int, token: pyfuse3.ReaddirToken) -> None:
         dh = self.dirs.get(fh)
         if dh is None and not fh & CACHED_FH:
             fail(errno.EBADF, f"no open directory {fh}")

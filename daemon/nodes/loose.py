@@ -45,7 +45,9 @@ _STRIDE = BLOCK + 5  # a stored block: 5 header bytes, then up to BLOCK bytes of
 
 
 # -- the loose form by arithmetic ---------------------------------------------------------------
-def loose_segments(n: int, offset: int, size: int) -> Iterator[bytes | tuple[int, int] | slice]:
+def loose_segments(
+    n: int, offset: int, size: int
+) -> Iterator[bytes | tuple[int, int] | slice[int, int, int | None]]:
     """Bytes [offset, offset+size) of the loose file of an `n`-byte object, in order, as
     `bytes` (framing: the zlib header, stored-block headers), `(start, length)` (a range
     of the canonical object) or a `slice` of the big-endian adler32 trailer."""
