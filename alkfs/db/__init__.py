@@ -37,9 +37,10 @@ def now_ns() -> int:
 # A row as the driver hands it: a tuple whose columns' types follow from the SQL text
 # (int, bytes, str, float or None), which no checker can see. The drivers' own stubs say
 # as much (typeshed's sqlite3 `Cursor.fetchone() -> Any`, psycopg's `TupleRow =
-# tuple[Any, ...]`); this is the one place that Any is spelled: each query's reader
-# states its columns' types by how it uses them.
-Row: TypeAlias = Any  # type: ignore[explicit-any]  # (the drivers' rows: see above)
+# tuple[Any, ...]`); this is the one place that Any is spelled (this module is exempt
+# from disallow_any_explicit in pyproject.toml for it): each query's reader states its
+# columns' types by how it uses them.
+Row: TypeAlias = Any
 # A statement's parameters (`?` placeholders: a sequence, as both drivers take them).
 Params: TypeAlias = Sequence[object]
 
