@@ -6,7 +6,7 @@ import functools
 import os
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, TypedDict
 
 from . import __version__, intents, privacy
 from .binding import BINDING_NAME
@@ -21,10 +21,70 @@ from .pins import Pins
 from .roots import Roots
 from .store import DB_NAME, DEFAULT_THRESHOLD, Store
 
+if TYPE_CHECKING:
+    from .fleet import FleetNode
+    from .gc.sweep import SweepFigures
+
 
 def store_exists(path: str | os.PathLike[str]) -> bool:
     """Whether `path` holds a store (its sqlite file, or its binding to a database)."""
     return any(os.path.exists(os.path.join(path, n)) for n in (DB_NAME, BINDING_NAME))
+
+
+class StoreFigures(TypedDict):
+    path: str | None
+    mode: str
+    threshold: int
+    window_s: int | float
+
+
+class DatabaseFigures(TypedDict):
+    engine: str
+    name: str
+
+
+class FleetFigures(TypedDict):
+    self: str
+    nodes: list[FleetNode]
+
+
+# Bytes on disk by part (`Alkfs.disk`): database, database_free (None: not a sqlite
+# store), large, packs.
+DiskFigures = dict[str, int | None]
+
+
+class StagedFigures(TypedDict):
+    """The delete window's candidates (`Alkfs.staged`)."""
+
+    count: int | None
+    bytes: int | None
+    next_deadline: str | None
+
+
+class Verifying(TypedDict):
+    """A running verify (the mount's status): objects looked at of those stored."""
+
+    done: int
+    total: int
+
+
+class Status(TypedDict):
+    """SPEC §3.6's status JSON, the library's part (`Alkfs.status`; the daemon adds its
+    own: daemon/status.py)."""
+
+    version: str
+    store: StoreFigures
+    database: DatabaseFigures | None
+    fleet: FleetFigures | None
+    objects: dict[str, dict[str, int]]
+    disk: DiskFigures
+    pins: int
+    repos: int
+    roots: int
+    staged: StagedFigures
+    sweeping: bool
+    last_sweep: SweepFigures | None
+    corrupt: list[str]
 
 
 class Alkfs:
@@ -87,7 +147,7 @@ class Alkfs:
     def memory(cls, threshold: int | None = None, window_s: float = 0) -> Alkfs:
         return cls(Store.memory(threshold or DEFAULT_THRESHOLD, window_s))
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> Status:
         """The figures of SPEC §3.6 (status JSON); reads the whole store: not for the trio thread."""
         store = self.store
         last = store.last_sweep
@@ -117,7 +177,7 @@ class Alkfs:
             "corrupt": sorted(str(Key(k)) for k in list(store.corrupt)),
         }
 
-    def disk(self, counts: dict[str, dict[str, int]]) -> dict[str, Any]:
+    def disk(self, counts: dict[str, dict[str, int]]) -> DiskFigures:
         """Bytes on disk by part: the sqlite file (with its WAL; None on PostgreSQL) and
         its free pages, the large tier's objects, the git packs' files (each once)."""
         store = self.store
@@ -136,7 +196,7 @@ class Alkfs:
             "packs": packs,
         }
 
-    def staged(self) -> dict[str, Any]:
+    def staged(self) -> StagedFigures:
         """The delete window's candidates: count, bytes, and the first deadline (ISO)."""
         t = staged.totals(self.store)
         first = t["first_deadline_ns"]

@@ -43,14 +43,15 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypedDict
 
 from .errors import AlkfsError, Stale
 from .machine import machine_id
 
 if TYPE_CHECKING:
+    from .db import Conn
     from .db.postgres import PostgresDatabase
-    from .store import Store
+    from .gc.needs import FleetStore
 
 log = logging.getLogger("alkfs.fleet")
 
@@ -62,11 +63,24 @@ LOG_KEEP_NS = 3600 * 10**9  # deletion log rows older than this are pruned by th
 NODES_DIR = "nodes"
 
 
+class FleetNode(TypedDict):
+    """A session of the fleet, as status shows it (`Fleet.nodes`)."""
+
+    id: str
+    host: str
+    pid: int
+    since_ns: int
+    sweeping: bool
+    live: bool
+    pins: int
+    self: bool
+
+
 class Fleet:
     """This process's membership of its store's fleet (see the module docstring)."""
 
     def __init__(
-        self, store: Store, db: PostgresDatabase, node: str, ttl_s: float = DEFAULT_TTL_S
+        self, store: FleetStore, db: PostgresDatabase, node: str, ttl_s: float = DEFAULT_TTL_S
     ) -> None:
         self.store = store
         self.db = db
@@ -101,7 +115,7 @@ class Fleet:
             t.start()
 
     # -- the session ------------------------------------------------------------------
-    def _join(self, conn: Any = None) -> None:
+    def _join(self, conn: Conn | None = None) -> None:
         (conn or self.db).execute(
             "INSERT INTO fleet_nodes (id, host, pid, started_ns, expiry_ns, sweeping) "
             f"VALUES (?, ?, ?, {NOW}, {NOW} + ?, 0)",
@@ -198,7 +212,7 @@ class Fleet:
     def token(self) -> int:
         return next(self._tokens)
 
-    def _insert(self, conn: Any, rows: Iterable[tuple[bytes, int]]) -> None:
+    def _insert(self, conn: Conn, rows: Iterable[tuple[bytes, int]]) -> None:
         self.db.insert_rows(
             conn,
             "INSERT INTO fleet_pins (key, node, token)",
@@ -270,7 +284,7 @@ class Fleet:
             )
             self.db.execute("SELECT pg_notify('alkfs_deleted', '')")
 
-    def guard_publish(self, conn: Any, keys: Iterable[bytes] = ()) -> None:
+    def guard_publish(self, conn: Conn, keys: Iterable[bytes] = ()) -> None:
         """Inside a ref or pin transaction: this session is live and owes no lost
         object, the named objects are stored; then the epoch moves (Stale otherwise)."""
         keys = list(keys)
@@ -294,7 +308,7 @@ class Fleet:
             "ON CONFLICT (id) DO UPDATE SET n = fleet_epoch.n + 1"
         )
 
-    def bump_epoch(self, conn: Any) -> None:
+    def bump_epoch(self, conn: Conn) -> None:
         """Inside a write transaction: the epoch moves (a sweep's delete batch that began
         before re-checks), as a ref or pin change moves it."""
         conn.execute(
@@ -315,7 +329,7 @@ class Fleet:
         reached, missing = self.reaches(keys)  # (a lost tree or commit is not read: missing)
         return missing > 0 or not tainted.isdisjoint(reached)
 
-    def refs_changed(self, conn: Any, repo: str) -> None:
+    def refs_changed(self, conn: Conn, repo: str) -> None:
         conn.execute("SELECT pg_notify('alkfs_refs', ?)", (repo,))
 
     # -- the sweep lease ---------------------------------------------------------------
@@ -458,7 +472,7 @@ class Fleet:
         self.db.execute("SELECT pg_notify('alkfs_roots', '')")
 
     # -- status ------------------------------------------------------------------------
-    def nodes(self) -> list[dict[str, Any]]:
+    def nodes(self) -> list[FleetNode]:
         rows = self.db.execute(
             f"SELECT id, host, pid, started_ns, sweeping, expiry_ns > {NOW} FROM fleet_nodes "
             "ORDER BY started_ns"

@@ -31,7 +31,6 @@ import time
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 from . import schema
 from .binding import DB_NAME, read_binding, remove_binding, settle, write_binding
@@ -269,7 +268,7 @@ def _close_sqlite(db: SqliteDatabase) -> None:
 
 def to_postgresql(
     root: str | os.PathLike[str], uri: str, progress: Progress | None = None
-) -> dict[str, Any]:
+) -> dict[str, object]:
     """Move the sqlite store at `root` into the PostgreSQL database `uri`."""
     from .db.postgres import PostgresDatabase
 
@@ -352,7 +351,7 @@ def _undrain(root: Path) -> int:
 
 def to_sqlite(
     root: str | os.PathLike[str], uri: str, progress: Progress | None = None
-) -> dict[str, Any]:
+) -> dict[str, object]:
     """Move the PostgreSQL store at `root` (its database `uri`) back into STORE/store.db;
     the PostgreSQL database is left as it was."""
     from .db.postgres import PostgresDatabase

@@ -14,7 +14,7 @@ import pwd
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TypedDict, TypeVar, TypeVarTuple
 
 import trio
 
@@ -37,6 +37,21 @@ from .workers import Workers
 log = logging.getLogger("alkfsd")
 
 T = TypeVar("T")
+Ts = TypeVarTuple("Ts")
+
+
+class PackFigures(TypedDict):
+    """One format's derived packs in the status (daemon/packs.py's `Served.status`)."""
+
+    generation: int | None
+    objects: int
+    packs: int
+    bytes: int
+    built_at: str | None
+    last_error: str | None
+    primary: bool
+    drained: int
+
 
 INVALIDATE_WAIT_S = 10.0  # how long a sweep request waits for the kernel to drop entries
 
@@ -147,7 +162,7 @@ class Context:
         self.ingested_packs: dict[tuple[str, int], set[bytes]] = {}
         self.started_ns = time.time_ns()
         self.next_sweep_ts: float | None = None  # (the periodic sweeper sets it)
-        self.last_dry_run: dict[str, Any] | None = None  # (/.alkfs/dry-run)
+        self.last_dry_run: dict[str, object] | None = None  # (/.alkfs/dry-run)
         self.daemon_uid = os.getuid()  # who may do anything (with root)
         self.daemon_gid = os.getgid()
         o = self.options
@@ -183,7 +198,7 @@ class Context:
         git view's first listing or the intake worker)."""
         return Served(self)
 
-    def packs_status(self) -> dict[str, Any]:
+    def packs_status(self) -> dict[str, PackFigures]:
         """The derived packs' part of the status ({} until they are made)."""
         served: Served | None = self.__dict__.get("packs")
         return served.status() if served is not None else {}
@@ -197,7 +212,7 @@ class Context:
     def read_only(self) -> bool:
         return self.options.read_only
 
-    async def run_sync(self, fn: Callable[..., T], *args: Any) -> T:
+    async def run_sync(self, fn: Callable[[*Ts], T], *args: *Ts) -> T:
         """The one way to run blocking work (sqlite writes, big file I/O, big hashes, sweeps)."""
         return await trio.to_thread.run_sync(fn, *args, limiter=self.limiter)
 
@@ -233,10 +248,10 @@ class Context:
             log.warning("sweep: the kernel did not take every invalidation in time")
         return report
 
-    async def dry_run(self) -> dict[str, Any]:
+    async def dry_run(self) -> dict[str, object]:
         """What a sweep would stage now (nothing changes); kept for /.alkfs/dry-run."""
         await self.pending.drain()
-        result: dict[str, Any] = await self.run_sync(dry_run, self.store)
+        result = await self.run_sync(dry_run, self.store)
         self.last_dry_run = result
         log.info(
             "sweep --dry-run: %d object(s), %d bytes would be staged",

@@ -18,13 +18,16 @@ import errno
 import functools
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from time import perf_counter_ns
-from typing import Any, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Concatenate, NoReturn, ParamSpec, Protocol, TypeVar, overload
 
 import pyfuse3
 
 from alkfs import errors as lib
+
+if TYPE_CHECKING:
+    from .requests_stats import RequestStats
 
 log = logging.getLogger("alkfsd")
 
@@ -115,7 +118,7 @@ class RateLimit:
         self.window_s = window_s
         self.clock = clock
         # key -> [window start, lines logged in it, lines suppressed in it]
-        self.slots: dict[tuple[str, str], list[Any]] = {}
+        self.slots: dict[tuple[str, str], list[float]] = {}
 
     def allow(self, key: tuple[str, str]) -> bool:
         now = self.clock()
@@ -139,7 +142,7 @@ class RateLimit:
                 self._report(key, slot)
                 del self.slots[key]
 
-    def _report(self, key: tuple[str, str], slot: list[Any]) -> None:
+    def _report(self, key: tuple[str, str], slot: list[float]) -> None:
         if slot[2]:
             op, code = key
             log.warning(
@@ -153,7 +156,7 @@ class RateLimit:
             slot[2] = 0
 
 
-def _allow(owner: Any, key: tuple[str, str]) -> bool:
+def _allow(owner: object, key: tuple[str, str]) -> bool:
     limit = getattr(owner, "log_limit", None)
     return limit is None or limit.allow(key)
 
@@ -190,25 +193,72 @@ def name_of(code: int) -> str:
     return errno.errorcode.get(code, str(code))
 
 
-F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
+class _Drains(Protocol):
+    """The acknowledged small files a request may wait for (staging/pending.py)."""
+
+    @property
+    def count(self) -> int: ...
+
+    async def drain(self) -> None: ...
 
 
-def fuse_op(describe: Callable[..., str] | None = None) -> Callable[[F], F]:
+class Handled(Protocol):
+    """What `fuse_op`'s wrapper uses of the Operations whose handler it wraps (fs.py)."""
+
+    @property
+    def pending(self) -> _Drains: ...
+
+    @property
+    def stats(self) -> RequestStats: ...
+
+    def passes(self, op: str, args: tuple[object, ...]) -> bool: ...
+
+    def count_error(self, op: str, code: int) -> None: ...
+
+
+Ops = TypeVar("Ops", bound=Handled)
+Ops_contra = TypeVar("Ops_contra", bound=Handled, contravariant=True)
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+class Describe(Protocol[Ops_contra]):
+    """Names what a request was about, from the handler's own positional arguments
+    (daemon/requests.py's `of_*`)."""
+
+    def __call__(self, ops: Ops_contra, /, *args: object) -> str: ...
+
+
+Handler = Callable[Concatenate[Ops, P], Awaitable[R]]
+Wrapped = Callable[Concatenate[Ops, P], Coroutine[object, object, R]]
+
+
+@overload
+def fuse_op() -> Callable[[Handler[Ops, P, R]], Wrapped[Ops, P, R]]: ...
+
+
+@overload
+def fuse_op(describe: Describe[Ops]) -> Callable[[Handler[Ops, P, R]], Wrapped[Ops, P, R]]: ...
+
+
+def fuse_op(
+    describe: Describe[Ops] | None = None,
+) -> Callable[[Handler[Ops, P, R]], Wrapped[Ops, P, R]]:
     """Wrap an Operations handler: every exception leaves as FUSEError with one log line.
 
     `describe(self, *args)` names what the request was about (a path or key) for the log.
     """
 
-    def deco(fn: F) -> F:
+    def deco(fn: Handler[Ops, P, R]) -> Wrapped[Ops, P, R]:
         op = fn.__name__.lstrip("_")
 
         @functools.wraps(fn)
-        async def wrapper(self: Any, *args: Any) -> Any:
+        async def wrapper(self: Ops, /, *args: P.args, **kwargs: P.kwargs) -> R:
             t0 = perf_counter_ns()
             try:
                 if self.pending.count and not self.passes(op, args):
                     await self.pending.drain()  # (see staging/pending.py)
-                return await fn(self, *args)
+                return await fn(self, *args, **kwargs)
             except Exception as exc:
                 code = errno_of(exc)
                 if code is None:
@@ -245,12 +295,12 @@ def fuse_op(describe: Callable[..., str] | None = None) -> Callable[[F], F]:
             finally:
                 self.stats.observe(op, perf_counter_ns() - t0)
 
-        return wrapper  # type: ignore[return-value]
+        return wrapper
 
     return deco
 
 
-def _safe_describe(describe: Callable[..., str] | None, self: Any, args: tuple[Any, ...]) -> str:
+def _safe_describe(describe: Describe[Ops] | None, self: Ops, args: tuple[object, ...]) -> str:
     if describe is None:
         return ""
     try:

@@ -16,7 +16,7 @@ import functools
 import logging
 import os
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, cast
 
 import pyfuse3
 from pyfuse3 import RequestContext
@@ -25,7 +25,7 @@ from . import listings
 from .access import OTHER, ROOT, Access
 from .errors import RateLimit, fail, fuse_op
 from .listings import CACHED_FH, Listings
-from .nodes.base import Node
+from .nodes.base import Node, SetattrFields
 from .nodes.handles import DirHandle, Handle, wants_write
 from .nodes.root import Root
 from .requests import (
@@ -38,6 +38,7 @@ from .requests import (
     of_dh,
     of_fh,
     of_ino,
+    of_link,
     of_xattr,
 )
 
@@ -107,20 +108,22 @@ class Operations(pyfuse3.Operations):
         self.inodes.remember(node)
         return node.attr()
 
-    def passes(self, op: str, args: tuple[Any, ...]) -> bool:
+    def passes(self, op: str, args: tuple[object, ...]) -> bool:
         """Whether a request may be answered while acknowledged small files wait for
         their commit (staging/pending.py): those of the files being written, and
         lookups and creates of names not pending (`Node.passes_intents`). Any other
         first waits for the commit (errors.fuse_op)."""
+        # (`args` are the handler's positional arguments: a handle or an inode first; for
+        # lookup and create, the name second)
         if op in _BY_HANDLE:
-            handle = self.handles.get(args[0])
+            handle = self.handles.get(cast(int, args[0]))
             return handle is not None and handle.passes_intents
         if op in _BY_INODE:
-            node = self.inodes.get(args[0])
+            node = self.inodes.get(cast(int, args[0]))
             return node is not None and node.passes_intents(None)
         if op == "lookup" or op == "create":
-            node = self.inodes.get(args[0])
-            return node is not None and node.passes_intents(args[1])
+            node = self.inodes.get(cast(int, args[0]))
+            return node is not None and node.passes_intents(cast(bytes, args[1]))
         return False
 
     # -- names ----------------------------------------------------------------------
@@ -164,7 +167,12 @@ class Operations(pyfuse3.Operations):
 
     @fuse_op(of_ino)
     async def setattr(
-        self, inode: int, attr: Any, fields: Any, fh: int | None, req: RequestContext
+        self,
+        inode: int,
+        attr: pyfuse3.EntryAttributes,
+        fields: SetattrFields,
+        fh: int | None,
+        req: RequestContext,
     ) -> pyfuse3.EntryAttributes:
         node = self.node(inode)
         self._mutating(node)
@@ -238,7 +246,7 @@ class Operations(pyfuse3.Operations):
         self.guard.refuse_never_written(new, name_new)
         await old.rename(name_old, new, name_new, flags, req)
 
-    @fuse_op(lambda self, ino, parent, name, *r: of_child(self, parent, name))
+    @fuse_op(of_link)
     async def link(
         self, inode: int, new_parent_inode: int, new_name: bytes, req: RequestContext
     ) -> pyfuse3.EntryAttributes:
@@ -348,7 +356,7 @@ class Operations(pyfuse3.Operations):
         return listings.of(self.ctx)
 
     @fuse_op(of_ino)
-    async def opendir(  # type: ignore[override]  # (a stock pyfuse3 says int only)
+    async def opendir(  # type: ignore[override, unused-ignore]  # (a stock pyfuse3 says int only; the patched build, FileInfo too)
         self, inode: int, req: RequestContext
     ) -> int | pyfuse3.FileInfo:
         node = self.node(inode)
@@ -363,7 +371,7 @@ class Operations(pyfuse3.Operations):
             raise
 
     @fuse_op(of_dh)
-    async def readdir(self, fh: int, start_id: int, token: Any) -> None:
+    async def readdir(self, fh: int, start_id: int, token: pyfuse3.ReaddirToken) -> None:
         dh = self.dirs.get(fh)
         if dh is None and not fh & CACHED_FH:
             fail(errno.EBADF, f"no open directory {fh}")

@@ -33,7 +33,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Mapping
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING
 
 import pyfuse3
 import trio
@@ -44,13 +44,17 @@ from alkfs.errors import AlkfsError, StoreLocked, log_failure
 from alkfs.store import Store
 
 from . import deathguard, packs, pyfuse3_patches
-from .config import Usage, hide_password, settings
+from .config import Settings, Usage, hide_password, settings
 from .context import Context, Options
 from .deathguard import unescape
 from .errors import ClipFormatter
 from .fs import Operations
 from .staging.spool import clear_spool, spool_dir
 from .status import serve_metrics
+
+if TYPE_CHECKING:
+    import threading
+    from wsgiref.simple_server import WSGIServer
 
 log = logging.getLogger("alkfsd")
 
@@ -150,7 +154,7 @@ def refuse_paths(store: str, mnt: str, create: bool) -> str | None:
     return None
 
 
-def open_app(store: str, conf: dict[str, Any]) -> tuple[Alkfs, Store]:
+def open_app(store: str, conf: Settings) -> tuple[Alkfs, Store]:
     app = Alkfs.open(
         store,
         mode="kv-only" if conf.get("kv_only") else None,
@@ -397,7 +401,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     ctx: Context | None = None
     ops: Operations | None = None
-    metrics_server: tuple[Any, Any] | None = None
+    metrics_server: tuple[WSGIServer, threading.Thread] | None = None
     mounted = False
     guard = None
     try:

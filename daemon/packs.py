@@ -31,7 +31,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 import trio
 
@@ -43,7 +43,10 @@ from alkfs.store import ObjectStat
 from . import listings
 
 if TYPE_CHECKING:
-    from .context import Context
+    from .context import Context, PackFigures
+
+K = TypeVar("K")
+V = TypeVar("V")
 
 log = logging.getLogger("alkfsd")
 
@@ -258,7 +261,9 @@ class Served:
         it never stored a large git object)."""
         return self._while_mark(self._large_dirs, root, mark, lambda: frozenset(_names(root)))
 
-    def _while_mark(self, memo: dict, key: Any, mark: int | None, read: Callable[[], Any]) -> Any:
+    def _while_mark(
+        self, memo: dict[K, tuple[int, V]], key: K, mark: int | None, read: Callable[[], V]
+    ) -> V:
         """`read()`, kept in `memo[key]` while the mark stays (see `_mark`)."""
         seen = memo.get(key)
         if mark is not None and seen is not None and seen[0] == mark:
@@ -438,7 +443,7 @@ class Served:
                 log.exception("derived %s: a view failed to drop retired names", fmt)
         self.prune(fmt)
 
-    async def build(self, fmt: str, wait: bool = True) -> dict[str, Any]:
+    async def build(self, fmt: str, wait: bool = True) -> dict[str, object]:
         """Build and publish a set now; in a fleet, if another daemon is building it and
         not `wait`, nothing (that daemon publishes it for every member)."""
         d = self.derived[fmt]
@@ -451,8 +456,8 @@ class Served:
         self.last_built[fmt] = time.monotonic()
         return result.to_dict()
 
-    def status(self) -> dict[str, Any]:
-        out: dict[str, Any] = {}
+    def status(self) -> dict[str, PackFigures]:
+        out: dict[str, PackFigures] = {}
         for fmt, d in self.derived.items():
             gen = d.current()
             out[fmt] = {
@@ -473,10 +478,10 @@ def served(ctx: Context) -> Served:
     return ctx.packs
 
 
-async def repack_now(ctx: Context) -> dict:
+async def repack_now(ctx: Context) -> dict[str, object]:
     """Build and publish a new set of every format that has objects (or a set) now."""
     s = served(ctx)
-    out: dict[str, Any] = {}
+    out: dict[str, object] = {}
     if ctx.read_only:
         return out
     for fmt, d in s.derived.items():

@@ -8,13 +8,12 @@ module it is given (the daemon's own `pyfuse3`, or a test's stand-in)."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 
-def _file_info_has(*names: str) -> Callable[[Any], bool]:
-    def check(mod: Any) -> bool:
+def _file_info_has(*names: str) -> Callable[[object], bool]:
+    def check(mod: object) -> bool:
         try:
-            fi = mod.FileInfo()
+            fi = getattr(mod, "FileInfo")()  # noqa: B009  (a module of unknown shape)
         except Exception:
             return False
         return all(hasattr(fi, n) for n in names)
@@ -22,12 +21,12 @@ def _file_info_has(*names: str) -> Callable[[Any], bool]:
     return check
 
 
-def _module_has(*names: str) -> Callable[[Any], bool]:
+def _module_has(*names: str) -> Callable[[object], bool]:
     return lambda mod: all(hasattr(mod, n) for n in names)
 
 
 # patch file -> the check that the module was built with it
-PATCHES: dict[str, Callable[[Any], bool]] = {
+PATCHES: dict[str, Callable[[object], bool]] = {
     "pyfuse3-noflush.patch": _file_info_has("noflush", "cache_readdir"),
     "pyfuse3-fastread.patch": _module_has("NEXT_WAIT_NS"),
     "pyfuse3-cacheddirs.patch": _module_has("CACHED_DIR_FH", "cached_dirs_add"),
@@ -35,12 +34,12 @@ PATCHES: dict[str, Callable[[Any], bool]] = {
 }
 
 
-def missing(mod: Any) -> list[str]:
+def missing(mod: object) -> list[str]:
     """The patches of third_party/ that `mod` (a pyfuse3 module) was built without."""
     return [name for name, has in PATCHES.items() if not has(mod)]
 
 
-def refusal(mod: Any) -> str | None:
+def refusal(mod: object) -> str | None:
     """The one-line reason not to start with `mod`, or None when it has every patch."""
     lacking = missing(mod)
     if not lacking:

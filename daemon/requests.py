@@ -9,7 +9,7 @@ request's target is named in a log line (`fuse_op`'s describers)."""
 from __future__ import annotations
 
 import errno
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, cast
 
 import pyfuse3
 
@@ -40,27 +40,41 @@ def file_info(fh: int, handle: Handle) -> pyfuse3.FileInfo:
     return fi
 
 
-def of_ino(self: Operations, ino: int, *rest: Any) -> str:
+# A describer is called with the handler's own positional arguments (`fuse_op`): the
+# inode, handle or parent inode first, and (of_child, of_xattr) a name second.
+
+
+def of_ino(self: Operations, *args: object) -> str:
+    ino = cast(int, args[0])
     node = self.inodes.get(ino)
     return node.describe() if node is not None else f"inode {ino}"
 
 
-def of_child(self: Operations, ino: int, name: bytes, *rest: Any) -> str:
+def of_child(self: Operations, *args: object) -> str:
+    ino, name = cast(tuple[int, bytes], args[:2])
     node = self.inodes.get(ino)
     base = node.describe() if node is not None else f"inode {ino}"
     return f"{base.rstrip('/')}/{name.decode('utf-8', 'backslashreplace')}"
 
 
-def of_xattr(self: Operations, ino: int, name: bytes, *rest: Any) -> str:
+def of_link(self: Operations, *args: object) -> str:
+    """link(inode, new parent, new name): the new name."""
+    return of_child(self, *args[1:])
+
+
+def of_xattr(self: Operations, *args: object) -> str:
     """The node and the attribute's name, as text (`/pins/x [user.alkfs.pin.y]`)."""
+    ino, name = cast(tuple[int, bytes], args[:2])
     return f"{of_ino(self, ino)} [{name.decode('utf-8', 'backslashreplace')}]"
 
 
-def of_fh(self: Operations, fh: int, *rest: Any) -> str:
+def of_fh(self: Operations, *args: object) -> str:
+    fh = cast(int, args[0])
     h = self.handles.get(fh)
     return h.node.describe() if h is not None else f"handle {fh}"
 
 
-def of_dh(self: Operations, fh: int, *rest: Any) -> str:
+def of_dh(self: Operations, *args: object) -> str:
+    fh = cast(int, args[0])
     h = self.dirs.get(fh)
     return h.node.describe() if h is not None else f"dir handle {fh}"

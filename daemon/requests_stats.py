@@ -10,10 +10,19 @@ from __future__ import annotations
 
 import bisect
 import threading
+from typing import TypedDict
 
 # upper bounds of the latency buckets, in seconds (the last bucket is +Inf)
 BOUNDS_S = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0)
 _BOUNDS_NS = tuple(int(b * 1e9) for b in BOUNDS_S)
+
+
+class StatsSnapshot(TypedDict):
+    """`RequestStats.snapshot`: per operation (count, seconds, bucket counts), and bytes."""
+
+    ops: dict[str, tuple[int, float, list[int]]]
+    read_bytes: int
+    written_bytes: int
 
 
 class RequestStats:
@@ -32,7 +41,7 @@ class RequestStats:
         row[1] += ns
         row[2][bisect.bisect_left(_BOUNDS_NS, ns)] += 1
 
-    def snapshot(self) -> dict:
+    def snapshot(self) -> StatsSnapshot:
         """{"ops": {op: (count, seconds, [bucket counts])}, "read_bytes", "written_bytes"}."""
         with self._lock:
             for _ in range(3):  # (the trio thread may add an op while we copy)

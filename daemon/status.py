@@ -12,7 +12,7 @@ import os
 import threading
 from collections.abc import Iterator
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypedDict
 
 from prometheus_client import CollectorRegistry, generate_latest, start_http_server
 from prometheus_client.core import (
@@ -22,50 +22,86 @@ from prometheus_client.core import (
     Metric,
 )
 
+from alkfs.app import Status, Verifying
+
 from .requests_stats import BOUNDS_S
 
 if TYPE_CHECKING:
-    from .context import Context
+    from wsgiref.simple_server import WSGIServer
+
+    from alkfs.gc.sweep import SweepProgressFigures
+
+    from .context import Context, PackFigures
+    from .requests_stats import StatsSnapshot
 
 
-def figures(ctx: Context) -> dict[str, Any]:
+class MountFigures(TypedDict):
+    path: str | None
+    read_only: bool
+    pid: int
+
+
+class ReserveFigures(TypedDict):
+    size: int
+    held: bool
+    free_bytes: int
+
+
+class Figures(Status):
+    """The status JSON (SPEC §3.6): the library's, and the mount's own."""
+
+    mount: MountFigures
+    next_sweep: str | None
+    next_sweep_ts: float | None
+    verifying: Verifying | None
+    sweep_progress: SweepProgressFigures | None
+    packs: dict[str, PackFigures]
+    listings: dict[str, int | bool]
+    intents: dict[str, int]
+    disk_full: bool
+    reserve: ReserveFigures | None
+
+
+def figures(ctx: Context) -> Figures:
     """SPEC §3.6's status (the library's, see Alkfs.status) plus where it is mounted."""
-    fig = ctx.app.status()
-    fig["mount"] = {"path": ctx.mountpoint, "read_only": ctx.read_only, "pid": os.getpid()}
+    status = ctx.app.status()
+    mount: MountFigures = {"path": ctx.mountpoint, "read_only": ctx.read_only, "pid": os.getpid()}
     # the periodic sweeps (--sweep-every): when the next one runs (None: none scheduled)
     nxt = ctx.next_sweep_ts
-    fig["next_sweep"] = (
-        None if nxt is None else datetime.fromtimestamp(nxt, UTC).isoformat(timespec="seconds")
-    )
-    fig["next_sweep_ts"] = nxt
     # long work running now (`alkfs verify` and `alkfs sweep` through the mount show it as
     # they wait): a verify's objects looked at of those stored, a sweep's phase and figures
     # (alkfs/gc/sweep.py SweepProgress); null when none runs
     store = ctx.app.store
     done = store.verifying
-    total = sum(c["count"] for c in fig["objects"].values())
-    fig["verifying"] = None if done is None else {"done": done, "total": max(done, total)}
+    total = sum(c["count"] for c in status["objects"].values())
     progress = store.sweep_progress
-    fig["sweep_progress"] = None if progress is None else dict(progress)
-    # the git views' derived packs (daemon/packs.py keeps them on the context once started):
-    # per format, the published generation, its object and pack counts, bytes, build time
-    fig["packs"] = ctx.packs_status()
-    # the directory listings the kernel caches (daemon/listings.py): opens decided in
-    # Python, and the directories whose opens are answered in C (pyfuse3-cacheddirs.patch)
-    fig["listings"] = ctx.listings.status()
-    # small files acknowledged ahead of their commit (daemon/staging/pending.py): this
-    # file's open waited for them, so `pending` is what arrived since; `applied` counts
-    fig["intents"] = ctx.pending.status()
     # the full-disk state of the store's reserve (alkfs/reserve.py): entered and left with
     # one log line each; `reserve` is None for a store that keeps none (a memory store)
     reserve = ctx.app.store.reserve
-    fig["disk_full"] = reserve is not None and reserve.full
-    fig["reserve"] = (
-        None
+    return {
+        **status,
+        "mount": mount,
+        "next_sweep": None
+        if nxt is None
+        else datetime.fromtimestamp(nxt, UTC).isoformat(timespec="seconds"),
+        "next_sweep_ts": nxt,
+        "verifying": None if done is None else {"done": done, "total": max(done, total)},
+        "sweep_progress": None if progress is None else progress.copy(),
+        # the git views' derived packs (daemon/packs.py keeps them on the context once
+        # started): per format, the published generation, its object and pack counts,
+        # bytes, build time
+        "packs": ctx.packs_status(),
+        # the directory listings the kernel caches (daemon/listings.py): opens decided in
+        # Python, and the directories whose opens are answered in C (pyfuse3-cacheddirs.patch)
+        "listings": ctx.listings.status(),
+        # small files acknowledged ahead of their commit (daemon/staging/pending.py): this
+        # file's open waited for them, so `pending` is what arrived since; `applied` counts
+        "intents": ctx.pending.status(),
+        "disk_full": reserve is not None and reserve.full,
+        "reserve": None
         if reserve is None
-        else {"size": reserve.size, "held": reserve.have, "free_bytes": reserve.free()}
-    )
-    return fig
+        else {"size": reserve.size, "held": reserve.have, "free_bytes": reserve.free()},
+    }
 
 
 def status_json(ctx: Context) -> bytes:
@@ -76,7 +112,7 @@ class _Figures:
     """A prometheus_client collector over one snapshot of the figures."""
 
     def __init__(
-        self, fig: dict[str, Any], errors: dict[tuple[str, int], int], stats: dict[str, Any]
+        self, fig: Figures, errors: dict[tuple[str, int], int], stats: StatsSnapshot
     ) -> None:
         self.fig = fig
         self.errors = errors
@@ -192,13 +228,13 @@ class _Figures:
         errs = CounterMetricFamily(
             "alkfs_fuse_errors", "FUSE requests answered with an error", labels=["op", "errno"]
         )
-        for (op, code), n in sorted(self.errors.items()):
-            errs.add_metric([op, errno.errorcode.get(code, str(code))], n)
+        for (op, code), times in sorted(self.errors.items()):
+            errs.add_metric([op, errno.errorcode.get(code, str(code))], times)
         yield errs
         yield from _requests(self.stats)
 
 
-def _requests(stats: dict[str, Any]) -> Iterator[Metric]:
+def _requests(stats: StatsSnapshot) -> Iterator[Metric]:
     """The FUSE requests that reached Python (daemon/requests_stats.py)."""
     hist = HistogramMetricFamily(
         "alkfs_fuse_request_seconds",
@@ -221,13 +257,13 @@ def _requests(stats: dict[str, Any]) -> Iterator[Metric]:
 
 
 def metrics_text(
-    ctx: Context, errors: dict[tuple[str, int], int], stats: dict[str, Any] | None = None
+    ctx: Context, errors: dict[tuple[str, int], int], stats: StatsSnapshot | None = None
 ) -> bytes:
     """Prometheus text; `errors` is a copy of ctx.errors, `stats` a snapshot of
     ctx.stats, taken on the trio thread."""
     registry = CollectorRegistry(auto_describe=False)
     snap = stats if stats is not None else ctx.stats.snapshot()
-    registry.register(_Figures(figures(ctx), errors, snap))  # type: ignore[arg-type]
+    registry.register(_Figures(figures(ctx), errors, snap))
     return generate_latest(registry)
 
 
@@ -254,10 +290,10 @@ class _Scrape:
         yield from _Figures(figures(ctx), errors, ctx.stats.snapshot()).collect()
 
 
-def serve_metrics(ctx: Context, listen: str) -> tuple[Any, threading.Thread]:
+def serve_metrics(ctx: Context, listen: str) -> tuple[WSGIServer, threading.Thread]:
     """Start the HTTP listener of `--metrics-listen HOST:PORT` (prometheus_client's, a
     thread of its own): (server, thread); `server.shutdown()` ends it."""
     host, _, port = listen.rpartition(":")
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(_Scrape(ctx))  # type: ignore[arg-type]
+    registry.register(_Scrape(ctx))
     return start_http_server(int(port), addr=host.strip("[]") or "127.0.0.1", registry=registry)

@@ -14,10 +14,11 @@ cancels when its run ends.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TypeVarTuple
 
 import trio
 
@@ -25,16 +26,16 @@ from alkfs.errors import log_failure
 
 log = logging.getLogger("alkfsd")
 
-Task = Callable[..., Awaitable[Any]]
+Ts = TypeVarTuple("Ts")
 
 
 @dataclass(frozen=True, slots=True)
 class Worker:
-    """One long-lived task: `fn(*args)`, named `name` (trio's task name, in tracebacks)."""
+    """One long-lived task: `fn()` (a function with its arguments bound), named `name`
+    (trio's task name, in tracebacks)."""
 
     name: str
-    fn: Task
-    args: tuple[Any, ...] = ()
+    fn: Callable[[], Awaitable[object]]
 
 
 class Workers:
@@ -45,14 +46,14 @@ class Workers:
         self.workers: list[Worker] = []
         self._nursery: trio.Nursery | None = None
 
-    def add(self, name: str, fn: Task, *args: Any) -> None:
-        self.workers.append(Worker(name, fn, args))
+    def add(self, name: str, fn: Callable[[*Ts], Awaitable[object]], *args: *Ts) -> None:
+        self.workers.append(Worker(name, functools.partial(fn, *args)))
 
     @property
     def names(self) -> list[str]:
         return [w.name for w in self.workers]
 
-    async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Start every worker under a nursery of our own (itself a task of the daemon's
         nursery: `nursery.start(workers.run)`); report started once they are; run until
         cancelled. Each worker catches its own routine failures; one that raises anyway
@@ -62,7 +63,7 @@ class Workers:
             self._nursery = nursery
             try:
                 for w in self.workers:
-                    nursery.start_soon(w.fn, *w.args, name=w.name)
+                    nursery.start_soon(w.fn, name=w.name)
                 task_status.started()
                 await trio.sleep_forever()
             finally:
@@ -71,17 +72,19 @@ class Workers:
     @staticmethod
     async def _guarded(w: Worker) -> None:
         try:
-            await w.fn(*w.args)
+            await w.fn()
         except Exception:
             log_failure(log, "%s failed", w.name)
 
-    async def start_soon(self, fn: Task, *args: Any, name: str) -> None:
+    async def start_soon(
+        self, fn: Callable[[*Ts], Awaitable[object]], *args: *Ts, name: str
+    ) -> None:
         """Start a short-lived task of the mount (an error it raises is logged: it never
         takes the mount's other tasks down)."""
         nursery = self._nursery
         if nursery is None:
             nursery = await self._host()
-        nursery.start_soon(self._guarded, Worker(name, fn, args), name=name)
+        nursery.start_soon(self._guarded, Worker(name, functools.partial(fn, *args)), name=name)
 
     async def _host(self) -> trio.Nursery:
         """No mount runs (direct calls): a nursery in a system task, for this trio run."""

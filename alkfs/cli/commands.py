@@ -7,9 +7,8 @@ import json
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
 
 from ..errors import (
     AlkfsError,
@@ -24,7 +23,7 @@ from .target import Target
 # -- the commands ---------------------------------------------------------------------------
 
 
-def emit_json(obj: Any) -> None:
+def emit_json(obj: object) -> None:
     print(json.dumps(obj, indent=2))
 
 
@@ -138,7 +137,7 @@ def cmd_sweep(t: Target, a: argparse.Namespace) -> int:
     if a.dry_run:
         if a.window is not None or a.expire_now:
             raise Invalid("sweep --dry-run takes neither --window nor --expire-now")
-        report = t.dry_run()
+        report: Mapping[str, object] = t.dry_run()
     else:
         report = t.sweep(a.window, a.expire_now)
     emit_json(report)

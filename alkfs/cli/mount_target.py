@@ -13,7 +13,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING
 
 from ..durations import format_duration
 from ..errors import (
@@ -23,6 +23,10 @@ from ..errors import (
 )
 from ..keys import Algorithm, Key
 from .show import CHUNK, PIN_XATTR, Progress, Shown, iso, open_input, pin_key, sweep_shown, through
+from .target import MountStatus, ObjectFigures
+
+if TYPE_CHECKING:
+    from ..gc.sweep import SweepFigures
 
 
 class MountTarget:
@@ -82,7 +86,7 @@ class MountTarget:
         ):
             shutil.copyfileobj(f, out, CHUNK)
 
-    def stat(self, key: Key) -> dict[str, Any]:
+    def stat(self, key: Key) -> ObjectFigures:
         path = self.obj(key)
         with through(str(key), ENOENT=f"{key}: no such object"):
             st = os.stat(path)
@@ -262,7 +266,7 @@ class MountTarget:
             finally:
                 os.close(fd)
 
-    def sweep(self, window_s: float | None, expire_now: bool = False) -> dict[str, Any]:
+    def sweep(self, window_s: float | None, expire_now: bool = False) -> SweepFigures:
         words = ["sweep"] + (["--expire-now"] if expire_now else [])
         if window_s is not None:
             words.append(format_duration(window_s))
@@ -273,7 +277,7 @@ class MountTarget:
             raise StoreIO("sweep: the daemon reported no sweep")
         return report
 
-    def dry_run(self) -> dict[str, Any]:
+    def dry_run(self) -> dict[str, object]:
         with Progress("sweep --dry-run"):
             self.control("sweep --dry-run")
         with through("dry-run"):
@@ -299,7 +303,7 @@ class MountTarget:
         checked = sum(c.get("count", 0) for c in status.get("objects", {}).values())
         return list(status.get("corrupt", [])), checked
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> MountStatus:
         with through("status"):
             text = (self.root / ".alkfs" / "status").read_text()
         try:

@@ -6,14 +6,14 @@ import argparse
 import logging
 import os
 import sys
-from collections.abc import Callable
-from typing import Any, NoReturn
+from typing import NoReturn
 
 from .. import __version__
 from ..errors import (
     AlkfsError,
 )
 from .commands import (
+    Handler,
     check_usage,
     cmd_compact,
     cmd_get,
@@ -97,7 +97,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=f"alkfs {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
-    def command(parent: Any, name: str, handler: Callable[..., int], help: str) -> Any:
+    def command(
+        parent: argparse._SubParsersAction[argparse.ArgumentParser],
+        name: str,
+        handler: Handler,
+        help: str,
+    ) -> argparse.ArgumentParser:
         prefix = getattr(parent, "_prog_prefix", "alkfs")  # ("alkfs", "alkfs repo", ...)
         full = f"{prefix} {name}".removeprefix("alkfs").strip()
         example = EXAMPLES.get(full)

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING
 
 from ..durations import parse_duration, parse_window
 from ..errors import (
@@ -31,6 +31,13 @@ from ..errors import (
     StoreLocked,
 )
 from ..keys import Algorithm, Key
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    from tqdm import tqdm  # (untyped: its bars are what it makes)
+
+    from ..gc.sweep import SweepProgressFigures
 
 CHUNK = 1 << 20
 PIN_XATTR = "user.alkfs.pin."
@@ -104,7 +111,7 @@ def iso(ns: int) -> str:
     return whole.replace(microsecond=ns // 1000 % 10**6).isoformat(timespec="microseconds")
 
 
-def progress_bar(desc: str, total: int | None = None) -> Any:
+def progress_bar(desc: str, total: int | None = None) -> tqdm:
     """A tqdm bar on a terminal; silent (and free) otherwise."""
     from tqdm import tqdm
 
@@ -128,7 +135,7 @@ class Progress:
     def __init__(self, label: str, poll: Callable[[], Shown | None] | None = None) -> None:
         self.label = label
         self.poll = poll
-        self.bar: Any = None
+        self.bar: tqdm | None = None
         self.lock = threading.Lock()
         self.done = threading.Event()
         self.thread: threading.Thread | None = None
@@ -199,7 +206,7 @@ SWEEP_PHASES = {
 }
 
 
-def sweep_shown(figures: dict[str, Any] | None) -> Shown | None:
+def sweep_shown(figures: SweepProgressFigures | None) -> Shown | None:
     """A running sweep's progress line from its figures (Store.sweep_progress, the
     status's `sweep_progress`); None when none runs."""
     if not figures:
@@ -211,7 +218,7 @@ def sweep_shown(figures: dict[str, Any] | None) -> Shown | None:
         return f"sweep: {figures.get('phase')}", None, None
 
 
-def sweep_summary(report: dict[str, Any], seconds: float) -> str:
+def sweep_summary(report: Mapping[str, object], seconds: float) -> str:
     """The one line that ends a sweep on a terminal."""
     if report.get("dry_run"):
         return (

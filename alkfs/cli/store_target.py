@@ -6,7 +6,7 @@ import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING
 
 from ..errors import (
     Corrupt,
@@ -14,6 +14,11 @@ from ..errors import (
 )
 from ..keys import Algorithm, Key
 from .show import CHUNK, Progress, iso, open_input, progress_bar, sweep_shown
+from .target import ObjectFigures
+
+if TYPE_CHECKING:
+    from ..app import Status
+    from ..gc.sweep import SweepFigures, SweepReport
 
 
 class StoreTarget:
@@ -67,7 +72,7 @@ class StoreTarget:
         except FileNotFoundError:
             raise Missing(f"{key}: no such object") from None
 
-    def stat(self, key: Key) -> dict[str, Any]:
+    def stat(self, key: Key) -> ObjectFigures:
         st = self._stat(key)
         return {
             "key": str(key),
@@ -116,10 +121,10 @@ class StoreTarget:
         r = import_repo(self.app, gitdir, repo_id)  # its own progress bar, on a terminal only
         return r.summary()
 
-    def sweep(self, window_s: float | None, expire_now: bool = False) -> dict[str, Any]:
+    def sweep(self, window_s: float | None, expire_now: bool = False) -> SweepFigures:
         with Progress("sweep") as shown:
 
-            def progress(phase: str, report: Any) -> None:
+            def progress(phase: str, report: SweepReport) -> None:
                 line = sweep_shown(self.store.sweep_progress)
                 if line is not None:
                     shown.show(*line)
@@ -131,7 +136,7 @@ class StoreTarget:
             )
         return report.to_dict()
 
-    def dry_run(self) -> dict[str, Any]:
+    def dry_run(self) -> dict[str, object]:
         from ..gc.sweep import dry_run
 
         with Progress("sweep --dry-run"):
@@ -155,5 +160,5 @@ class StoreTarget:
             bad = self.store.verify(progress=progress)
         return [str(k) for k in bad], seen
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> Status:
         return self.app.status()

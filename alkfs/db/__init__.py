@@ -23,9 +23,9 @@ SQL that differs between the engines.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeAlias
 
 import pysqlite3.dbapi2 as sqlite3
 
@@ -34,24 +34,36 @@ def now_ns() -> int:
     return time.time_ns()
 
 
+# A row as the driver hands it: a tuple whose columns' types follow from the SQL text
+# (int, bytes, str, float or None), which no checker can see. The drivers' own stubs say
+# as much (typeshed's sqlite3 `Cursor.fetchone() -> Any`, psycopg's `TupleRow =
+# tuple[Any, ...]`); this is the one place that Any is spelled (this module is exempt
+# from disallow_any_explicit in pyproject.toml for it): each query's reader states its
+# columns' types by how it uses them.
+Row: TypeAlias = Any
+# A statement's parameters (`?` placeholders: a sequence, as both drivers take them).
+Params: TypeAlias = Sequence[object]
+
+
 class Rows(Protocol):
-    rowcount: int
+    @property
+    def rowcount(self) -> int: ...
 
-    def fetchone(self) -> Any: ...
+    def fetchone(self) -> Row: ...  # (None past the last row)
 
-    def fetchall(self) -> list[Any]: ...
+    def fetchall(self) -> list[Row]: ...
 
-    def fetchmany(self, size: int = ...) -> list[Any]: ...
+    def fetchmany(self, size: int = ...) -> list[Row]: ...
 
-    def __iter__(self) -> Iterator[Any]: ...
+    def __iter__(self) -> Iterator[Row]: ...
 
 
 class Conn(Protocol):
     """A connection inside a transaction (what `tx()` and `snapshot()` yield)."""
 
-    def execute(self, sql: str, params: Any = ()) -> Rows: ...
+    def execute(self, sql: str, params: Params = ()) -> Rows: ...
 
-    def executemany(self, sql: str, params: Any) -> Rows: ...
+    def executemany(self, sql: str, params: Iterable[Params]) -> Rows: ...
 
 
 class Database(Protocol):
@@ -64,15 +76,15 @@ class Database(Protocol):
 
     def snapshot(self) -> AbstractContextManager[Conn]: ...
 
-    def execute(self, sql: str, params: Any = ()) -> Rows: ...
+    def execute(self, sql: str, params: Params = ()) -> Rows: ...
 
-    def stream(self, sql: str, params: Any = (), batch: int = 8192) -> Iterator[Any]: ...
+    def stream(self, sql: str, params: Params = (), batch: int = 8192) -> Iterator[Row]: ...
 
     def create(self, statements: list[str]) -> None: ...
 
     def insert_rows(
         self, conn: Conn, head: str, types: tuple[str, ...], rows: list[tuple], tail: str = ""
-    ) -> list[Any]: ...
+    ) -> list[Row]: ...
 
     def translate(self, exc: BaseException) -> Exception | None: ...
 

@@ -24,14 +24,16 @@ import os
 import select
 import threading
 import weakref
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator
+from typing import NoReturn
 
 import psycopg
 import psycopg_pool
 from psycopg import errors as pgerrors
+from psycopg.rows import TupleRow
 
 from ..errors import Busy, Invalid, NoSpace, StoreIO, StoreLocked, WouldWait
+from . import Params, Row, Rows
 from .uri import redact
 
 WRITER_LOCK = 0x616C6B66_73777274  # "alkfswrt": every write transaction takes it
@@ -54,28 +56,28 @@ class _Result:
 
     __slots__ = ("rows", "rowcount", "_i")
 
-    def __init__(self, rows: list[Any], rowcount: int) -> None:
+    def __init__(self, rows: list[Row], rowcount: int) -> None:
         self.rows = rows
         self.rowcount = rowcount
         self._i = 0
 
-    def fetchone(self) -> Any:
+    def fetchone(self) -> Row:  # (None past the last row)
         if self._i >= len(self.rows):
             return None
         self._i += 1
         return self.rows[self._i - 1]
 
-    def fetchall(self) -> list[Any]:
+    def fetchall(self) -> list[Row]:
         out = self.rows[self._i :]
         self._i = len(self.rows)
         return out
 
-    def fetchmany(self, size: int = 8192) -> list[Any]:
+    def fetchmany(self, size: int = 8192) -> list[Row]:
         out = self.rows[self._i : self._i + size]
         self._i += len(out)
         return out
 
-    def __iter__(self) -> Iterator[Any]:
+    def __iter__(self) -> Iterator[Row]:
         return iter(self.fetchall())
 
 
@@ -102,7 +104,7 @@ class _Conn:
         self.raw = raw
         self._named = named  # a snapshot: SELECTs stream through server-side cursors
         self._n = 0
-        self._cursors: list[Any] = []
+        self._cursors: list[psycopg.ServerCursor[TupleRow]] = []
 
     def close_cursors(self) -> None:
         """Close the server-side cursors of the transaction (before it ends)."""
@@ -111,7 +113,7 @@ class _Conn:
                 cur.close()
         self._cursors.clear()
 
-    def execute(self, sql: str, params: Any = ()) -> Any:
+    def execute(self, sql: str, params: Params = ()) -> Rows:
         if self._named and sql.lstrip()[:6].upper() == "SELECT":
             self._n += 1
             cur = self.raw.cursor(name=f"alkfs_{self._n}")
@@ -120,7 +122,7 @@ class _Conn:
             return cur.execute(pg_sql(sql), params or None)
         return self.raw.execute(pg_sql(sql), params or None)
 
-    def executemany(self, sql: str, params: Any) -> Any:
+    def executemany(self, sql: str, params: Iterable[Params]) -> Rows:
         cur = self.raw.cursor()
         cur.executemany(pg_sql(sql), params)
         return cur
@@ -343,7 +345,7 @@ class PostgresDatabase:
             return StoreIO(f"postgresql: {self.name}: {_why(exc)}")
         return None
 
-    def _raise(self, exc: BaseException) -> Any:
+    def _raise(self, exc: BaseException) -> NoReturn:
         err = self.translate(exc)
         if err is None:
             raise exc
@@ -436,7 +438,7 @@ class PostgresDatabase:
         """A read-only transaction (REPEATABLE READ): one state of the database."""
         return self._transaction(write=False)
 
-    def execute(self, sql: str, params: Any = ()) -> Any:
+    def execute(self, sql: str, params: Params = ()) -> Rows:
         local = self._local
         inner = getattr(local, "conn", None)
         try:
@@ -457,7 +459,7 @@ class PostgresDatabase:
         except (psycopg.Error, psycopg_pool.PoolTimeout) as exc:
             self._raise(exc)
 
-    def stream(self, sql: str, params: Any = (), batch: int = 8192) -> Iterator[Any]:
+    def stream(self, sql: str, params: Params = (), batch: int = 8192) -> Iterator[Row]:
         """The rows of one query through a server-side cursor, `batch` at a time."""
         try:
             with (

@@ -17,6 +17,7 @@ from typing import NoReturn
 import pysqlite3.dbapi2 as sqlite3
 
 from ..errors import Busy, Invalid, NoSpace, StoreIO, WouldWait
+from . import Params, Row
 
 BUSY_TIMEOUT_MS = 5000
 GIVE_BACK_PAGES = 2048  # pages a step of give_back frees (8 MiB of 4 KiB pages)
@@ -274,7 +275,7 @@ class SqliteDatabase:
             self._raise(exc)
         self._local.nowait = None if wait else conn
 
-    def execute(self, sql: str, params: tuple | list = ()) -> sqlite3.Cursor:
+    def execute(self, sql: str, params: Params = ()) -> sqlite3.Cursor:
         try:
             return self.conn().execute(sql, params)
         except sqlite3.Error as exc:
@@ -297,7 +298,7 @@ class SqliteDatabase:
             with contextlib.suppress(sqlite3.Error):
                 conn.execute("COMMIT")
 
-    def stream(self, sql: str, params: tuple | list = (), batch: int = 8192) -> Iterator[tuple]:
+    def stream(self, sql: str, params: Params = (), batch: int = 8192) -> Iterator[Row]:
         """The rows of one query, fetched `batch` at a time."""
         cur = self.execute(sql, params)
         while rows := cur.fetchmany(batch):

@@ -7,13 +7,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING
 
 from ..keys import Key
+from .needs import WindowStore
 from .window import SqlWindow
-
-if TYPE_CHECKING:
-    from ..store import Store
 
 PAGE = 1000
 
@@ -25,7 +22,7 @@ class Staged:
     visible_after_ns: int  # deletable from then on (a later sweep deletes it)
 
 
-def page(store: Store, after: bytes = b"", limit: int = PAGE) -> list[Staged]:
+def page(store: WindowStore, after: bytes = b"", limit: int = PAGE) -> list[Staged]:
     """Up to `limit` staged candidates in key order after the raw key `after`."""
     out = []
     for raw, visible in store.window.page(after, limit):
@@ -40,7 +37,7 @@ def line(row: Staged) -> str:
     return f"{row.key} {'-' if row.size is None else row.size} {when}"
 
 
-def lines(store: Store, limit: int | None = None) -> Iterator[str]:
+def lines(store: WindowStore, limit: int | None = None) -> Iterator[str]:
     """`line` of every staged candidate in key order (the first `limit` of them)."""
     after, listed = b"", 0
     while limit is None or listed < limit:
@@ -52,7 +49,7 @@ def lines(store: Store, limit: int | None = None) -> Iterator[str]:
         after = rows[-1].key.raw
 
 
-def totals(store: Store) -> dict[str, int | None]:
+def totals(store: WindowStore) -> dict[str, int | None]:
     """{"count", "bytes", "first_deadline_ns"} of the staged candidates."""
     window = store.window
     if isinstance(window, SqlWindow):

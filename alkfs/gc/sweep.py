@@ -14,7 +14,7 @@ from collections.abc import Callable, Container, Iterable
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from itertools import filterfalse, islice, repeat
-from typing import TYPE_CHECKING
+from typing import NotRequired, Protocol, TypedDict, cast
 
 from ..db import Error as DatabaseError
 from ..db import now_ns
@@ -23,10 +23,8 @@ from ..errors import AlkfsError, Interrupted, SourceFailed, log_failure
 from ..keys import Key
 from ..keyset import KeyUnion
 from .arbiter import raw
+from .needs import CollectedStore
 from .window import TAKE_BATCH
-
-if TYPE_CHECKING:
-    from ..store import Store
 
 STAGE_BATCH = 10_000
 DELETE_TX = 512  # deletions a transaction (a put of one of them waits for its commit)
@@ -50,6 +48,32 @@ def _now() -> str:
     return datetime.now(UTC).isoformat(timespec="milliseconds")
 
 
+class SweepFigures(TypedDict):
+    """A sweep's report as JSON shows it (`SweepReport.to_dict`)."""
+
+    aborted: str | None
+    candidates_staged: int
+    deleted: int
+    cancelled_by_arbitration: int
+    taken: int
+    live: int
+    scanned: int
+    bytes_freed: int
+    started_at: str
+    duration_s: float
+    detail: NotRequired[str | None]
+
+
+class SweepProgressFigures(TypedDict):
+    """How far a running sweep got (`Store.sweep_progress`, the status's `sweep_progress`)."""
+
+    phase: str
+    scanned: int
+    staged: int
+    taken: int
+    deleted: int
+
+
 @dataclass
 class SweepReport:
     aborted: str | None = None
@@ -64,8 +88,8 @@ class SweepReport:
     duration_s: float = 0.0
     detail: str | None = None  # why it aborted, when a source said (an unreadable root)
 
-    def to_dict(self) -> dict:
-        out = asdict(self)
+    def to_dict(self) -> SweepFigures:
+        out = cast(SweepFigures, asdict(self))  # (asdict is typed dict[str, Any])
         if out["detail"] is None:
             del out["detail"]
         return out
@@ -81,6 +105,12 @@ class SweepReport:
 SweepProgress = Callable[[str, SweepReport], None]
 
 
+class SweepStore(CollectedStore, Protocol):
+    """What a sweep needs of its store (alkfs/gc/needs.py) and where it keeps its report."""
+
+    last_sweep: SweepReport | None
+
+
 def _raw_keys(keys: Iterable[Key | bytes]) -> Iterable[bytes]:
     """The keys as raw bytes, lazily; a plain collection of bytes passes as it is."""
     if type(keys) in (set, frozenset, list, tuple) and set(map(type, keys)) <= {bytes}:
@@ -88,7 +118,7 @@ def _raw_keys(keys: Iterable[Key | bytes]) -> Iterable[bytes]:
     return map(raw, keys)
 
 
-def _protected_set(store: Store) -> set[bytes]:
+def _protected_set(store: CollectedStore) -> set[bytes]:
     out: set[bytes] = set()
     for callback in store.arbiter.protects():
         out.update(_raw_keys(callback()))
@@ -96,7 +126,7 @@ def _protected_set(store: Store) -> set[bytes]:
 
 
 def sweep(
-    store: Store,
+    store: SweepStore,
     window_ns: int | None = None,
     *,
     expire_now: bool = False,
@@ -147,7 +177,7 @@ def sweep(
     return report
 
 
-def _lease(store: Store) -> contextlib.AbstractContextManager[bool]:
+def _lease(store: CollectedStore) -> contextlib.AbstractContextManager[bool]:
     """The fleet's sweep lease (alkfs/fleet.py); a store of one process has it."""
     if store.fleet is None:
         return contextlib.nullcontext(True)
@@ -155,7 +185,7 @@ def _lease(store: Store) -> contextlib.AbstractContextManager[bool]:
 
 
 def _delete(
-    store: Store,
+    store: CollectedStore,
     report: SweepReport,
     part: list[tuple[bytes, int]],
     protected: set[bytes],
@@ -207,7 +237,7 @@ def _delete(
             store.on_deleted(key)
 
 
-def _live(store: Store, report: SweepReport) -> KeyUnion | None:
+def _live(store: CollectedStore, report: SweepReport) -> KeyUnion | None:
     """Every key live now (sources and protects), or None with the report aborted. The
     sources' sets are kept as they are (the refs' closure as a compact `SortedKeys`
     where git computed it), not copied into one."""
@@ -249,7 +279,7 @@ def _live(store: Store, report: SweepReport) -> KeyUnion | None:
 
 
 def _run(
-    store: Store,
+    store: CollectedStore,
     report: SweepReport,
     window_ns: int,
     expire_now: bool = False,
@@ -313,7 +343,7 @@ def _run(
             gc.enable()
 
 
-def _due(store: Store, cutoff: int) -> set[bytes]:
+def _due(store: CollectedStore, cutoff: int) -> set[bytes]:
     """The staged candidates due at `cutoff` (the keys alone, read page by page; nothing
     is taken): what this sweep's batches will take, unless a deadline moves meanwhile."""
     out: set[bytes] = set()
@@ -327,7 +357,9 @@ def _due(store: Store, cutoff: int) -> set[bytes]:
         after = page[-1][0]
 
 
-def _enter_guards(store: Store, stack: contextlib.ExitStack, raws: list[bytes]) -> set[bytes]:
+def _enter_guards(
+    store: CollectedStore, stack: contextlib.ExitStack, raws: list[bytes]
+) -> set[bytes]:
     """Enter every delete guard of the store for `raws` on `stack`; the keys they say
     must be kept (e.g. a fleet member still serves them in an older set)."""
     kept: set[bytes] = set()
@@ -339,7 +371,7 @@ def _enter_guards(store: Store, stack: contextlib.ExitStack, raws: list[bytes]) 
 
 
 def _mark_and_stage(
-    store: Store,
+    store: CollectedStore,
     report: SweepReport,
     live: Container[bytes],
     window_ns: int,
@@ -379,7 +411,7 @@ def _mark_and_stage(
             progress("staging", report)
 
 
-def dry_run(store: Store, limit: int = DRY_RUN_LIST) -> dict:
+def dry_run(store: CollectedStore, limit: int = DRY_RUN_LIST) -> dict[str, object]:
     """What a sweep would stage now, changing nothing: the report's figures with
     `would_stage` (how many) and `candidates` (up to `limit`: key, size, why)."""
     report = SweepReport()
@@ -414,7 +446,7 @@ def dry_run(store: Store, limit: int = DRY_RUN_LIST) -> dict:
     return {**report.to_dict(), **out}
 
 
-def _would_stage(store: Store, out: dict, raw_key: bytes, limit: int) -> None:
+def _would_stage(store: CollectedStore, out: dict, raw_key: bytes, limit: int) -> None:
     key = Key(raw_key)
     st = store.stat(key)
     size = 0 if st is None else st.size

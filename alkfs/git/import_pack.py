@@ -8,7 +8,7 @@ from __future__ import annotations
 import binascii
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ..errors import StoreIO
 from . import lfs
@@ -44,7 +44,7 @@ def import_as_pack(
         ).stdout.split()
     raws = [prefix + x for x in map(binascii.unhexlify, hexes)]
     store.pin_raws(raws)
-    held: list[Any] = []
+    held: list[Pin] = []
     try:
         with _phase(progress, "objects: git packs and checks them"):
             result.stored, result.bytes = derived.adopt(gitdir, hexes)

@@ -24,7 +24,7 @@ import itertools
 import os
 import subprocess
 import threading
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ..errors import Invalid, Missing, StoreIO, Verification
 from ..keys import Algorithm, Key
@@ -48,6 +48,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from ..app import Alkfs
+    from ..gc.arbiter import Pin
     from ..store import Store
 
 PUT_BATCH_ITEMS = 8192
@@ -164,7 +165,7 @@ def import_repo(
     stream: subprocess.Popen[bytes] | None = _cat_file(gitdir, True)
     lister: threading.Thread | None = None
     pinned: list[list[bytes]] = []  # keys pinned by this import, released once the refs commit
-    held: list[Any] = []  # the pins of the LFS media it stored, likewise
+    held: list[Pin] = []  # the pins of the LFS media it stored, likewise
     result = ImportResult(repo_id, fmt, 0, 0, 0, 0)
     try:
         listing: concurrent.futures.Future[list[bytes]] = concurrent.futures.Future()

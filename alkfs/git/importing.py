@@ -12,7 +12,7 @@ import sys
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ..errors import Exists, Invalid, Missing, Refused, Stale, StoreIO
 from . import lfs
@@ -22,7 +22,10 @@ from .refs import Outcome, RefUpdate, valid_ref_name
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
+    from tqdm import tqdm  # (untyped: its bars are what it makes)
+
     from ..app import Alkfs
+    from ..gc.arbiter import Pin
 
 TICK_S = 0.5  # a phase's elapsed time is redrawn this often
 
@@ -87,7 +90,7 @@ def object_format(gitdir: str) -> str:
     return fmt
 
 
-def _progress(progress: bool | None, total: int | None, desc: str, **kw: Any):
+def _progress(progress: bool | None, total: int | None, desc: str, **kw: str) -> tqdm | None:
     """A tqdm bar on stderr, when `progress` says (None: when stderr is a terminal)."""
     enabled = sys.stderr.isatty() if progress is None else progress
     if not enabled:
@@ -166,7 +169,7 @@ def media_and_refs(
     repo_id: str,
     fmt: str,
     result: ImportResult,
-    held: list[Any],
+    held: list[Pin],
     progress: bool | None,
     pointers: dict[str, list[str]] | None = None,
 ) -> None:

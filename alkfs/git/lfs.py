@@ -41,7 +41,7 @@ import tempfile
 import threading
 from collections.abc import Callable, Container, Iterable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, cast
 
 from ..errors import Verification
 from ..keys import Algorithm, Key
@@ -51,7 +51,10 @@ from .lfs_pointer import POINTER_MAX, SHA256_TAG, STORED_MAX, media_of, pointer_
 from .tables import Tables
 
 if TYPE_CHECKING:
+    from ..db import Conn
+    from ..gc.arbiter import Pin
     from ..store import Store
+    from ..tiers.memory import MemoryTier
 
 log = logging.getLogger("alkfs")
 
@@ -62,7 +65,7 @@ _GIT_LO = bytes([Algorithm.GIT_SHA1.value])
 _GIT_HI = bytes([Algorithm.GIT_SHA256.value + 1])
 
 
-def _insert_rows(conn: Any, rows: Iterable[tuple[bytes, bytes]]) -> None:
+def _insert_rows(conn: Conn, rows: Iterable[tuple[bytes, bytes]]) -> None:
     for row in rows:
         conn.execute(
             "INSERT INTO lfs_pointers (blob, media) VALUES (?, ?) ON CONFLICT (blob) DO NOTHING",
@@ -187,7 +190,7 @@ class LfsMedia:
             return 0
 
     def _scan_memory(self) -> list[tuple[bytes, bytes]]:
-        kv: Any = self.store.kv
+        kv = cast("MemoryTier", self.store.kv)  # (a store without a database: memory)
         found: list[tuple[bytes, bytes]] = []
         for key in kv.keys():  # noqa: SIM118 (a KV store's scan, not a dict)
             if key in self._mem_seen or not _GIT_LO <= key[:1] < _GIT_HI:
@@ -336,12 +339,14 @@ def media_dirs(gitdir: str) -> list[Path]:
 
 def import_media(
     store: Store, gitdir: str, pointers: dict[str, list[str]] | None = None
-) -> tuple[int, int, list[str], list[Any]]:
+) -> tuple[int, int, list[str], list[Pin]]:
     """Store the media the source's pointers name (`pointers`: source_pointers', if read
     already) from its own LFS storage, each checked against its oid: (stored, already
     present, oids of media found nowhere, the pins of what was stored, for the caller to
     release once the refs commit)."""
-    stored, present, missing, pins = 0, 0, [], []
+    stored, present = 0, 0
+    missing: list[str] = []
+    pins: list[Pin] = []
     dirs = media_dirs(gitdir)
     for oid in sorted(source_pointers(gitdir) if pointers is None else pointers):
         key = Key.from_hex(Algorithm.SHA256, oid)

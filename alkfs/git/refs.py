@@ -41,6 +41,7 @@ class _Any(enum.Enum):
 
 ANY = _Any.ANY
 """RefUpdate.old when the update applies whatever the ref holds now."""
+Expected = str | None | _Any  # RefUpdate.old: the value, none (must not exist), or ANY
 
 
 @dataclass(frozen=True)

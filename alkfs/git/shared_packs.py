@@ -30,9 +30,10 @@ import contextlib
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from ..db import Conn
     from ..fleet import Fleet
 
 PACKS_LOCK = 0x616C6B66_7061636B  # "alkfspack": the fleet's one builder holds PACKS_LOCK + i
@@ -129,7 +130,7 @@ class SharedPacks:
         self.building.discard(number)
         return True
 
-    def _serve_only(self, conn: Any, number: int) -> None:
+    def _serve_only(self, conn: Conn, number: int) -> None:
         conn.execute(
             "INSERT INTO fleet_pack_holds (node, fmt, generation, serving) VALUES (?, ?, ?, 1) "
             "ON CONFLICT (node, fmt, generation) DO UPDATE SET serving = 1",

@@ -9,13 +9,14 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import pysqlite3.dbapi2 as sqlite3
 
 from ..schema import Table, ddl
 
 if TYPE_CHECKING:
+    from ..db import Conn
     from ..store import Store
 
 
@@ -32,13 +33,13 @@ class Tables:
                 for sql in ddl(table, "sqlite"):
                     self._mem.execute(sql)
 
-    def tx(self) -> contextlib.AbstractContextManager[Any]:
+    def tx(self) -> contextlib.AbstractContextManager[Conn]:
         if self._db is not None:
             return self._db.tx()
         return self._mem_tx()
 
     @contextlib.contextmanager
-    def _mem_tx(self) -> Iterator[Any]:
+    def _mem_tx(self) -> Iterator[sqlite3.Connection]:
         assert self._mem is not None
         with self._lock:
             self._mem.execute("BEGIN IMMEDIATE")

@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import dataclasses
 import stat
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ..errors import Exists, Invalid, Missing, NotEmpty
 from .paths import PATH_MAX, TooLong, below, parent_of, path_bytes
 from .records import _COLUMNS, DIR_KEY, Entry, PinDir, _entry
 
 if TYPE_CHECKING:
+    from ..db import Conn
     from ..git.tables import Tables
     from ..store import Store
     from .misses import Misses
@@ -31,7 +32,7 @@ class PinTree:
         def _stamps(self, n: int = 1) -> int: ...
 
     @staticmethod
-    def _parent_there(conn: Any, name: str) -> None:
+    def _parent_there(conn: Conn, name: str) -> None:
         """(in a transaction) Missing unless the directory `name` is in exists."""
         parent = parent_of(name)
         if parent is None:
@@ -107,7 +108,7 @@ class PinTree:
 
     MOVED_NAMES = 100_000  # names below a moved directory added to the filter (more: dropped)
 
-    def _moves_fit(self, conn: Any, old: str, new: str) -> None:
+    def _moves_fit(self, conn: Conn, old: str, new: str) -> None:
         """TooLong unless every path below `old` fits under `new` (PATH_MAX bytes)."""
         grows = len(path_bytes(new)) - len(path_bytes(old))
         if grows <= 0:
@@ -187,7 +188,7 @@ class PinTree:
         )
 
     @staticmethod
-    def _has_below(conn: Any, prefix: str) -> bool:
+    def _has_below(conn: Conn, prefix: str) -> bool:
         return (
             conn.execute(
                 "SELECT 1 FROM pins WHERE name >= ? AND name < ? LIMIT 1", (prefix, below(prefix))

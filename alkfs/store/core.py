@@ -8,6 +8,7 @@ import fcntl
 import os
 import uuid
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 from .. import privacy
 from ..binding import DB_NAME as DB_NAME
@@ -21,6 +22,9 @@ from .listing import StoreListing
 from .puts import StorePuts
 from .reads import StoreReads
 from .state import StoreState
+
+if TYPE_CHECKING:
+    from ..db.postgres import PostgresDatabase
 
 DEFAULT_THRESHOLD = 131072
 DEFAULT_WINDOW_S = 3600
@@ -80,7 +84,8 @@ class Store(StorePuts, StoreBatches, StoreListing, StoreReads, StoreDeletes, Sto
             if own is not None:
                 try:
                     ttl = float(os.environ.get("ALKFS_FLEET_TTL") or DEFAULT_TTL_S)
-                    store.fleet = Fleet(store, db, own, ttl)  # type: ignore[arg-type]
+                    # (a member's database is a PostgreSQL one: `database` was given)
+                    store.fleet = Fleet(store, cast("PostgresDatabase", db), own, ttl)
                 except BaseException:
                     db.close()
                     raise

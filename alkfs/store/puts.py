@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, BinaryIO, TypeVar, cast
+from typing import TYPE_CHECKING, BinaryIO, Concatenate, ParamSpec, TypeVar
 
 from ..catalog import ChunkDigester
 from ..db import now_ns
@@ -53,14 +53,16 @@ def _chunks(source: Source) -> Iterator[bytes]:
         raise StoreIO(f"the input stream failed: {exc}") from exc
 
 
-F = TypeVar("F", bound=Callable[..., Any])
+S = TypeVar("S", bound=StoreState)
+P = ParamSpec("P")
+R = TypeVar("R")
 
 
-def _counted(fn: F) -> F:
+def _counted(fn: Callable[Concatenate[S, P], R]) -> Callable[Concatenate[S, P], R]:
     """A Store method that may add objects: `Store.puts` moves when it ends."""
 
     @functools.wraps(fn)
-    def counted(self: StoreState, *args: Any, **kwargs: Any) -> Any:
+    def counted(self: S, /, *args: P.args, **kwargs: P.kwargs) -> R:
         try:
             return fn(self, *args, **kwargs)
         finally:
@@ -68,7 +70,7 @@ def _counted(fn: F) -> F:
             for hook in self.changed_hooks:
                 hook()
 
-    return cast(F, counted)
+    return counted
 
 
 class StorePuts(StoreState):

@@ -9,14 +9,14 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 from ..catalog import Catalog
 from ..db import Database
 from ..errors import Invalid
 from ..fleet import NODES_DIR, Fleet
 from ..gc.arbiter import Arbiter
-from ..gc.sweep import SweepReport
+from ..gc.sweep import SweepProgressFigures, SweepReport
 from ..gc.window import MemoryWindow, SqlWindow
 from ..reserve import Reserve
 from ..tiers.local import LocalTier
@@ -109,7 +109,7 @@ class StoreState:
         # How far the running verify and sweep got (None when none runs), for a status to
         # show: objects looked at by the verify; the sweep's phase and figures (SweepProgress)
         self.verifying: int | None = None
-        self.sweep_progress: dict[str, Any] | None = None
+        self.sweep_progress: SweepProgressFigures | None = None
         # Set when the store's owner stops (SIGTERM, an unmount): long work (sweeps,
         # verify, a borrower's git) checks it at its next safe point and ends (Interrupted)
         self.stopping = threading.Event()

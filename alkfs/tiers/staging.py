@@ -38,8 +38,8 @@ import mmap
 import os
 import queue
 import threading
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from ..catalog import ChunkDigester
 
@@ -55,7 +55,7 @@ _pool: list[mmap.mmap] = []
 _pool_lock = threading.Lock()
 
 
-def _sync_file_range() -> Any:
+def _sync_file_range() -> Callable[[int, int, int, int], int] | None:
     with contextlib.suppress(OSError, AttributeError):
         libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
         fn = libc.sync_file_range
@@ -122,7 +122,7 @@ class StagingWriter:
         # QUEUE_CHUNKS wait). O_DIRECT: that thread copies them into buffers (`_fill`
         # bytes of `_current` filled) and hands each full one to the I/O thread through
         # _io; it comes back through _free. Otherwise the staging thread writes them.
-        self._queue: queue.Queue[Any] = queue.Queue(QUEUE_CHUNKS)
+        self._queue: queue.Queue[bytes | bytearray | None] = queue.Queue(QUEUE_CHUNKS)
         self._io: queue.Queue[tuple[mmap.mmap, int] | None] = queue.Queue()
         self._free: queue.Queue[mmap.mmap] = queue.Queue()
         self._buffers: list[mmap.mmap] = []

@@ -76,7 +76,7 @@ from __future__ import annotations
 import errno
 import stat
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, ClassVar, Protocol
 
 import pyfuse3
 from pyfuse3 import RequestContext
@@ -98,6 +98,32 @@ FIRST_OFFSET = 3  # readdir offsets are never 0, 1 or 2 (NFS re-export reads tho
 # max_write, makes cp into the mount write 1 MiB at a time: 8x fewer WRITE requests and
 # 8x fewer security.capability getxattrs (the kernel asks before every write syscall).
 BLKSIZE = 1 << 20
+
+
+class SetattrFields(Protocol):
+    """Which attributes a setattr changes: what nodes read of pyfuse3's SetattrFields
+    (its `setattr` hands one; `attr`, a pyfuse3.EntryAttributes, holds the new values)."""
+
+    @property
+    def update_atime(self) -> bool: ...
+
+    @property
+    def update_mtime(self) -> bool: ...
+
+    @property
+    def update_ctime(self) -> bool: ...
+
+    @property
+    def update_mode(self) -> bool: ...
+
+    @property
+    def update_uid(self) -> bool: ...
+
+    @property
+    def update_gid(self) -> bool: ...
+
+    @property
+    def update_size(self) -> bool: ...
 
 
 class Node:
@@ -189,8 +215,12 @@ class Node:
         return self.attr()
 
     async def setattr(
-        self, attr: Any, fields: Any, handle: Handle | None, req: RequestContext
-    ) -> Any:
+        self,
+        attr: pyfuse3.EntryAttributes,
+        fields: SetattrFields,
+        handle: Handle | None,
+        req: RequestContext,
+    ) -> pyfuse3.EntryAttributes:
         if changes_anything(fields):
             fail(errno.EPERM, "its attributes cannot be changed")
         return self.attr()
@@ -264,7 +294,7 @@ class Node:
         fail(errno.ENOTDIR)
 
 
-def changes_anything(fields: Any) -> bool:
+def changes_anything(fields: SetattrFields) -> bool:
     return any(
         getattr(fields, f, False)
         for f in (

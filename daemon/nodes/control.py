@@ -21,9 +21,9 @@ import errno
 import json
 import logging
 import stat
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from pyfuse3 import RequestContext
+from pyfuse3 import EntryAttributes, RequestContext
 
 from alkfs.durations import parse_duration, parse_window
 from alkfs.gc import staged
@@ -31,7 +31,7 @@ from alkfs.gc import staged
 from ..errors import clip, fail
 from ..packs import repack_now
 from ..status import metrics_text, status_json
-from .base import DYNAMIC_TIMEOUT, File, Node, StaticDir
+from .base import DYNAMIC_TIMEOUT, File, Node, SetattrFields, StaticDir
 from .handles import BytesHandle, Handle, wants_write
 
 if TYPE_CHECKING:
@@ -83,7 +83,7 @@ class ControlFile(File):
     def mode(self) -> int:
         return stat.S_IFREG | 0o600
 
-    def attr(self) -> Any:
+    def attr(self) -> EntryAttributes:
         a = super().attr()
         a.st_uid = self.ctx.daemon_uid  # (not the --owner user's: they may not write it)
         a.st_gid = self.ctx.daemon_gid
@@ -93,8 +93,12 @@ class ControlFile(File):
         return ControlHandle(self)
 
     async def setattr(
-        self, attr: Any, fields: Any, handle: Handle | None, req: RequestContext
-    ) -> Any:
+        self,
+        attr: EntryAttributes,
+        fields: SetattrFields,
+        handle: Handle | None,
+        req: RequestContext,
+    ) -> EntryAttributes:
         # `echo sweep > control` truncates first: accept that (and touch) as no-ops.
         if fields.update_mode or fields.update_uid or fields.update_gid:
             fail(errno.EPERM, "the control file's owner and mode are fixed")
@@ -264,7 +268,7 @@ class _Generated(File):
     def size(self) -> int:
         return len(self.snapshot)
 
-    async def getattr(self, req: RequestContext) -> Any:
+    async def getattr(self, req: RequestContext) -> EntryAttributes:
         if self.open_count == 0:
             self.snapshot = await self.content()
         return self.attr()

@@ -54,9 +54,9 @@ import errno
 import logging
 import os
 import threading
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, cast
 
-from pyfuse3 import RequestContext
+from pyfuse3 import EntryAttributes, RequestContext
 
 from alkfs.keys import Algorithm, Key
 
@@ -71,6 +71,7 @@ from .base import (
     Dir,
     Emit,
     Node,
+    SetattrFields,
     StaticDir,
     changes_anything,
 )
@@ -78,6 +79,8 @@ from .handles import DirHandle, Handle, wants_write
 from .loose import FANOUT, FanoutDir, Sizes, repo_fanout_ident
 
 if TYPE_CHECKING:
+    from alkfs.git.packs import Generation
+
     from ..context import Context
 
 log = logging.getLogger("alkfsd")
@@ -156,7 +159,7 @@ class ObjectDir(StaticDir):
     def entries_in_c(self) -> list[tuple[bytes, Node]]:
         return [(name, node) for name, node in self._entries() if isinstance(node, FanoutDir)]
 
-    def _published(self, fmt: str, old: Any, new: Any) -> None:
+    def _published(self, fmt: str, old: Generation | None, new: Generation | None) -> None:
         """A new derived set of `fmt` (any thread): drop the kernel's entries of every
         name of the old set the new one lacks, and of the reused names (they get their
         new inode at the next lookup); a shared pack keeps its entry and inode."""
@@ -245,7 +248,7 @@ class DerivedDir(Dir):
         self.fmt = fmt
         self.rel = rel
 
-    def _child(self, gen: Any, name: bytes, retired: bool = False) -> Node | None:
+    def _child(self, gen: Generation, name: bytes, retired: bool = False) -> Node | None:
         try:
             text = name.decode("ascii")
         except UnicodeDecodeError:
@@ -273,7 +276,7 @@ class DerivedDir(Dir):
         return node
 
     async def readdir(self, dh: DirHandle, start: int, emit: Emit) -> None:
-        gen = dh.state.get("gen")
+        gen = cast("Generation | None", dh.state.get("gen"))
         if gen is None or start < FIRST_OFFSET:  # one listing sees one set
             gen = dh.state["gen"] = derived_packs.served(self.ctx).current(self.fmt)
         if gen is None:
@@ -294,7 +297,13 @@ class DerivedFile(Node):
     __slots__ = ("fmt", "number", "rel", "backing", "_size", "_mtime", "retired")
 
     def __init__(
-        self, ctx: Context, parent: Node, gen: Any, rel: str, name: bytes, retired: bool = False
+        self,
+        ctx: Context,
+        parent: Node,
+        gen: Generation,
+        rel: str,
+        name: bytes,
+        retired: bool = False,
     ) -> None:
         # A pack, idx or graph name is its content's checksum (and a .keep never changes):
         # one inode across the generations that share the file, so the kernel's cached
@@ -329,8 +338,12 @@ class DerivedFile(Node):
         return self._mtime
 
     async def setattr(
-        self, attr: Any, fields: Any, handle: Handle | None, req: RequestContext
-    ) -> Any:
+        self,
+        attr: EntryAttributes,
+        fields: SetattrFields,
+        handle: Handle | None,
+        req: RequestContext,
+    ) -> EntryAttributes:
         if changes_anything(fields):
             # git's freshening utime on a pack, every gc: EPERM (git then freshens the
             # objects it needs through their loose paths), logged at debug only

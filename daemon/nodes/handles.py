@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import errno
 import os
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ..errors import fail
 
@@ -92,7 +92,7 @@ class DirHandle:
 
     def __init__(self, node: Node) -> None:
         self.node = node
-        self.state: dict[Any, Any] = {}
+        self.state: dict[str, object] = {}
 
     async def release(self) -> None:
         return None

@@ -5,7 +5,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from alkfs.catalog import Record
 from alkfs.errors import Corrupt
@@ -14,6 +14,8 @@ from alkfs.keys import Key
 from .handles import Handle
 
 if TYPE_CHECKING:
+    from alkfs.store import Store
+
     from .objfile import ObjectFile
 
 log = logging.getLogger("alkfsd")
@@ -150,6 +152,6 @@ class LargeHandle(Handle):
         os.close(self.fd)
 
 
-def mark_corrupt(store: Any, key: Key) -> None:
+def mark_corrupt(store: Store, key: Key) -> None:
     mark = getattr(store, "mark_corrupt", None) or store._mark_corrupt
     mark(key)

@@ -27,7 +27,7 @@ import contextlib
 import errno
 import os
 import re
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import trio
 from pyfuse3 import RequestContext
@@ -44,8 +44,9 @@ from .listing import Entries, readdir_snapshot
 from .objfile import ObjectFile
 
 if TYPE_CHECKING:
+    from alkfs.gc.arbiter import Pin
     from alkfs.git.refs import Repo
-    from alkfs.store import ObjectStat
+    from alkfs.store import ObjectStat, PutResult
 
     from ..context import Context
 
@@ -259,7 +260,7 @@ class LfsFanDir(Dir):
         return None
 
 
-def _stat_and_hold(ctx: Context, key: Key) -> tuple[ObjectStat | None, Any]:
+def _stat_and_hold(ctx: Context, key: Key) -> tuple[ObjectStat | None, Pin | None]:
     """The medium's attributes, and a pin on it if a sweep staged it for deletion: git-lfs
     looks a medium up before it decides not to upload it, and the pointer that names it
     comes with the push after that (the pin lasts the push grace)."""
@@ -283,12 +284,12 @@ async def _drop_later(node: ScratchFile) -> None:
         await node.ctx.run_sync(_unlink, node.disk)
 
 
-def _unlink(path: Any) -> None:
+def _unlink(path: str | os.PathLike[str]) -> None:
     with contextlib.suppress(FileNotFoundError):
         os.unlink(path)
 
 
-def _store_media(ctx: Context, node: ScratchFile, key: Key) -> Any:
+def _store_media(ctx: Context, node: ScratchFile, key: Key) -> PutResult:
     """The temporary file's bytes stored under `key` (Verification, hence EIO, when they
     hash to another oid: nothing is stored). Streamed from the scratch file."""
     with open(node.disk, "rb") as f:

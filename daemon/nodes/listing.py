@@ -4,6 +4,7 @@ snapshot listing of a small changing directory, names as text."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import cast
 
 from alkfs.keys import Algorithm, Key
 
@@ -33,7 +34,7 @@ async def readdir_snapshot(
     (when listing starts), so offsets (index + FIRST_OFFSET) stay stable for it."""
     if start < FIRST_OFFSET or "entries" not in dh.state:
         dh.state["entries"] = entries()
-    listed: Entries = dh.state["entries"]
+    listed = cast(Entries, dh.state["entries"])
     first = 0 if start < FIRST_OFFSET else start - FIRST_OFFSET + 1
     for i in range(first, len(listed)):
         name, node = listed[i]

@@ -8,9 +8,9 @@ import logging
 import os
 import zlib
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, cast
 
-from pyfuse3 import RequestContext
+from pyfuse3 import EntryAttributes, RequestContext
 
 from alkfs.errors import Corrupt, Invalid
 from alkfs.git.objects import BLOCK, encode_loose, loose_size
@@ -24,12 +24,14 @@ from ..staging import ingest
 from ..staging.overlay import ScratchOverlay
 from ..staging.scratch import ScratchFile
 from ..staging.writes import RepoKey, pid_of
-from .base import FIRST_OFFSET, Dir, Emit, Node, changes_anything
+from .base import FIRST_OFFSET, Dir, Emit, Node, SetattrFields, changes_anything
 from .handles import DirHandle, Handle, LoadedHandle, wants_write
 from .listing import PAGE, after_cookie, cookie
 from .objfile import INLINE_VERIFY, LargeHandle, ObjectFile, verified_get
 
 if TYPE_CHECKING:
+    from alkfs.git.refs import Repo
+
     from ..context import Context
 
 log = logging.getLogger("alkfsd")
@@ -43,7 +45,9 @@ _STRIDE = BLOCK + 5  # a stored block: 5 header bytes, then up to BLOCK bytes of
 
 
 # -- the loose form by arithmetic ---------------------------------------------------------------
-def loose_segments(n: int, offset: int, size: int) -> Iterator[bytes | tuple[int, int] | slice]:
+def loose_segments(
+    n: int, offset: int, size: int
+) -> Iterator[bytes | tuple[int, int] | slice[int, int, int | None]]:
     """Bytes [offset, offset+size) of the loose file of an `n`-byte object, in order, as
     `bytes` (framing: the zlib header, stored-block headers), `(start, length)` (a range
     of the canonical object) or a `slice` of the big-endian adler32 trailer."""
@@ -79,7 +83,7 @@ def loose_segments(n: int, offset: int, size: int) -> Iterator[bytes | tuple[int
                 pos += length
 
 
-def repo_fanout_ident(repo: Any, xx: bytes) -> tuple:
+def repo_fanout_ident(repo: Repo, xx: bytes) -> tuple[str, str, int, bytes]:
     """The identity of /repos/<id>/objects/<xx> (repos.py), found here when objects go."""
     return ("repo-fanout", repo.id, repo.created_ns, xx)
 
@@ -156,10 +160,13 @@ class FanoutDir(Dir):
                 if not emit(st.key.hex[2:].encode(), LooseFile.fresh(self.ctx, self, st), c):
                     return
             return
-        recent: dict[int, bytes] = state_.setdefault("recent", {})
+        recent = cast(dict[int, bytes], state_.setdefault("recent", {}))
+        ahead: list[ObjectStat]
+        after: Key | None
         if start >= FIRST_OFFSET and state_.get("last") == start:
-            ahead: list[ObjectStat] = state_["ahead"]
-            after, done, count = state_["after"], state_["done"], state_["count"]
+            ahead = cast(list[ObjectStat], state_["ahead"])
+            after = cast(Key | None, state_["after"])
+            done, count = cast(bool, state_["done"]), cast(int, state_["count"])
         else:
             ahead, done, count = [], False, 0
             if start < FIRST_OFFSET:
@@ -274,8 +281,12 @@ class LooseFile(ObjectFile):
         return loose_size(self.st.size)
 
     async def setattr(
-        self, attr: Any, fields: Any, handle: Handle | None, req: RequestContext
-    ) -> Any:
+        self,
+        attr: EntryAttributes,
+        fields: SetattrFields,
+        handle: Handle | None,
+        req: RequestContext,
+    ) -> EntryAttributes:
         """touch/utime freshens (ObjectFile); a toucher working for a push pins it first."""
         if changes_anything(fields):
             await ingest.freshened(self.ctx, self.key, pid_of(req))

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import errno
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, cast
 
-from pyfuse3 import RequestContext
+from pyfuse3 import EntryAttributes, RequestContext
 
 from alkfs.errors import Invalid
 from alkfs.keys import Algorithm, Key
@@ -15,7 +15,7 @@ from alkfs.store import ObjectStat, PutResult, Store
 
 from ..errors import fail
 from ..staging.staged import StagedFile
-from .base import DYNAMIC_TIMEOUT, FIRST_OFFSET, Emit, File, Node, StaticDir
+from .base import DYNAMIC_TIMEOUT, FIRST_OFFSET, Emit, File, Node, SetattrFields, StaticDir
 from .base import Dir as _Dir
 from .handles import DirHandle, Handle
 from .listing import PAGE, after_cookie
@@ -80,8 +80,12 @@ class ObjectsDir(StaticDir):
         return node
 
     async def setattr(
-        self, attr: Any, fields: Any, handle: Handle | None, req: RequestContext
-    ) -> Any:
+        self,
+        attr: EntryAttributes,
+        fields: SetattrFields,
+        handle: Handle | None,
+        req: RequestContext,
+    ) -> EntryAttributes:
         noop_setattr(self, attr, fields)  # times are accepted and ignored (cp -rp)
         return self.attr()
 
@@ -138,8 +142,12 @@ class AlgoDir(_Dir):
         return ObjectFile.fresh(self.ctx, self, st)
 
     async def setattr(
-        self, attr: Any, fields: Any, handle: Handle | None, req: RequestContext
-    ) -> Any:
+        self,
+        attr: EntryAttributes,
+        fields: SetattrFields,
+        handle: Handle | None,
+        req: RequestContext,
+    ) -> EntryAttributes:
         noop_setattr(self, attr, fields)  # times are accepted and ignored (cp -rp)
         return self.attr()
 
@@ -195,11 +203,13 @@ class AlgoDir(_Dir):
         so what it did not take waits in `dh.state` for the next call, which resumes
         after the last entry given (any other offset restarts from that offset's key)."""
         store, ctx, state = self.ctx.store, self.ctx, dh.state
-        recent: dict[int, bytes] = state.setdefault("recent", {})
+        recent = cast(dict[int, bytes], state.setdefault("recent", {}))
         ahead: list[ObjectStat]
         after: Key | None
         if start >= FIRST_OFFSET and state.get("last") == start:
-            ahead, after, done = state["ahead"], state["after"], state["done"]
+            ahead = cast(list[ObjectStat], state["ahead"])
+            after = cast(Key | None, state["after"])
+            done = cast(bool, state["done"])
         else:
             ahead, done = [], False
             if start < FIRST_OFFSET:

@@ -9,7 +9,7 @@ import logging
 import os
 import stat
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Self
 
 import pyfuse3
 from pyfuse3 import RequestContext
@@ -21,7 +21,7 @@ from alkfs.pins import valid_pin_name
 from alkfs.store import ObjectStat
 
 from ..errors import fail
-from .base import BLKSIZE, File, Node
+from .base import BLKSIZE, File, Node, SetattrFields
 from .handles import Handle, LoadedHandle
 from .largefile import LargeHandle
 from .pinning import pin_object, unpin_object
@@ -75,7 +75,7 @@ class ObjectFile(File):
         self.pushed = False
 
     @classmethod
-    def fresh(cls, ctx: Context, parent: Node, st: ObjectStat, *args: Any) -> Any:
+    def fresh(cls, ctx: Context, parent: Node, st: ObjectStat, *args: bytes | None) -> Self:
         """A node about to be handed to the kernel. It replaces the instance the inode
         table holds, so it inherits `pushed`; when the table holds none, the kernel has no
         inode of it (never had, or forgot it) and the next open may push pages again."""
@@ -182,8 +182,12 @@ class ObjectFile(File):
 
     # -- touch: freshen -----------------------------------------------------------------
     async def setattr(
-        self, attr: Any, fields: Any, handle: Handle | None, req: RequestContext
-    ) -> Any:
+        self,
+        attr: pyfuse3.EntryAttributes,
+        fields: SetattrFields,
+        handle: Handle | None,
+        req: RequestContext,
+    ) -> pyfuse3.EntryAttributes:
         # A chmod/chown/truncate to what it is already is a no-op (cp -p, rsync -a).
         if noop_setattr(self, attr, fields):
             if not await self.ctx.run_sync(self.ctx.store.freshen, self.key):

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import errno
 import threading
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from alkfs.errors import Missing, WouldWait
 from alkfs.keys import Key
-from alkfs.pins import Entry, FileAttrs, PinDir, PinRecord
+from alkfs.pins import Entry, FileAttrs, PinDir, PinRecord, Pins
 
 from ..errors import fail
 
@@ -41,7 +41,7 @@ def changed(ctx: Context, *names: str) -> None:
 # (`tree`: a path in /pins, any file name, its directory must exist; otherwise a name of
 # the xattr form. `attrs`: a file written into /pins.)
 def pin(
-    pins: Any,
+    pins: Pins,
     name: str,
     key: Key,
     replace: Key | None = None,
@@ -55,7 +55,7 @@ def pin(
 
 
 def put_pinned(
-    pins: Any,
+    pins: Pins,
     name: str,
     data: bytes,
     replace: Key | None = None,
@@ -77,25 +77,25 @@ def put_pinned(
         PIN_LOCK.release()
 
 
-def move(pins: Any, old: str, new: str) -> Entry:
+def move(pins: Pins, old: str, new: str) -> Entry:
     """Rename the pin or directory `old` of /pins to `new`, replacing an entry `new` of
     its kind (a directory only if empty): one transaction."""
     with PIN_LOCK:
         return pins.move(old, new, replace=True)
 
 
-def mkdir(pins: Any, name: str, mode: int) -> PinDir:
+def mkdir(pins: Pins, name: str, mode: int) -> PinDir:
     with PIN_LOCK:
         return pins.mkdir(name, mode)
 
 
-def rmdir(pins: Any, name: str) -> None:
+def rmdir(pins: Pins, name: str) -> None:
     with PIN_LOCK:
         pins.rmdir(name)
 
 
 def set_attrs(
-    pins: Any,
+    pins: Pins,
     name: str,
     created_ns: int,
     mode: int | None,
@@ -110,7 +110,7 @@ def set_attrs(
 
 
 def set_file_attrs(
-    pins: Any,
+    pins: Pins,
     name: str,
     key: Key,
     mode: int | None,
@@ -126,7 +126,7 @@ def set_file_attrs(
         return pins.set_attrs(name, rec.created_ns, mode, mtime_ns, uid, gid)
 
 
-def unpin(pins: Any, name: str, key: Key | None = None) -> None:
+def unpin(pins: Pins, name: str, key: Key | None = None) -> None:
     with PIN_LOCK:
         rec = pins.get(name)
         if rec is None or (key is not None and rec.key != key):

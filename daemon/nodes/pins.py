@@ -38,7 +38,7 @@ import errno
 import re
 import stat
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, cast
 
 import pyfuse3
 from pyfuse3 import RequestContext
@@ -59,7 +59,7 @@ from alkfs.store import ObjectStat, PutResult
 
 from ..errors import clip, fail
 from . import pinning
-from .base import DYNAMIC_TIMEOUT, FIRST_OFFSET, Dir, Emit, File, Node
+from .base import DYNAMIC_TIMEOUT, FIRST_OFFSET, Dir, Emit, File, Node, SetattrFields
 from .handles import DirHandle, Handle
 from .objfile import ObjectFile
 from .pintree import PinFile, PinFileEntry, PinLink, Tree, leaf_of, set_owned_attrs, show_owner
@@ -80,6 +80,11 @@ def _shown(name: bytes) -> str:
 def _rebased(name: str, old: str, new: str) -> str:
     """`name` (at or below `old`) after `old` was renamed `new`."""
     return new + name[len(old) :]
+
+
+# Where a listing of a directory of /pins resumes: ("db", the last name given; None: from
+# the start), or ("staged", how many of the files being written here were given).
+Mark = tuple[str, str | int | None]
 
 
 class TreeDir(Dir):
@@ -145,9 +150,9 @@ class TreeDir(Dir):
         removed meanwhile shift nothing); another offset (a seekdir) counts from the
         start."""
         state = dh.state
-        marks: dict[int, tuple[str, Any]] = state.setdefault("marks", {})
+        marks = cast(dict[int, Mark], state.setdefault("marks", {}))
         if start < FIRST_OFFSET:
-            resume: tuple[str, Any] = ("db", None)
+            resume: Mark = ("db", None)
             state["staged"] = None
             offset = FIRST_OFFSET
         elif start in marks:
@@ -159,7 +164,9 @@ class TreeDir(Dir):
                 resume, offset = mark, offset + 1
                 if offset > start:
                     break
-        for old in state.get("before", ()):  # (only the last two replies' marks stay)
+        for old in cast(
+            set[int], state.get("before", ())
+        ):  # (only the last two replies' marks stay)
             marks.pop(old, None)
         state["before"] = state.get("last", ())
         state["last"] = now = set()
@@ -170,24 +177,24 @@ class TreeDir(Dir):
             now.add(offset)
             offset += 1
 
-    def _walk(self, resume: tuple[str, Any], state: dict) -> Iterator[tuple[Any, bytes, Node]]:
+    def _walk(self, resume: Mark, state: dict[str, object]) -> Iterator[tuple[Mark, bytes, Node]]:
         """(mark to resume after it, name, node) of every entry after `resume`."""
         phase, at = resume
         cut = len(self.prefix)
         if phase == "db":
             pins = self.ctx.pins
             while True:
-                page = pins.children(self.prefix, at, PAGE)
+                page = pins.children(self.prefix, cast(str | None, at), PAGE)
                 for found in page:
                     yield ("db", found.name), path_bytes(found.name[cut:]), self._node(found)
                 if len(page) < PAGE:
                     break
                 at = page[-1].name
             at = 0
-        staged = state.get("staged")
+        staged = cast(list[tuple[bytes, Node]] | None, state.get("staged"))
         if staged is None:
             staged = state["staged"] = self._staged_here()
-        for i in range(at, len(staged)):
+        for i in range(cast(int, at), len(staged)):
             yield ("staged", i + 1), staged[i][0], staged[i][1]
 
     def _staged_here(self) -> list[tuple[bytes, Node]]:
@@ -280,11 +287,11 @@ class TreeDir(Dir):
 
     # -- files written here (the StagingParent of their PinFile) --------------------------
     @staticmethod
-    def _pin_name(node: Any) -> str | None:
+    def _pin_name(node: PinFile) -> str | None:
         """The pin a file written here makes at close (None: it was unlinked)."""
         return None if node.unlinked else node.pin_name
 
-    def store_small(self, node: Any, data: bytes, wait: bool) -> PutResult | None:
+    def store_small(self, node: PinFile, data: bytes, wait: bool) -> PutResult | None:
         """The object and its pin in one transaction (a refused name stores nothing)."""
         text = self._pin_name(node)
         if text is None:
@@ -300,7 +307,7 @@ class TreeDir(Dir):
                 return ahead
         return pinning.put_pinned(self.ctx.pins, text, data, node.key, wait, attrs, True)
 
-    def publish_in_thread(self, node: Any, result: PutResult, wait: bool) -> None:
+    def publish_in_thread(self, node: PinFile, result: PutResult, wait: bool) -> None:
         """After the put (content that was spooled): pinned under its path, then the
         in-process pin goes (after the pin row committed); EEXIST if the name is
         another object's now. (Only a worker thread pins here.)"""
@@ -317,14 +324,14 @@ class TreeDir(Dir):
     def stored_file(self, st: ObjectStat) -> File:
         return ObjectFile(self.ctx, self, st)
 
-    async def publish(self, node: Any, result: PutResult) -> None:
+    async def publish(self, node: PinFile, result: PutResult) -> None:
         result.pin.release()  # (pinned under its path already: a second release is a no-op)
         self._forget(node)
 
-    async def closed(self, node: Any) -> None:
+    async def closed(self, node: PinFile) -> None:
         self._forget(node)
 
-    def _forget(self, node: Any) -> None:
+    def _forget(self, node: PinFile) -> None:
         # (no kernel invalidation needed: a StagedFile's entry timeout is 0, so the next
         # use of the name asks again and finds the pin, or nothing)
         staged, path = self.tree.staged, node.pin_path
@@ -486,8 +493,12 @@ class PinsDir(TreeDir):
         self._place(Tree(), b"")
 
     async def setattr(
-        self, attr: Any, fields: Any, handle: Handle | None, req: RequestContext
-    ) -> Any:
+        self,
+        attr: pyfuse3.EntryAttributes,
+        fields: SetattrFields,
+        handle: Handle | None,
+        req: RequestContext,
+    ) -> pyfuse3.EntryAttributes:
         noop_setattr(self, attr, fields)  # times are accepted and ignored (rsync -a, cp -rp)
         return self.attr()
 
@@ -524,8 +535,12 @@ class PinSubdir(TreeDir):
         return self.attr()
 
     async def setattr(
-        self, attr: Any, fields: Any, handle: Handle | None, req: RequestContext
-    ) -> Any:
+        self,
+        attr: pyfuse3.EntryAttributes,
+        fields: SetattrFields,
+        handle: Handle | None,
+        req: RequestContext,
+    ) -> pyfuse3.EntryAttributes:
         a = self.attr()
         if fields.update_size:
             fail(errno.EISDIR, f"/pins/{self.record.name} is a directory")

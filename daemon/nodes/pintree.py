@@ -29,7 +29,7 @@ from __future__ import annotations
 import errno
 import os
 import stat
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import pyfuse3
 import trio
@@ -37,12 +37,12 @@ from pyfuse3 import RequestContext
 
 from alkfs.errors import Missing
 from alkfs.keys import Algorithm
-from alkfs.pins import FileAttrs, PinRecord, path_bytes, path_text
+from alkfs.pins import Entry, FileAttrs, PinRecord, path_bytes, path_text
 
 from ..errors import fail
-from ..staging.staged import StagedFile
+from ..staging.staged import StagedFile, StagingParent
 from . import pinning
-from .base import DYNAMIC_TIMEOUT, File, Node, Symlink
+from .base import DYNAMIC_TIMEOUT, File, Node, SetattrFields, Symlink
 from .handles import Handle, wants_write
 from .objfile import ObjectFile
 from .policy import noop_setattr
@@ -80,7 +80,12 @@ def groups_of(pid: int | None) -> frozenset[int] | None:
 
 
 def owner_change(
-    req: RequestContext | None, uid: int, gid: int, attr: Any, fields: Any, what: str
+    req: RequestContext | None,
+    uid: int,
+    gid: int,
+    attr: pyfuse3.EntryAttributes,
+    fields: SetattrFields,
+    what: str,
 ) -> tuple[int | None, int | None]:
     """The owner and group a setattr asks `what` (shown as `uid`:`gid`) to take, each None
     when not asked or the same as now (a no-op), once allowed (see the module docstring;
@@ -103,7 +108,7 @@ def owner_change(
     return new_uid, new_gid
 
 
-def show_owner(ctx: Context, a: pyfuse3.EntryAttributes, rec: Any) -> pyfuse3.EntryAttributes:
+def show_owner(ctx: Context, a: pyfuse3.EntryAttributes, rec: Entry) -> pyfuse3.EntryAttributes:
     """`a` with the owner and group of the row `rec` (none kept: the mount's owner's)."""
     a.st_uid = ctx.uid if rec.uid is None else rec.uid
     a.st_gid = ctx.gid if rec.gid is None else rec.gid
@@ -111,8 +116,13 @@ def show_owner(ctx: Context, a: pyfuse3.EntryAttributes, rec: Any) -> pyfuse3.En
 
 
 async def set_owned_attrs(
-    ctx: Context, rec: Any, now: Any, attr: Any, fields: Any, req: RequestContext | None
-) -> Any:
+    ctx: Context,
+    rec: Entry,
+    now: pyfuse3.EntryAttributes,
+    attr: pyfuse3.EntryAttributes,
+    fields: SetattrFields,
+    req: RequestContext | None,
+) -> Entry | None:
     """A pin's or a directory of pins' setattr: its mode, modification time, owner and
     group are kept in its row (an owner or group by `owner_change`'s rules). The row as
     it is now, or None when nothing of it changed."""
@@ -185,8 +195,12 @@ class PinLink(Symlink):
         return self.target
 
     async def setattr(
-        self, attr: Any, fields: Any, handle: Handle | None, req: RequestContext
-    ) -> Any:
+        self,
+        attr: pyfuse3.EntryAttributes,
+        fields: SetattrFields,
+        handle: Handle | None,
+        req: RequestContext,
+    ) -> pyfuse3.EntryAttributes:
         # `touch -h`: freshens the object; a chmod/chown to what it is is a no-op
         if noop_setattr(self, attr, fields):
             await self.ctx.run_sync(self.ctx.store.freshen, self.record.key)
@@ -242,8 +256,12 @@ class PinFileEntry(File):
         return await ObjectFile(self.ctx, self, st).open(flags, req)
 
     async def setattr(
-        self, attr: Any, fields: Any, handle: Handle | None, req: RequestContext
-    ) -> Any:
+        self,
+        attr: pyfuse3.EntryAttributes,
+        fields: SetattrFields,
+        handle: Handle | None,
+        req: RequestContext,
+    ) -> pyfuse3.EntryAttributes:
         """chmod, chown and the modification time are the pin's (its row keeps them;
         `owner_change` says who may chown); a size other than its own is EPERM, an
         access time alone is ignored."""
@@ -278,7 +296,15 @@ class PinFile(StagedFile):
 
     __slots__ = ("pin_path", "owner")
 
-    def __init__(self, ctx: Context, host: Any, parent: Node, name: bytes, path: bytes, mode: int):
+    def __init__(
+        self,
+        ctx: Context,
+        host: StagingParent[PinFile],
+        parent: Node,
+        name: bytes,
+        path: bytes,
+        mode: int,
+    ):
         super().__init__(ctx, host, name, Algorithm.SHA256, mode=mode)
         self.parent = parent  # (the directory it is listed in; `host` stores it)
         self.pin_path = path
@@ -305,8 +331,12 @@ class PinFile(StagedFile):
             await self.idle.wait()
 
     async def setattr(
-        self, attr: Any, fields: Any, handle: Handle | None, req: RequestContext
-    ) -> Any:
+        self,
+        attr: pyfuse3.EntryAttributes,
+        fields: SetattrFields,
+        handle: Handle | None,
+        req: RequestContext,
+    ) -> pyfuse3.EntryAttributes:
         """Recorded until the content is stored (the pin takes them); once it is (a
         chmod right after the close, racing the commit of an empty file at release; a
         descriptor still open), they go to the pin's row too. An owner or group by

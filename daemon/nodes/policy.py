@@ -4,20 +4,21 @@ from __future__ import annotations
 
 import errno
 import stat
-from typing import Any
+
+from pyfuse3 import EntryAttributes
 
 from ..errors import fail
-from .base import Node
+from .base import Node, SetattrFields
 
 
-def noop_setattr(node: Node, attr: Any, fields: Any) -> bool:
+def noop_setattr(node: Node, attr: EntryAttributes, fields: SetattrFields) -> bool:
     """The rule for things that cannot change (objects, pins, the fixed directories): a
     chmod, chown or truncate to the value it already has succeeds and does nothing (so
     `cp -p`, `rsync -a` and `install` work); any other change is EPERM. Returns whether
     times were set (the caller freshens an object; a directory ignores them)."""
     a = node.attr()
 
-    def asks(field: str) -> Any:
+    def asks(field: str) -> int | None:
         return getattr(attr, field, None)  # (None: no value given, so not the same)
 
     if fields.update_size and asks("st_size") != a.st_size:

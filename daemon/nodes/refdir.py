@@ -5,15 +5,15 @@ from __future__ import annotations
 
 import errno
 import os
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from pyfuse3 import RequestContext
+from pyfuse3 import EntryAttributes, RequestContext
 
 from alkfs.git.refs import ANY, Repo, valid_ref_name
 
 from ..errors import fail
 from ..staging.writes import pid_of, repo_key
-from .base import DYNAMIC_TIMEOUT, Dir, Emit, File, Node
+from .base import DYNAMIC_TIMEOUT, Dir, Emit, File, Node, SetattrFields
 from .handles import BytesHandle, DirHandle, Handle, wants_write
 from .listing import Entries, readdir_snapshot, text_of
 from .refwrites import QUOTE, LockHandle, RefWriteHandle, drop_lock, lock_of, new_lock, write_ref
@@ -52,7 +52,7 @@ class RepoFile(File):
     def mtime_ns(self) -> int:
         return self.repo.created_ns
 
-    async def getattr(self, req: RequestContext) -> Any:
+    async def getattr(self, req: RequestContext) -> EntryAttributes:
         self.data = self.content()
         return self.attr()
 
@@ -80,8 +80,12 @@ class HeadFile(RepoFile):
         return await super().open(flags, req)
 
     async def setattr(
-        self, attr: Any, fields: Any, handle: Handle | None, req: RequestContext
-    ) -> Any:
+        self,
+        attr: EntryAttributes,
+        fields: SetattrFields,
+        handle: Handle | None,
+        req: RequestContext,
+    ) -> EntryAttributes:
         return _truncate_only(self, attr, fields, handle)
 
 
@@ -110,8 +114,12 @@ class RefFile(RepoFile):
         return await super().open(flags, req)
 
     async def setattr(
-        self, attr: Any, fields: Any, handle: Handle | None, req: RequestContext
-    ) -> Any:
+        self,
+        attr: EntryAttributes,
+        fields: SetattrFields,
+        handle: Handle | None,
+        req: RequestContext,
+    ) -> EntryAttributes:
         return _truncate_only(self, attr, fields, handle)
 
 
@@ -132,7 +140,9 @@ class NewRefFile(RefFile):
         return b"" if oid is None else f"{oid}\n".encode()
 
 
-def _truncate_only(node: RepoFile, attr: Any, fields: Any, handle: Handle | None) -> Any:
+def _truncate_only(
+    node: RepoFile, attr: EntryAttributes, fields: SetattrFields, handle: Handle | None
+) -> EntryAttributes:
     """O_TRUNC at open (as any `>` does), a truncate to 0 of an open ref or HEAD, and touch:
     accepted (the next write replaces it whole; after an ftruncate, a close with nothing
     written is EINVAL, see RefWriteHandle.flush). A truncate by path (no open handle), or

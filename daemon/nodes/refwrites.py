@@ -9,16 +9,16 @@ import logging
 import os
 import stat
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Protocol, cast
 
-from pyfuse3 import RequestContext
+from pyfuse3 import EntryAttributes, RequestContext
 
-from alkfs.git.refs import ANY, LOST_RACE, MAX_REF_NAME, RefUpdate, Refusal, Repo
+from alkfs.git.refs import ANY, LOST_RACE, MAX_REF_NAME, Expected, RefUpdate, Refusal, Repo
 from alkfs.keys import is_hex
 
 from ..errors import fail
 from ..staging.writes import pid_of, repo_key
-from .base import File, Node
+from .base import File, Node, SetattrFields
 from .handles import Handle
 from .listing import text_of
 
@@ -32,7 +32,25 @@ PACKED_HEADER = b"# pack-refs with: peeled fully-peeled sorted \n"
 QUOTE = 80  # characters of a refused value quoted in a log line
 
 
-async def plumbing_goes(node: Any, name: bytes) -> None:
+# What a ref lock expects the ref to hold (alkfs.git.refs.Expected), or packed-refs.lock's
+# snapshot of the repository's refs taken at lock time (name -> oid).
+LockOld = Expected | dict[str, str]
+
+
+class InRepo(Protocol):
+    """A directory of a repository's view (its root, refs/...): what `plumbing_goes` reads."""
+
+    @property
+    def ctx(self) -> Context: ...
+
+    @property
+    def repo(self) -> Repo: ...
+
+    @property
+    def path(self) -> str: ...
+
+
+async def plumbing_goes(node: InRepo, name: bytes) -> None:
     """unlink/rmdir of the plumbing (HEAD, config, objects/ and objects/info/alternates,
     info/, pack/): EPERM while the repository holds refs; once they are gone it succeeds
     and changes nothing (`rm -r` of the repository then reaches its `rmdir`, which deletes
@@ -90,7 +108,7 @@ REF_LINE_MAX = 256  # bytes a ref file (or its lock) takes: `<64 hex>\n` and som
 HEAD_LINE_MAX = len("ref: \n") + MAX_REF_NAME
 
 
-def line_cap(ref: str, old: Any) -> int:
+def line_cap(ref: str, old: LockOld) -> int:
     """How many bytes a write handle of `ref` takes (EINVAL / ENAMETOOLONG beyond)."""
     if ref == "HEAD":
         return HEAD_LINE_MAX
@@ -117,7 +135,14 @@ def refuse_long(ref: str, path: str, end: int, cap: int) -> None:
 
 
 async def write_ref(
-    ctx: Context, repo: Repo, ref: str, data: bytes, old: Any, pid: int, *, delete: bool = False
+    ctx: Context,
+    repo: Repo,
+    ref: str,
+    data: bytes,
+    old: LockOld,
+    pid: int,
+    *,
+    delete: bool = False,
 ) -> None:
     """Apply `data` (`<oid>\n`, or `ref: <target>\n` for HEAD) to `ref` with a CAS against
     `old` (None: must not exist; ANY: whatever). EINVAL for bad content or a missing
@@ -141,7 +166,7 @@ async def write_ref(
             what = f"{text[:QUOTE]!r}"
             fail(errno.EINVAL, f"{repo.id}: {ref}: {what} is not a {repo.object_format} id")
         new = oid
-    updates = [RefUpdate(ref, new, old)]
+    updates = [RefUpdate(ref, new, cast(Expected, old))]  # (a snapshot: packed-refs only)
     outcome = (
         await ctx.run_sync(lambda: refs.update(repo.id, updates, True, heads_are_commits=True))
     )[0]
@@ -157,7 +182,7 @@ async def write_ref(
         dirs.difference_update([d for d in dirs if ref.startswith(d + "/")])
 
 
-async def rewrite_packed(ctx: Context, repo: Repo, data: bytes, snapshot: Any) -> None:
+async def rewrite_packed(ctx: Context, repo: Repo, data: bytes, snapshot: LockOld) -> None:
     """git's rename of packed-refs.lock over packed-refs: the refs of the lock-time
     snapshot that the new file leaves out are deleted, all or none, each only if it still
     holds its snapshot value (EAGAIN otherwise: the rewrite lost a race and nothing
@@ -250,7 +275,7 @@ class LockFile(File):
     __slots__ = ("repo", "ref", "old", "buf", "made_ns")
 
     def __init__(
-        self, ctx: Context, parent: Node, repo: Repo, ref: str, name: bytes, old: Any
+        self, ctx: Context, parent: Node, repo: Repo, ref: str, name: bytes, old: LockOld
     ) -> None:
         serial = ctx.writes.area.next_serial()
         super().__init__(ctx, ("reflock", repo.id, repo.created_ns, ref, serial), parent, name)
@@ -275,8 +300,12 @@ class LockFile(File):
         return LockHandle(self)
 
     async def setattr(
-        self, attr: Any, fields: Any, handle: Handle | None, req: RequestContext
-    ) -> Any:
+        self,
+        attr: EntryAttributes,
+        fields: SetattrFields,
+        handle: Handle | None,
+        req: RequestContext,
+    ) -> EntryAttributes:
         if fields.update_size:
             del self.buf[attr.st_size :]
         return self.attr()
@@ -322,7 +351,7 @@ def lock_of(parent: Node, repo: Repo, ref: str | None) -> LockFile | None:
     return node if isinstance(node, LockFile) else None
 
 
-def new_lock(parent: Node, repo: Repo, ref: str, name: bytes, old: Any) -> LockFile:
+def new_lock(parent: Node, repo: Repo, ref: str, name: bytes, old: LockOld) -> LockFile:
     w = parent.ctx.writes
     k = (repo_key(repo), ref)
     if k in w.locks:

@@ -45,7 +45,7 @@ import errno
 import logging
 import stat
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, cast
 
 from pyfuse3 import RequestContext
 
@@ -65,6 +65,7 @@ from .refwrites import (
     ROOT_TARGET,
     LockFile,
     LockHandle,
+    LockOld,
     drop_lock,
     lock_of,
     new_lock,
@@ -205,7 +206,7 @@ class RepoDir(Dir):
         ref = ROOT_LOCKS.get(name)
         if ref is None:
             fail(errno.EPERM, f"{self.path}: only HEAD.lock and packed-refs.lock can be made")
-        old: Any = None
+        old: LockOld = None
         if ref.startswith("packed-refs"):
             # git's rewrite deletes what it leaves out of the snapshot taken at lock time
             lock = lock_of(self, self.repo, "packed-refs")
@@ -304,7 +305,7 @@ class RepoDir(Dir):
                 assert node is not None
                 out.append((name, node))
             dh.state["entries"] = out
-        await readdir_snapshot(dh, start, emit, lambda: dh.state["entries"])
+        await readdir_snapshot(dh, start, emit, lambda: cast(Entries, dh.state["entries"]))
 
 
 class ConfigFile(RepoFile):

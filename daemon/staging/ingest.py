@@ -9,19 +9,21 @@ import os
 import subprocess
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from alkfs.errors import Verification
 from alkfs.git.import_pack import keep_pushed
 from alkfs.git.objects import decode_loose
 from alkfs.git.packs.adopt import KEEP_MIN
 from alkfs.keys import Algorithm, Key
-from alkfs.store import ObjectStat
+from alkfs.store import ObjectStat, PutResult
 
 from ..errors import fail
 
 if TYPE_CHECKING:
+    from alkfs.gc.arbiter import Pin
     from alkfs.git.packs import Derived
+    from alkfs.git.refs import Repo
 
     from ..context import Context
     from .scratch import ScratchFile
@@ -30,7 +32,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("alkfsd")
 
 
-def ingest_blocking(ctx: Context, data: bytes, algo: Algorithm, key: Key) -> Any:
+def ingest_blocking(ctx: Context, data: bytes, algo: Algorithm, key: Key) -> PutResult:
     """Store a loose object's inflated content under `key` (Verification on any mismatch:
     not zlib, not one canonical object, another digest). Returns the PutResult."""
     canonical = decode_loose(data)
@@ -62,12 +64,12 @@ GIT_ENV = {"GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": os.devnull, "LC_ALL"
 
 def ingest_pack_blocking(
     ctx: Context, pack: Path, idx: Path, object_format: str, algo: Algorithm
-) -> list[Any]:
+) -> list[PutResult]:
     """Every object of a pack git indexed (a push's pack, migrated out of its
     quarantine), verified and stored; returns the PutResults (their pins are the
     caller's). git itself reads the pack (`cat-file --batch-all-objects`) from a
     throwaway repository in the scratch area holding links to the two files."""
-    results: list[Any] = []
+    results: list[PutResult] = []
     env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")} | GIT_ENV
     with tempfile.TemporaryDirectory(dir=ctx.writes.area.root, prefix="pack-") as tmp:
         gitdir = Path(tmp) / "repo.git"
@@ -128,7 +130,7 @@ def _pack_count(idx: Path) -> int:
 
 
 def store_pack_blocking(
-    ctx: Context, derived: Derived | None, pack: Path, idx: Path, repo: Any, pins: list[Any]
+    ctx: Context, derived: Derived | None, pack: Path, idx: Path, repo: Repo, pins: list[Pin]
 ) -> bool:
     """Store a push's pack (see `ingest_pack`), its objects' pins put in `pins` as they
     are taken (before the set that holds them is published). Whether it was kept as a
@@ -142,7 +144,7 @@ def store_pack_blocking(
 
 
 async def ingest_pack(
-    ctx: Context, pack: ScratchFile, idx: ScratchFile, repo: Any, pid: int
+    ctx: Context, pack: ScratchFile, idx: ScratchFile, repo: Repo, pid: int
 ) -> int:
     """A push's pack arrived in /repos/<id>/objects/pack: kept as a pack of the set when
     the sets hold git objects alone (a store of one process, drained) and it holds at
@@ -150,7 +152,7 @@ async def ingest_pack(
     else every object in it stored in the kv; pinned for the push's session either way.
     Returns how many objects it held."""
     derived = ctx.packs.derived.get(repo.object_format)
-    pins: list[Any] = []
+    pins: list[Pin] = []
     try:
         kept = await ctx.run_sync(
             store_pack_blocking, ctx, derived, pack.disk, idx.disk, repo, pins

@@ -50,14 +50,14 @@ import os
 import stat
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol, cast
 
-from pyfuse3 import RequestContext
+from pyfuse3 import EntryAttributes, RequestContext
 
 from alkfs.reserve import is_no_space
 
 from ..errors import fail
-from ..nodes.base import FIRST_OFFSET, Dir, Emit, File, Node
+from ..nodes.base import FIRST_OFFSET, Dir, Emit, File, Node, SetattrFields
 from ..nodes.handles import DirHandle, Handle
 from .writes import RepoKey, Writes
 
@@ -128,8 +128,12 @@ class ScratchFile(File):
         return ScratchHandle(self, fd)
 
     async def setattr(
-        self, attr: Any, fields: Any, handle: Handle | None, req: RequestContext
-    ) -> Any:
+        self,
+        attr: EntryAttributes,
+        fields: SetattrFields,
+        handle: Handle | None,
+        req: RequestContext,
+    ) -> EntryAttributes:
         if fields.update_size:
             os.truncate(self.disk, attr.st_size)
         if fields.update_mode:
@@ -207,7 +211,7 @@ class ScratchDir(Dir):
     async def readdir(self, dh: DirHandle, start: int, emit: Emit) -> None:
         if start < FIRST_OFFSET or "entries" not in dh.state:
             dh.state["entries"] = sorted(self.entries.items())
-        listed = dh.state["entries"]
+        listed = cast(list[tuple[bytes, Node]], dh.state["entries"])
         first = 0 if start < FIRST_OFFSET else start - FIRST_OFFSET + 1
         for i in range(first, len(listed)):
             name, node = listed[i]

@@ -36,6 +36,7 @@ is a trio wait on the spooler's progress: no thread is held while waiting.
 from __future__ import annotations
 
 import contextlib
+import enum
 import logging
 import math
 import os
@@ -45,7 +46,7 @@ import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Final, TypeVar
 
 import trio
 
@@ -53,6 +54,9 @@ from alkfs.errors import AlkfsError, NoSpace, StoreIO
 from alkfs.keys import Algorithm, Key
 from alkfs.reserve import is_no_space
 from alkfs.store import PutResult
+
+if TYPE_CHECKING:
+    from alkfs.store import Store
 
 log = logging.getLogger("alkfsd")
 
@@ -93,12 +97,19 @@ Op = Write | Truncate | EndStream | TakeBack | Sync
 # operations of the last batch it consumed before that, the error that stopped it.
 Streamed = tuple[PutResult | None, Op | None, int, BaseException | None]
 
+
 # What the stream's queue carries besides operations: the writer closed; the task cancelled.
-_CLOSED = object()
-_CANCELLED = object()
+class _Stop(enum.Enum):
+    CLOSED = "closed"
+    CANCELLED = "cancelled"
 
 
-def inflight_root(store: Any) -> Path | None:
+_CLOSED: Final = _Stop.CLOSED
+_CANCELLED: Final = _Stop.CANCELLED
+T = TypeVar("T")
+
+
+def inflight_root(store: object) -> Path | None:
     """The daemon's own directory for in-flight files: `store.inflight` (a fleet member's
     STORE/nodes/<node>, made 0700 here; STORE itself for a sqlite store), None for a
     memory store. Another daemon of the fleet never uses (nor clears) it."""
@@ -115,14 +126,14 @@ def inflight_root(store: Any) -> Path | None:
     return root
 
 
-def spool_dir(store: Any) -> str:
+def spool_dir(store: object) -> str:
     """Where spool files live: the daemon's in-flight directory's spool/ (STORE/spool, or
     STORE/nodes/<node>/spool for a fleet member; a temporary directory for a memory store)."""
     root = inflight_root(store)
     return os.path.join(root, SPOOL_DIR) if root is not None else tempfile.gettempdir()
 
 
-def clear_spool(store: Any) -> int:
+def clear_spool(store: object) -> int:
     """Remove spool files a crashed daemon left in this daemon's own spool directory (call
     at start: holding the store lock, or as a fleet member in a directory of its own)."""
     root = inflight_root(store)
@@ -152,9 +163,9 @@ class _Abandoned(AlkfsError):
     """The streaming put was given up (the writer was closed first): it stores nothing."""
 
 
-def _drained(q: queue.SimpleQueue[Any]) -> list[Any]:
+def _drained(q: queue.SimpleQueue[T]) -> list[T]:
     """Everything `q` holds now, without waiting."""
-    items = []
+    items: list[T] = []
     with contextlib.suppress(queue.Empty):
         while True:
             items.append(q.get_nowait())
@@ -174,7 +185,7 @@ class Spooler:
     waits and `close`; `pread` and `chunks` run in the caller's worker thread once
     `wait_applied` returned."""
 
-    def __init__(self, store: Any, algo: Algorithm, expect: Key | None, stream: bool) -> None:
+    def __init__(self, store: Store, algo: Algorithm, expect: Key | None, stream: bool) -> None:
         self.store = store
         self.algo = algo
         self.expect = expect
@@ -194,7 +205,7 @@ class Spooler:
         self._directory = spool_dir(store)
         # While the stream runs, `submit` queues here for its thread (not the channel);
         # the thread's progress comes back through _report (one callback at a time).
-        self._direct: queue.SimpleQueue[Any] | None = queue.SimpleQueue() if stream else None
+        self._direct: queue.SimpleQueue[Op | _Stop] | None = queue.SimpleQueue() if stream else None
         self._token = trio.lowlevel.current_trio_token()
         self._report_lock = threading.Lock()
         self._report: list[int] | None = None  # [applied, taken] not yet told to trio
@@ -363,7 +374,7 @@ class Spooler:
             self._moved()
 
     def _stream_ended(
-        self, direct: queue.SimpleQueue[Any], out: Streamed | None
+        self, direct: queue.SimpleQueue[Op | _Stop], out: Streamed | None
     ) -> PutResult | None:
         """(trio thread, the stream's thread gone) What was queued behind the stream's end
         becomes the spool's, after what the thread took past it and before the channel's;
@@ -388,7 +399,7 @@ class Spooler:
         return None
 
     @staticmethod
-    async def _stop_stream_on_cancel(direct: queue.SimpleQueue[Any]) -> None:
+    async def _stop_stream_on_cancel(direct: queue.SimpleQueue[Op | _Stop]) -> None:
         """Wake the stream's thread when the task is cancelled (it waits on `direct`)."""
         try:
             await trio.sleep_forever()

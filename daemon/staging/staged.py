@@ -43,7 +43,7 @@ import logging
 import os
 import stat
 import time
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol, Self, TypeVar
 
 import pyfuse3
 import trio
@@ -53,7 +53,7 @@ from alkfs.keys import Algorithm, Key
 from alkfs.store import PutResult
 
 from ..errors import errno_of, fail
-from ..nodes.base import File, Node
+from ..nodes.base import File, Node, SetattrFields
 from ..nodes.handles import Handle, wants_write
 from .writer import StagedWriter
 
@@ -65,10 +65,14 @@ if TYPE_CHECKING:
 log = logging.getLogger("alkfsd")
 
 
-class StagingParent(Protocol):
+# the kind of StagedFile a parent makes (its methods are handed those: /pins' PinFile)
+N_contra = TypeVar("N_contra", bound="StagedFile", contravariant=True)
+
+
+class StagingParent(Protocol[N_contra]):
     """What a directory accepting new files gives its StagedFile nodes."""
 
-    def store_small(self, node: StagedFile, data: bytes, wait: bool) -> PutResult | None:
+    def store_small(self, node: N_contra, data: bytes, wait: bool) -> PutResult | None:
         """For content held in memory: store `data` and name it in one step (e.g. the
         object and its pin in one transaction; the returned pin is released already),
         or None to have it stored by `store.put` and then `publish_in_thread`. Run in a
@@ -76,7 +80,7 @@ class StagingParent(Protocol):
         nothing changed, wherever it would wait (StagedWriter.commit)."""
         ...
 
-    def publish_in_thread(self, node: StagedFile, result: PutResult, wait: bool) -> None:
+    def publish_in_thread(self, node: N_contra, result: PutResult, wait: bool) -> None:
         """Run right after the put, where it ran (e.g. the durable pin's transaction);
         raising there fails the commit (the pin is released). A parent with nothing to
         do there does nothing. `wait=False` (the put ran on the trio thread): WouldWait
@@ -84,11 +88,11 @@ class StagingParent(Protocol):
         thread: a put is idempotent)."""
         ...
 
-    async def publish(self, node: StagedFile, result: PutResult) -> None:
+    async def publish(self, node: N_contra, result: PutResult) -> None:
         """Name the stored object (or not); release `result.pin` on every path."""
         ...
 
-    async def closed(self, node: StagedFile) -> None:
+    async def closed(self, node: N_contra) -> None:
         """The last handle of `node` was released."""
         ...
 
@@ -122,11 +126,12 @@ class StagedFile(File):
         "extra",
         "host",
     )
+    host: StagingParent[Self]  # the directory it is written in (set at __init__)
 
     def __init__(
         self,
         ctx: Context,
-        parent: StagingParent,
+        parent: StagingParent[Self],
         name: bytes,
         algo: Algorithm,
         expect: Key | None = None,
@@ -134,7 +139,9 @@ class StagedFile(File):
     ) -> None:
         assert isinstance(parent, Node)
         super().__init__(ctx, ("staged", next(_serials)), parent, name)
-        self.host = parent  # the directory it is written in, as a StagingParent
+        self.host: StagingParent[Self] = (
+            parent  # the directory it is written in, as a StagingParent
+        )
         self.writer = StagedWriter(ctx, algo, expect)
         self.perm = stat.S_IMODE(mode)
         self.uid = ctx.uid
@@ -147,7 +154,7 @@ class StagedFile(File):
         self.attempted = False  # a commit was tried (an empty file is stored at release)
         self.committing = False  # a commit is under way (`commit`)
         self.idle: trio.Event | None = None  # set when it ends, for the closes waiting
-        self.extra: Any = None  # the parent's own state (e.g. a pin it holds)
+        self.extra: object = None  # the parent's own state (e.g. a pin it holds)
 
     def passes_intents(self, name: bytes | None) -> bool:
         return True  # (its own content: in memory, a spool or the store)
@@ -174,8 +181,12 @@ class StagedFile(File):
         return a
 
     async def setattr(
-        self, attr: Any, fields: Any, handle: Handle | None, req: RequestContext
-    ) -> Any:
+        self,
+        attr: pyfuse3.EntryAttributes,
+        fields: SetattrFields,
+        handle: Handle | None,
+        req: RequestContext,
+    ) -> pyfuse3.EntryAttributes:
         if fields.update_size and attr.st_size != self.writer.size:
             if self.writer.closed:
                 fail(errno.EPERM, f"{self.path} is stored: it is immutable")
@@ -228,7 +239,7 @@ class StagedFile(File):
             if idle is not None:
                 idle.set()
 
-    async def _commit(self, empty: bool) -> None:
+    async def _commit(self: Self, empty: bool) -> None:
         if not self.writer.dirty and not (empty and not self.attempted):
             if self.error is not None:
                 fail(self.error, f"{self.path} was not stored")
@@ -254,7 +265,7 @@ class StagedFile(File):
         self.error = None
         self.key = result.key
 
-    async def last_close(self) -> None:
+    async def last_close(self: Self) -> None:
         try:
             if (self.writer.dirty or not self.attempted) and not self.unlinked:
                 try:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import errno
 import functools
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import trio
 
@@ -21,6 +21,14 @@ if TYPE_CHECKING:
     from ..context import Context
 
 MEM_MAX = 1 << 20  # a file up to this size never touches the disk before its put
+
+
+class Put(Protocol):
+    """A commit's put (a functools.partial): called with `wait=False` only for content
+    held in memory (Store.put then refuses to wait: WouldWait); a spooled or streamed
+    put is called without arguments."""
+
+    def __call__(self, *, wait: bool = ...) -> PutResult: ...
 
 
 class StagedWriter:
@@ -153,7 +161,7 @@ class StagedWriter:
         if self.closed:
             fail(errno.EBADF, "the file was closed")
         self.dirty = False
-        put: Callable[..., PutResult]
+        put: Put
         if self.mem is not None:
             data = bytes(self.mem)
             if len(data) < self.size:
@@ -189,7 +197,7 @@ class StagedWriter:
                 with trio.CancelScope(shield=True):
                     await spool.wait_applied()
                 spool.check()
-                put = self._put_from_spool
+                put = functools.partial(self._put_from_spool)
         return await self.ctx.run_sync(self._put_then, put, after)
 
     @classmethod
@@ -197,7 +205,7 @@ class StagedWriter:
         cls,
         own: Callable[[bytes, bool], PutResult | None],
         data: bytes,
-        put: Callable[..., PutResult],
+        put: Put,
         after: Callable[[PutResult, bool], None] | None,
         wait: bool,
     ) -> PutResult:
@@ -206,7 +214,7 @@ class StagedWriter:
 
     @staticmethod
     def _put_then(
-        put: Callable[..., PutResult],
+        put: Put,
         after: Callable[[PutResult, bool], None] | None,
         wait: bool = True,
     ) -> PutResult:

@@ -13,7 +13,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import trio
 from pyfuse3 import RequestContext
@@ -48,7 +48,7 @@ def clean(root: Path) -> None:
     root.mkdir(mode=0o700, parents=True, exist_ok=True)
 
 
-def scratch_root(store: Any) -> Path | None:
+def scratch_root(store: object) -> Path | None:
     """STORE/scratch, or a fleet member's own STORE/nodes/<node>/scratch (emptied at start:
     another daemon's is never touched); None for a memory store (a temporary directory)."""
     root = inflight_root(store)
