@@ -1,4 +1,5 @@
-"""The figures behind /.alkfs/status (JSON, SPEC §3.6) and /.alkfs/metrics (Prometheus).
+"""The figures behind /.alkfs/status (JSON) and /.alkfs/metrics (Prometheus), both
+listed in docs/operations.md.
 
 `figures()` reads the store (a GROUP BY and a walk of the large tier): call it
 in a worker thread.
@@ -29,7 +30,8 @@ if TYPE_CHECKING:
 
 
 def figures(ctx: Context) -> dict[str, Any]:
-    """SPEC §3.6's status (the library's, see Alkfs.status) plus where it is mounted."""
+    """The status: the library's (Alkfs.status) plus where it is mounted and the daemon's
+    own parts."""
     fig = ctx.app.status()
     fig["mount"] = {"path": ctx.mountpoint, "read_only": ctx.read_only, "pid": os.getpid()}
     # the periodic sweeps (--sweep-every): when the next one runs (None: none scheduled)
