@@ -69,7 +69,7 @@ class Verifying(TypedDict):
 
 
 class Status(TypedDict):
-    """SPEC §3.6's status JSON, the library's part (`Alkfs.status`; the daemon adds its
+    """The status JSON (docs/operations.md), the library's part (`Alkfs.status`; the daemon adds its
     own: daemon/status.py)."""
 
     version: str
@@ -95,7 +95,7 @@ class Alkfs:
         self.refs = Refs(store)
         self.closure = RefClosure(store, self.refs)
         self.pins = Pins(store, closure=self.closure)
-        self.roots = Roots(store, self.closure)  # borrowers (SPEC 3.8)
+        self.roots = Roots(store, self.closure)  # borrowers (docs/gc.md)
         refs, roots = self.refs, self.roots
         self.lfs = LfsMedia(store, (lambda: refs.write_counter, lambda: roots.write_counter))
         self._tokens = [
@@ -148,7 +148,8 @@ class Alkfs:
         return cls(Store.memory(threshold or DEFAULT_THRESHOLD, window_s))
 
     def status(self) -> Status:
-        """The figures of SPEC §3.6 (status JSON); reads the whole store: not for the trio thread."""
+        """The status JSON's figures (docs/operations.md); reads the whole store: not for the
+        trio thread."""
         store = self.store
         last = store.last_sweep
         window_s = store.window_ns / 1e9

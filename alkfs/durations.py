@@ -39,7 +39,7 @@ def parse_duration(text: str) -> float:
 
 
 MAX_WINDOW_S = 10 * 365 * 86400
-"""The longest delete window (SPEC 3.6): ten years. A staged deadline is never later."""
+"""The longest delete window: ten years. A staged deadline is never later."""
 
 
 def parse_window(text: str) -> float:

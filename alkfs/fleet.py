@@ -186,7 +186,8 @@ class Fleet:
     def _beat(self) -> None:
         """Released pins' rows go at once (`unpin` wakes this thread: a put's pin row
         must not outlive its close by more than a round trip, or a sweep right after
-        would find it; issue 40 row 7); the session is renewed every third of the TTL."""
+        would find it and keep an orphan that two sweeps with --window 0 should delete);
+        the session is renewed every third of the TTL."""
         every = max(0.05, self.ttl_ns / 3e9)
         renewed = time.monotonic()
         failing = False

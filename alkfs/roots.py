@@ -1,4 +1,4 @@
-"""Borrowers (SPEC 3.8): repositories outside the store registered as roots, and the
+"""Borrowers (docs/gc.md): repositories outside the store registered as roots, and the
 liveness source they form.
 
 A root is a name (the rules of a pin name) and the absolute path of a git repository

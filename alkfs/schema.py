@@ -146,7 +146,7 @@ REFS = Table(
 
 PINS = Table(
     "pins",
-    "Durable named pins (SPEC 3.5): each keeps one object (and a git object's closure). "
+    "Durable named pins: each keeps one object (and a git object's closure). "
     "/pins is also a tree: a pin's name is its path there, and each directory of it is "
     "a row of its own (an empty `key`), so a directory lists as the range of names "
     "below `dir/` (alkfs/pins/).",
@@ -173,7 +173,7 @@ PINS = Table(
 
 ROOTS = Table(
     "roots",
-    "Borrowers (SPEC 3.8): git repositories outside the store that read its objects "
+    "Borrowers: git repositories outside the store that read its objects "
     "through alternates; every sweep keeps what each reaches (alkfs/roots.py).",
     (
         Column("name", "text", "the root's name (the rules of a pin name)"),
@@ -202,7 +202,7 @@ ROOT_TIPS = Table(
 
 LFS_POINTERS = Table(
     "lfs_pointers",
-    "Git LFS (SPEC 3.7): every stored git blob that is a git-lfs pointer, and the media "
+    "Git LFS: every stored git blob that is a git-lfs pointer, and the media "
     "it names; a sweep keeps the media of every pointer blob it finds live "
     "(alkfs/git/lfs.py). Filled by a scan of the kv tier in arrival order (meta "
     "lfs_scanned: how far), so a store made before this table gets its rows too.",

@@ -72,7 +72,7 @@ FD_LIMIT_MAX = 1 << 20  # (raise_fd_limit)
 DEAD_MOUNT = (errno.ENOTCONN, errno.ECONNABORTED)
 READ_AHEAD_KB = 1024  # the kernel's default for a FUSE mount is 128 (one request per 128 KiB)
 # glibc's malloc: every 1 MiB WRITE's bytes from the heap, and freed memory kept for the
-# next ones instead of given back at once (README, "Large writes")
+# next ones instead of given back at once (docs/architecture.md, "Large writes")
 MMAP_THRESHOLD = 4 << 20
 TRIM_THRESHOLD = 32 << 20
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3

@@ -51,7 +51,7 @@ V = TypeVar("V")
 log = logging.getLogger("alkfsd")
 
 View = Callable[[str, Generation | None, Generation | None], None]
-# A retired generation (README "Readers and retired packs"): for RETIRE_GRACE_S its names
+# A retired generation (docs/gc.md, "Readers and retired packs"): for RETIRE_GRACE_S its names
 # still resolve (git lists pack/ and opens what it listed later) and it stays on disk; an
 # open handle keeps it up to RETIRE_HOLD_S after it was retired; at most RETIRED_MAX of
 # a format stay on disk, whatever readers hold. Handles of one that goes read EIO.

@@ -1,4 +1,5 @@
-"""The figures behind /.alkfs/status (JSON, SPEC §3.6) and /.alkfs/metrics (Prometheus).
+"""The figures behind /.alkfs/status (JSON) and /.alkfs/metrics (Prometheus), both
+listed in docs/operations.md.
 
 `figures()` reads the store (a GROUP BY and a walk of the large tier): call it
 in a worker thread.
@@ -48,7 +49,7 @@ class ReserveFigures(TypedDict):
 
 
 class Figures(Status):
-    """The status JSON (SPEC §3.6): the library's, and the mount's own."""
+    """The status JSON (docs/operations.md): the library's, and the mount's own."""
 
     mount: MountFigures
     next_sweep: str | None
@@ -63,7 +64,8 @@ class Figures(Status):
 
 
 def figures(ctx: Context) -> Figures:
-    """SPEC §3.6's status (the library's, see Alkfs.status) plus where it is mounted."""
+    """The status: the library's (Alkfs.status) plus where it is mounted and the daemon's
+    own parts."""
     status = ctx.app.status()
     mount: MountFigures = {"path": ctx.mountpoint, "read_only": ctx.read_only, "pid": os.getpid()}
     # the periodic sweeps (--sweep-every): when the next one runs (None: none scheduled)

@@ -187,7 +187,7 @@ class MountTarget:
         repo = self.root / "repos" / repo_id
         with through(f"repo {repo_id}", ENOENT=f"no repository {repo_id!r}"):
             os.stat(repo)
-            # every ref is listed in packed-refs (SPEC 3.3): removing it removes them all
+            # every ref is listed in packed-refs (docs/git.md): removing it removes them all
             os.unlink(repo / "packed-refs")
         with through(
             f"repo {repo_id}",
@@ -245,7 +245,7 @@ class MountTarget:
         if head:
             with through(f"repos/{repo_id}/HEAD"):
                 (repo / "HEAD").write_text(f"ref: {head}\n")
-        # the import returns with its objects served from derived packs (SPEC 3.2)
+        # the import returns with its objects served from derived packs (docs/git.md)
         with (
             Progress("packs: the mount builds the derived packs"),
             through("the control file's repack"),

@@ -42,8 +42,8 @@ STORE_LOCK = 0x616C6B66_73746F72  # "alkfstor": held by the one daemon (or CLI) 
 POOL_MAX = 24  # above the daemon's 16 worker threads, the importer's writer and the sweep
 CONNECT_TIMEOUT_S = 10
 # What one daemon holds at most: the pool, the store's lock, the fleet's listener and the
-# sweep lease (README, "PostgreSQL"; a statement opens one of its own only while the pool
-# has none to give, after a server restart).
+# sweep lease (docs/operations.md, "Connections"; a statement opens one of its own only
+# while the pool has none to give, after a server restart).
 CONNECTIONS_EACH = POOL_MAX + 3
 QUICK_S = 1.0  # how long a statement waits for a pooled connection before its own
 

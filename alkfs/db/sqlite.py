@@ -36,7 +36,7 @@ NOWAIT_COMMITS = 512
 # then written to the database file and fsynced beside the commits, and the refused
 # commit's checkpoint copies only what arrived since. In a 10,000-file put_pinned loop
 # the puts over 1 ms cost 22-34 us a put without it, 10-13 us with it (the average put
-# 80-103 vs 76-90 us). Through the mount the gain is within noise (README). (Never asked
+# 80-103 vs 76-90 us). Through the mount the gain is within noise. (Never asked
 # with the refused commit itself: see _posture.)
 BACKFILL_COMMITS = 128
 # ... and once more BACKFILL_LEAD commits before the refused one, so that its checkpoint

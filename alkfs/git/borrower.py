@@ -1,6 +1,6 @@
 """What a repository outside the store reaches, read without reading through the store.
 
-A borrower (SPEC 3.8) is a git repository whose `objects/info/alternates` names the
+A borrower (docs/gc.md) is a git repository whose `objects/info/alternates` names the
 mount: its own object directory holds only what it made itself (unpushed commits, a
 fetch's leftovers) and everything else is read from the store. What it keeps alive in
 the store is every object reachable from

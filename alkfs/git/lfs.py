@@ -1,4 +1,4 @@
-"""Git LFS media kept alive by the pointers that name them (SPEC 3.7).
+"""Git LFS media kept alive by the pointers that name them (docs/lfs.md).
 
 A git-lfs pointer is a small blob (under POINTER_MAX bytes) of this exact shape:
 

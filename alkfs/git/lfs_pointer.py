@@ -1,4 +1,4 @@
-"""A git-lfs pointer recognized (SPEC 3.7): a small blob of this exact shape
+"""A git-lfs pointer recognized (docs/lfs.md): a small blob of this exact shape
 
     version https://git-lfs.github.com/spec/v1
     oid sha256:<64 lowercase hex>

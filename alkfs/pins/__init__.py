@@ -1,4 +1,4 @@
-"""Durable named pins (SPEC 3.5), and the liveness source they form.
+"""Durable named pins, and the liveness source they form.
 
 A pin names exactly one object and survives restarts. A pin on a git object
 keeps its whole closure (as a ref would); a pin on any other object keeps that
@@ -9,7 +9,7 @@ would need a walk: conservatively live). Only `pin` can make an object live, so 
 it moves `write_counter`; unpins and renames cannot, and a sweep under a steady
 stream of new pins of plain objects still collects what none of them names.
 
-The tree of /pins (SPEC 3.5): there a pin's name is its path (`backups/2026-11/My
+The tree of /pins: there a pin's name is its path (`backups/2026-11/My
 File.pdf`: any file names, `path_ok`), each directory is a row of its own (`PinDir`:
 an empty key, its mode and time), and a pin written as a file carries its mode, time and
 size (`FileAttrs`). Both keep an owner and a group (`uid`, `gid`; None: the mount's owner,

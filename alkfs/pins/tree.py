@@ -1,4 +1,4 @@
-"""The tree of /pins (SPEC 3.5): `PinTree`, the part of `Pins` that renames and moves
+"""The tree of /pins: `PinTree`, the part of `Pins` that renames and moves
 entries, lists a directory's entries, makes and removes directories and sets attributes
 (alkfs/pins/__init__.py says how the tree is kept in the table)."""
 

@@ -12,7 +12,7 @@ reused across writers from a small pool), and an I/O thread writes each full buf
 straight to the disk, so no page of the page cache is filled on the way. (The copy was
 the caller's: its thread also hashes the whole object, the longest of the three; an
 O_DIRECT write waits for the disk, so the copy and digest do not wait behind it.) Measured on
-this machine's VM (README, "Large writes"): a fresh page-cache page cost more than the
+this machine's VM (docs/architecture.md, "Large writes"): a fresh page-cache page cost more than the
 disk write itself once memory freed by a deleted object had gone back to the host, and
 a 1 GiB put spent most of its time in the kernel's copy into those pages. The tail of a
 file (under ALIGN bytes) goes through the page cache. Where O_DIRECT is refused (at

@@ -1,5 +1,5 @@
 """/lfs and /repos/<id>/lfs: the store's sha256 objects in git-lfs's storage layout
-(SPEC 3.7).
+(docs/lfs.md).
 
     lfs/objects/<xx>/<yy>/<oid>   every sha256 object, by lookup; nothing is listed
     lfs/tmp/                      git-lfs's temporary files (writable, in memory)

@@ -103,7 +103,7 @@ class AlgoDir(_Dir):
     Writing: a file created here under any name is a StagedFile; when it is closed its
     content is stored under this algorithm (checked against the name when the name is
     a digest), the in-process pin is released at once (nothing names the object: it
-    lives by the window, SPEC 3.1), and the created name disappears. The names being
+    lives by the window: docs/gc.md), and the created name disappears. The names being
     written resolve by lookup but are not listed."""
 
     __slots__ = ("algo", "staged", "absent")

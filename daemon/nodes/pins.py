@@ -1,4 +1,4 @@
-"""/pins (SPEC 3.5): every durable pin, and a tree of them to back files up into.
+"""/pins: every durable pin, and a tree of them to back files up into (docs/decisions.md).
 
 Its entries (nodes/pintree.py): a pin made by `ln -s`, setfattr or the CLI is a symbolic
 link `<name> -> ../objects/<algo>/<hex>` (one `../` more per directory level); a pin
@@ -12,7 +12,7 @@ after a second.
 A directory's listing is read a page at a time (`Pins.children`: a range of the
 primary key), never held whole; a lookup is one probe of it (or none: `Misses`).
 
-Writing (SPEC 3.5), with any file name as a component (not `.`/`..`, at most 255 bytes;
+Writing, with any file name as a component (not `.`/`..`, at most 255 bytes;
 at most 4,096 bytes in all: ENAMETOOLONG, nothing changed):
 - `mkdir` makes a directory of pins; `rmdir` removes an empty one (ENOTEMPTY).
 - A new regular file is a PinFile: on close its content is stored (sha256) and pinned

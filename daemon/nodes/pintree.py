@@ -1,4 +1,4 @@
-"""The entries of /pins and of its directories (SPEC 3.5); the directories themselves
+"""The entries of /pins and of its directories; the directories themselves
 are nodes/pins.py's.
 
 - `PinLink`: a pin made by `ln -s`, setfattr or the CLI, a symbolic link

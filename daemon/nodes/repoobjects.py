@@ -131,8 +131,9 @@ class RepoFanoutDir(FanoutDir):
 
 class RepoPackDir(Dir):
     """/repos/<id>/objects/pack: lists nothing once a pack is in the store. When a pack's
-    index arrives (git moves it after the pack: a push, or `git repack` run here) every
-    object of the pack is verified and stored, pinned for the push (ingest.ingest_pack);
+    index arrives (git moves it after the pack: a push, or `git repack` run here) the pack
+    is kept as a pack of the derived set, or its objects are verified and stored one by
+    one, and pinned for the push either way (ingest.ingest_pack says which);
     from then on its files still resolve by name for the git process that made them but
     are no longer listed (every object is served by the store and the derived packs, so
     a local clone or a later git never copies or re-reads this pack), and they go when git

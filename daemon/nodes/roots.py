@@ -1,4 +1,4 @@
-"""/roots: every registered borrower as a symbolic link `<name> -> /its/path` (SPEC 3.8).
+"""/roots: every registered borrower as a symbolic link `<name> -> /its/path` (docs/gc.md).
 
 - `ln -s /path/to/repo NAME` registers the repository at that absolute path (a work
   tree or a git dir) as NAME (EINVAL: a relative target, a path in this mount, not a

@@ -1,6 +1,6 @@
 """The drain: once a set is published, the kv rows of the git objects its main packs hold
-are deleted, so that a packed object is kept once, in its pack (SPEC §1: git objects are
-stored as packs). A mixin of `Derived` (builder.py).
+are deleted, so that a packed object is kept once, in its pack (git objects are kept as
+git keeps them: in packs; docs/git.md). A mixin of `Derived` (builder.py).
 
 From the first drain on, the format's sets are the only copy of what they hold: the
 store's directory then has `derived/<fmt>/PRIMARY`, written (durably) before the first
