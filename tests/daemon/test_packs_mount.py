@@ -207,6 +207,13 @@ def test_a_new_object_is_loose_at_once_then_inside_a_pack_after_intake(start_mou
         git_out(f"--git-dir={mnt}/repos/r", "cat-file", "-p", oid) == "written after the pack set\n"
     )
     wait_for("the intake pack", lambda: oid in idx_ids(mnt, "sha1"))
+
+    def figures() -> dict:
+        return json.loads((mnt / ".alkfs" / "status").read_text())
+
+    # its kv row goes once its pack is published: the packs hold it alone (the drain)
+    wait_for("the drain", lambda: figures()["packs"]["sha1"]["drained"] == 1)
+    assert figures()["objects"]["git-sha1"]["kv"] == 0
     after = listing(mnt, "sha1")
     assert set(before) < set(after)  # an intake pack beside the first one
     assert len([n for n in after if n.endswith(".pack")]) == 2
