@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import sys
+import threading
 from typing import NoReturn
 
 from .. import __version__
@@ -237,7 +239,28 @@ def _fail(prog: str, message: str, status: int) -> int:
     return status
 
 
+class Terminated(BaseException):
+    """SIGTERM reached the command: it ends as an interrupted one does (a transaction in
+    progress rolls back, the gits it runs are killed), with one line and exit 143."""
+
+
+def _terminated(signum: int, frame: object) -> None:
+    raise Terminated
+
+
 def main(argv: list[str] | None = None) -> int:
+    """The command line: `_main`, with SIGTERM ending it as Terminated (in the main
+    thread; the handler before it is back once it returns)."""
+    if threading.current_thread() is not threading.main_thread():
+        return _main(argv)
+    before = signal.signal(signal.SIGTERM, _terminated)
+    try:
+        return _main(argv)
+    finally:
+        signal.signal(signal.SIGTERM, before)
+
+
+def _main(argv: list[str] | None) -> int:
     parser = build_parser()
     a = parser.parse_args(argv)  # exits 2 on bad usage
     name = command_name(a)
@@ -274,6 +297,8 @@ def main(argv: list[str] | None = None) -> int:
         usage(str(exc))
     except KeyboardInterrupt:
         return _fail(f"alkfs {name}", "interrupted", 130)
+    except Terminated:
+        return _fail(f"alkfs {name}", "stopped (SIGTERM)", 128 + signal.SIGTERM)
     except BrokenPipeError:
         # The reader went away (`alkfs get KEY | head`): not our failure to report.
         devnull = os.open(os.devnull, os.O_WRONLY)

@@ -5,7 +5,10 @@ set around the store would change what git reads)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
+import subprocess
 from pathlib import Path
 
 DROPPED = ("GIT_ALTERNATE_OBJECT_DIRECTORIES", "GIT_OBJECT_DIRECTORY", "GIT_WORK_TREE")
@@ -25,3 +28,17 @@ def git_env(gitdir: str | Path, objdir: str | Path | None = None, **extra: str) 
     if objdir is not None:
         env["GIT_OBJECT_DIRECTORY"] = str(objdir)
     return env | extra
+
+
+def kill_group(proc: subprocess.Popen[bytes]) -> None:
+    """Kill a git started in a session of its own (its children too) and reap it: at the
+    store's stop, or when the caller ends for any reason (a SIGTERM of the command line)."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    # (a `communicate` an exception cut short may have closed a pipe: read none then)
+    with contextlib.suppress(ValueError, OSError):
+        proc.communicate()
+    proc.wait()
+    for pipe in (proc.stdout, proc.stderr):
+        if pipe is not None:
+            pipe.close()

@@ -26,12 +26,9 @@ The store's stop (SIGTERM, unmount) kills git and raises Interrupted, as a build
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import os
 import shlex
 import shutil
-import signal
 import subprocess
 import tempfile
 import time
@@ -43,7 +40,7 @@ from ..errors import AlkfsError, Interrupted
 from ..keys import Algorithm, Key
 from ..keyset import SortedKeys
 from ..tiers.sql import SqlTier
-from .gitenv import git_env
+from .gitenv import git_env, kill_group
 from .objects import MAX_HEADER, parse_header
 from .packs import DERIVED_DIR, Derived, Generation, derived_for
 
@@ -224,12 +221,13 @@ def _run(
                 break
             except subprocess.TimeoutExpired:
                 if store.stopping.is_set():
-                    with contextlib.suppress(ProcessLookupError):
-                        os.killpg(proc.pid, signal.SIGKILL)
-                    proc.wait()
+                    kill_group(proc)
                     raise Interrupted(
                         "the mark's git rev-list stopped: the store is closing"
                     ) from None
+            except BaseException:  # (the caller ends: a signal's exception, say)
+                kill_group(proc)
+                raise
         if rc != 0:
             err = err_file.read_text(errors="replace").strip()[-300:]
             raise _Unusable(f"git rev-list failed ({rc}): {err}")

@@ -15,7 +15,6 @@ import contextlib
 import logging
 import os
 import shutil
-import signal
 import subprocess
 import tempfile
 import time
@@ -25,7 +24,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
 from ...errors import Interrupted, NoSpace, StoreIO, Verification
-from ..gitenv import git_env
+from ..gitenv import git_env, kill_group
 from .drain import drain_enabled
 from .sets import KEEP_TEXT, MAX_PACKS, STOP_POLL_S, PackIndex, _left_out_record
 
@@ -169,13 +168,6 @@ def unbalanced(self: Derived) -> bool:
     return len(counts) >= MAX_PACKS or 2 * sum(counts[:-1]) > counts[-1]
 
 
-def _kill(proc: subprocess.Popen[bytes]) -> None:
-    """Kill a git started in its own process group (its children too) and reap it."""
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    proc.communicate()
-
-
 def _pack_and_index(
     self: Derived, gitdir: str | None, repo: Path, source: IO[bytes], check: str
 ) -> str:
@@ -209,7 +201,7 @@ def _pack_and_index(
             )
         except BaseException:
             if packer is not None:
-                _kill(packer)
+                kill_group(packer)
             raise
         finally:
             if packer is not None and packer.stdout is not None:
@@ -222,9 +214,14 @@ def _pack_and_index(
             except subprocess.TimeoutExpired:
                 if self.store.stopping.is_set():
                     if packer is not None:
-                        _kill(packer)
-                    _kill(indexer)
+                        kill_group(packer)
+                    kill_group(indexer)
                     raise Interrupted("a pack's indexing stopped: the store is closing") from None
+            except BaseException:  # (the caller ends: a signal's exception, say)
+                if packer is not None:
+                    kill_group(packer)
+                kill_group(indexer)
+                raise
         if packer is not None:
             packer.wait()
         log.debug(

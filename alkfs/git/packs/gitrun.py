@@ -7,7 +7,6 @@ import contextlib
 import logging
 import os
 import shutil
-import signal
 import subprocess
 import tempfile
 import time
@@ -17,7 +16,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
 from ...errors import Interrupted, StoreIO
-from ..gitenv import git_env
+from ..gitenv import git_env, kill_group
 from .sets import STOP_POLL_S, TYPE_CODES, _hash
 
 if TYPE_CHECKING:
@@ -142,10 +141,11 @@ class GitRun:
                 break
             except subprocess.TimeoutExpired:
                 if self.store.stopping.is_set():
-                    with contextlib.suppress(ProcessLookupError):
-                        os.killpg(proc.pid, signal.SIGKILL)
-                    proc.communicate()
+                    kill_group(proc)
                     raise Interrupted(f"git {args[0]} stopped: the store is closing") from None
+            except BaseException:  # (the caller ends: a signal's exception, say)
+                kill_group(proc)
+                raise
         log.debug("derived %s: git %s took %.3f s", self.fmt, args[0], time.monotonic() - t0)
         if proc.returncode != 0:
             raise StoreIO(
