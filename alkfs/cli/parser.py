@@ -12,6 +12,7 @@ from .. import __version__
 from ..errors import (
     AlkfsError,
 )
+from ..settings import settings
 from .commands import (
     Handler,
     check_usage,
@@ -246,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"{name}: {message}")
 
     logging.basicConfig(  # the library's log lines would break the one-line rule
-        level=logging.DEBUG if os.environ.get("ALKFS_DEBUG") else logging.CRITICAL + 1,
+        level=logging.DEBUG if settings().debug else logging.CRITICAL + 1,
         format="alkfs: %(name)s: %(message)s",
     )
     try:
@@ -282,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
     except (AlkfsError, OSError) as exc:
         return _fail(f"alkfs {name}", explain(exc), 1)
     except Exception as exc:  # a bug: still one line, the traceback on request
-        if os.environ.get("ALKFS_DEBUG"):
+        if settings().debug:
             raise
         return _fail(f"alkfs {name}", explain(exc) + " (set ALKFS_DEBUG=1 for the traceback)", 1)
     finally:
