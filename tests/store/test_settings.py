@@ -5,6 +5,7 @@ module of alkfs/ or daemon/ reading an `ALKFS_*` variable."""
 
 from __future__ import annotations
 
+import ast
 import logging
 import re
 from pathlib import Path
@@ -190,3 +191,54 @@ def test_each_field_names_its_variable_in_its_comment():
     source = Path(settings_module.__file__).read_text()
     for name, (field, _) in DEFAULTS.items():
         assert re.search(rf"^    {field}: .*  # {name}: ", source, re.MULTILINE), field
+
+
+# The command lines' targets, read by their parsers (alkfs/settings.py's docstring)
+CLI_TARGETS = {"ALKFS_STORE", "ALKFS_MOUNT", "ALKFS_DATABASE"}
+CLI_PARSERS = ("alkfs/cli/", "daemon/config.py")
+VARIABLE = re.compile(r"ALKFS_[A-Z0-9_]+")
+
+
+def _names_in(path: Path) -> list[tuple[int, str]]:
+    """The `ALKFS_*` names a module spells as a string of its own (`environ.get("ALKFS_X")`,
+    `NAME = "ALKFS_X"`, `f"ALKFS_{x}"`): not those in docstrings or messages."""
+    out: list[tuple[int, str]] = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            if VARIABLE.fullmatch(node.value):
+                out.append((node.lineno, node.value))
+        elif isinstance(node, ast.JoinedStr) and node.values:
+            head = node.values[0]
+            if isinstance(head, ast.Constant) and str(head.value).startswith("ALKFS_"):
+                out.append((node.lineno, f"{head.value}..."))
+        elif isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "getenv":
+            out.append((node.lineno, "os.getenv"))
+    return sorted(out)
+
+
+def test_no_module_but_settings_reads_an_alkfs_variable():
+    found = []
+    for top in ("alkfs", "daemon"):
+        for path in sorted((ROOT / top).rglob("*.py")):
+            rel = path.relative_to(ROOT).as_posix()
+            if rel == "alkfs/settings.py":
+                continue
+            for line, name in _names_in(path):
+                if name in CLI_TARGETS and rel.startswith(CLI_PARSERS):
+                    continue
+                found.append(f"{rel}:{line}: {name}")
+    assert found == [], "read them in alkfs/settings.py"
+
+
+def test_the_scan_sees_what_it_looks_for(tmp_path: Path):
+    probe = tmp_path / "probe.py"
+    probe.write_text(
+        '"""ALKFS_DOC in a docstring is not a read."""\n'
+        "import os\n"
+        'a = os.environ.get("ALKFS_X", "1")\n'
+        'B = "ALKFS_Y"\n'
+        'c = os.environ[f"ALKFS_{a}"]\n'
+        'd = os.getenv("HOME")\n'
+        'log = "ALKFS_Z=%r is bad"\n'
+    )
+    assert _names_in(probe) == [(3, "ALKFS_X"), (4, "ALKFS_Y"), (5, "ALKFS_..."), (6, "os.getenv")]
