@@ -187,6 +187,18 @@ def test_the_accessor_follows_the_environment(monkeypatch, caplog):
     assert settings() == Settings()
 
 
+def _variables_in_docs() -> set[str]:
+    text = (ROOT / "docs" / "operations.md").read_text()
+    return set(re.findall(r"^\| `(ALKFS_[A-Z0-9_]+)` \|", text, re.MULTILINE))
+
+
+def test_the_operations_guide_lists_the_fields():
+    text = (ROOT / "docs" / "operations.md").read_text()
+    assert _variables_in_docs() == set(DEFAULTS)
+    for name, (field, _) in DEFAULTS.items():
+        assert f"| `{name}` | `{field}` |" in text
+
+
 def test_each_field_names_its_variable_in_its_comment():
     source = Path(settings_module.__file__).read_text()
     for name, (field, _) in DEFAULTS.items():
