@@ -47,6 +47,7 @@ from typing import TYPE_CHECKING, TypedDict
 
 from .errors import AlkfsError, Stale
 from .machine import machine_id
+from .settings import Settings
 
 if TYPE_CHECKING:
     from .db import Conn
@@ -55,7 +56,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("alkfs.fleet")
 
-DEFAULT_TTL_S = 60.0
+DEFAULT_TTL_S = Settings().fleet_ttl_s  # (ALKFS_FLEET_TTL: alkfs/settings.py)
 NOW = "(extract(epoch from clock_timestamp()) * 1000000000)::bigint"
 SWEEP_LOCK = 0x616C6B66_73776570  # "alkfswep"
 UNPIN_EVERY_S = 0.5

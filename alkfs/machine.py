@@ -4,15 +4,16 @@ the machine where it names something."""
 
 from __future__ import annotations
 
-import os
 import socket
+
+from .settings import settings
 
 
 def machine_id() -> str:
     """`ALKFS_MACHINE_ID`, else systemd's machine id, else the host name."""
-    env = os.environ.get("ALKFS_MACHINE_ID", "").strip()
+    env = settings().machine_id
     if env:
-        return env[:200]
+        return env
     for path in ("/etc/machine-id", "/var/lib/dbus/machine-id"):
         try:
             with open(path) as f:

@@ -46,7 +46,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from .db import now_ns
-from .durations import format_duration, parse_duration
+from .durations import format_duration
 from .errors import Exists, Invalid, Missing, SourceFailed, log_failure
 from .git import borrower
 from .git.closure import RefClosure, Walker
@@ -55,34 +55,20 @@ from .keys import Algorithm, Key
 from .machine import machine_id
 from .pins import valid_pin_name
 from .schema import ROOTS
+from .settings import settings
 
 if TYPE_CHECKING:
     from .store import Store
 
 log = logging.getLogger("alkfs")
 
-DEFAULT_GRACE_S = 7 * 86400.0
 _ALGO = {"sha1": Algorithm.GIT_SHA1, "sha256": Algorithm.GIT_SHA256}
-
-
-DEFAULT_ASK_TIMEOUT_S = 60.0
-MAX_ASK_TIMEOUT_S = 3600.0
 
 
 def ask_timeout_s() -> float:
     """How long a sweep waits for another machine's daemon to read its roots
     (`ALKFS_ROOTS_ASK_TIMEOUT`, a duration of at most an hour; default 60 s)."""
-    text = os.environ.get("ALKFS_ROOTS_ASK_TIMEOUT", "").strip()
-    if not text:
-        return DEFAULT_ASK_TIMEOUT_S
-    try:
-        seconds = parse_duration(text)
-    except ValueError:
-        seconds = -1.0
-    if not 0 <= seconds <= MAX_ASK_TIMEOUT_S:
-        log.warning("ALKFS_ROOTS_ASK_TIMEOUT=%.40r is not a duration up to 1h: using 60s", text)
-        return DEFAULT_ASK_TIMEOUT_S
-    return seconds
+    return settings().roots_ask_timeout_s
 
 
 def _keys(found: borrower.Reach) -> list[Key]:
@@ -92,15 +78,9 @@ def _keys(found: borrower.Reach) -> list[Key]:
 
 
 def grace_s() -> float:
-    """How long a registered path may be missing before its root is dropped."""
-    text = os.environ.get("ALKFS_ROOTS_GRACE", "").strip()
-    if not text:
-        return DEFAULT_GRACE_S
-    try:
-        return parse_duration(text)
-    except ValueError:
-        log.warning("ALKFS_ROOTS_GRACE=%.40r is not a duration: using 7d", text)
-        return DEFAULT_GRACE_S
+    """How long a registered path may be missing before its root is dropped
+    (`ALKFS_ROOTS_GRACE`, a duration; default 7 days)."""
+    return settings().roots_grace_s
 
 
 @dataclass(frozen=True)

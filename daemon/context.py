@@ -23,6 +23,7 @@ from alkfs.gc.sweep import dry_run
 from alkfs.git.refs import Refs
 from alkfs.keys import Key
 from alkfs.pins import Pins
+from alkfs.settings import settings
 from alkfs.store import Store
 
 from .inodes import InodeTable
@@ -60,23 +61,6 @@ INVALIDATE_WAIT_S = 10.0  # how long a sweep request waits for the kernel to dro
 DeletionView = Callable[[Key], Iterable[tuple[int, bytes, int]]]
 
 
-# Per-user bounds of a shared mount (--allow-other or --owner): open write handles and
-# bytes written through them not yet released, per uid other than root's (fs.py).
-MAX_WRITE_HANDLES = 64
-MAX_SPOOL_BYTES = 1 << 30
-# ... and open read handles (each may hold a descriptor of the daemon's: a large object,
-# a pack); all users but root together hold at most half the daemon's descriptor limit,
-# so root's, the owner's and the daemon's own work always have the other half
-MAX_READ_HANDLES = 1024
-
-
-def _env_int(name: str, default: int) -> int:
-    try:
-        return int(os.environ.get(name, "") or default)
-    except ValueError:
-        return default
-
-
 @dataclass
 class Options:
     read_only: bool = False
@@ -87,16 +71,16 @@ class Options:
     # (but the control file, root's alone). None: the daemon's own user.
     owner_uid: int | None = None
     owner_gid: int | None = None
-    # per-uid bounds when the mount is shared (ALKFS_MAX_WRITE_HANDLES / _SPOOL_BYTES)
-    max_write_handles: int = field(
-        default_factory=lambda: _env_int("ALKFS_MAX_WRITE_HANDLES", MAX_WRITE_HANDLES)
-    )
-    max_spool_bytes: int = field(
-        default_factory=lambda: _env_int("ALKFS_MAX_SPOOL_BYTES", MAX_SPOOL_BYTES)
-    )
-    max_read_handles: int = field(
-        default_factory=lambda: _env_int("ALKFS_MAX_READ_HANDLES", MAX_READ_HANDLES)
-    )
+    # Per-user bounds of a shared mount (--allow-other or --owner), per uid other than
+    # root's (fs.py): open write handles and bytes written through them not yet released
+    # (ALKFS_MAX_WRITE_HANDLES, 64; ALKFS_MAX_SPOOL_BYTES, 1 GiB), and open read handles
+    # (ALKFS_MAX_READ_HANDLES, 1024: each may hold a descriptor of the daemon's, a large
+    # object, a pack); all users but root together hold at most half the daemon's
+    # descriptor limit, so root's, the owner's and the daemon's own work always have the
+    # other half. (alkfs/settings.py)
+    max_write_handles: int = field(default_factory=lambda: settings().max_write_handles)
+    max_spool_bytes: int = field(default_factory=lambda: settings().max_spool_bytes)
+    max_read_handles: int = field(default_factory=lambda: settings().max_read_handles)
 
     @property
     def owner_only(self) -> bool:

@@ -41,6 +41,8 @@ import trio
 from alkfs.app import Alkfs, store_exists
 from alkfs.durations import format_duration
 from alkfs.errors import AlkfsError, StoreLocked, log_failure
+from alkfs.settings import LOG_PRIORITIES_ENV as LOG_PRIORITIES_ENV
+from alkfs.settings import log_priorities
 from alkfs.store import Store
 
 from . import deathguard, packs, pyfuse3_patches
@@ -60,10 +62,10 @@ log = logging.getLogger("alkfsd")
 
 # One line per event: `TIME alkfsd[PID] LEVEL message`; in the journal, which stamps
 # each line with its own time, pid and identifier, `<PRIORITY>LEVEL message`; the same
-# when LOG_PRIORITIES_ENV is 1 (the mount helper's logger stamps them so).
+# when LOG_PRIORITIES_ENV (ALKFS_LOG_PRIORITIES, alkfs/settings.py) is 1 (the mount
+# helper's logger stamps them so).
 LOG_FORMAT = "%(asctime)s alkfsd[%(process)d] %(levelname)s %(message)s"
 JOURNAL_FORMAT = "%(levelname)s %(message)s"
-LOG_PRIORITIES_ENV = "ALKFS_LOG_PRIORITIES"
 
 MAX_TASKS = 64
 FD_LIMIT_MAX = 1 << 20  # (raise_fd_limit)
@@ -339,7 +341,7 @@ def priorities_asked(environ: Mapping[str, str]) -> bool:
     """Whether whoever reads stderr asked for the journal's form (LOG_PRIORITIES_ENV=1): a
     syslog priority prefix per line and no time of ours. mount.fuse.alkfs asks, its
     `logger --prio-prefix` giving each line its priority and syslog its time."""
-    return environ.get(LOG_PRIORITIES_ENV, "").strip().lower() in ("1", "yes", "true", "on")
+    return log_priorities(environ)
 
 
 def log_handler(

@@ -38,6 +38,7 @@ import trio
 from alkfs.errors import AlkfsError, Interrupted, log_failure
 from alkfs.git.packs import FORMATS, MAX_PACKS, Derived, Generation, derived_for
 from alkfs.keys import Key
+from alkfs.settings import settings
 from alkfs.store import ObjectStat
 
 from . import listings
@@ -51,13 +52,12 @@ V = TypeVar("V")
 log = logging.getLogger("alkfsd")
 
 View = Callable[[str, Generation | None, Generation | None], None]
-# A retired generation (docs/gc.md, "Readers and retired packs"): for RETIRE_GRACE_S its names
-# still resolve (git lists pack/ and opens what it listed later) and it stays on disk; an
-# open handle keeps it up to RETIRE_HOLD_S after it was retired; at most RETIRED_MAX of
-# a format stay on disk, whatever readers hold. Handles of one that goes read EIO.
-RETIRE_GRACE_S = 300.0
-RETIRE_HOLD_S = 3600.0
-RETIRED_MAX = 3
+# A retired generation (docs/gc.md, "Readers and retired packs"): for its grace
+# (ALKFS_PACK_RETIRE_GRACE, 300 s) its names still resolve (git lists pack/ and opens what
+# it listed later) and it stays on disk; an open handle keeps it up to its hold
+# (ALKFS_PACK_RETIRE_HOLD, 3600 s) after it was retired; at most ALKFS_PACK_RETIRED_MAX (3)
+# of a format stay on disk, whatever readers hold. Handles of one that goes read EIO.
+# (All three: alkfs/settings.py.)
 
 
 class Revocable(Protocol):
@@ -79,24 +79,16 @@ def _names(path: str) -> list[str]:
         return []
 
 
-def env_float(name: str, default: float) -> float:
-    """A number from the daemon's environment (a tuning knob), `default` if unset or bad."""
-    try:
-        return float(os.environ.get(name, default))
-    except ValueError:
-        return default
-
-
 def retire_grace() -> float:
-    return env_float("ALKFS_PACK_RETIRE_GRACE", RETIRE_GRACE_S)
+    return settings().pack_retire_grace_s
 
 
 def retire_hold() -> float:
-    return env_float("ALKFS_PACK_RETIRE_HOLD", RETIRE_HOLD_S)
+    return settings().pack_retire_hold_s
 
 
 def retired_max() -> int:
-    return max(0, int(env_float("ALKFS_PACK_RETIRED_MAX", RETIRED_MAX)))
+    return settings().pack_retired_max
 
 
 def since_built(last_built: float | None, gen: Generation | None) -> float:
@@ -142,8 +134,7 @@ class Served:
         self._tops: dict[str, tuple[int, int]] = {}
         self._large: dict[tuple[str, int], tuple[int, list[str]]] = {}
         self._large_dirs: dict[str, tuple[int, frozenset[str]]] = {}
-        off = os.environ.get("ALKFS_PACKS", "").lower() in ("0", "off", "no")
-        for fmt in () if off else FORMATS:
+        for fmt in FORMATS if settings().packs else ():
             try:
                 d = derived_for(ctx.store, fmt)
             except Exception:
@@ -332,7 +323,7 @@ class Served:
 
     def _keep(self, fmt: str, now: float) -> tuple[set[int], set[int]]:
         """(kept, revoked) of the retired and held generations of `fmt` (under the lock):
-        within the grace, or held and within the hold, and no more than RETIRED_MAX."""
+        within the grace, or held and within the hold, and no more than retired_max()."""
         grace, hold, most = retire_grace(), retire_hold(), retired_max()
         retired = sorted(
             ((at, n) for (f, n), at in self._retired.items() if f == fmt), reverse=True
@@ -523,9 +514,8 @@ async def run(ctx: Context) -> None:
             return
         except Exception:
             log_failure(log, "derived %s: the drain failed (again after the next build)", fmt)
-    every = env_float("ALKFS_PACK_EVERY", 60.0)
-    batch = env_float("ALKFS_PACK_OBJECTS", 20_000)
-    poll = env_float("ALKFS_PACK_POLL", min(every, 5.0))
+    knobs = settings()
+    every, batch, poll = knobs.pack_every_s, knobs.pack_objects, knobs.pack_poll_interval_s
     window_rows = 0
     while True:
         try:

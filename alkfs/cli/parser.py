@@ -14,6 +14,7 @@ from .. import __version__
 from ..errors import (
     AlkfsError,
 )
+from ..settings import settings
 from .commands import (
     Handler,
     check_usage,
@@ -269,7 +270,7 @@ def _main(argv: list[str] | None) -> int:
         parser.error(f"{name}: {message}")
 
     logging.basicConfig(  # the library's log lines would break the one-line rule
-        level=logging.DEBUG if os.environ.get("ALKFS_DEBUG") else logging.CRITICAL + 1,
+        level=logging.DEBUG if settings().debug else logging.CRITICAL + 1,
         format="alkfs: %(name)s: %(message)s",
     )
     try:
@@ -307,7 +308,7 @@ def _main(argv: list[str] | None) -> int:
     except (AlkfsError, OSError) as exc:
         return _fail(f"alkfs {name}", explain(exc), 1)
     except Exception as exc:  # a bug: still one line, the traceback on request
-        if os.environ.get("ALKFS_DEBUG"):
+        if settings().debug:
             raise
         return _fail(f"alkfs {name}", explain(exc) + " (set ALKFS_DEBUG=1 for the traceback)", 1)
     finally:

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import binascii
 import hashlib
-import os
 import threading
 from binascii import unhexlify
 from collections.abc import Callable, Container, Iterable
@@ -38,6 +37,7 @@ from typing import TYPE_CHECKING
 from ..errors import AlkfsError
 from ..keys import Algorithm, Key
 from ..keyset import KeyUnion
+from ..settings import settings
 from ..tiers.sql import SqlTier
 from .objects import ID_ONLY, MAX_HEADER, WALK_ENTRY, parse_header
 from .refs import Refs, oid_key
@@ -284,7 +284,7 @@ class RefClosure:
                 by_algo.setdefault(key.algo, []).append(key.digest)
         out = KeyUnion()
         missing = 0
-        use_git = os.environ.get("ALKFS_MARK", "git") != "python"
+        use_git = settings().mark != "python"
         for algo, ids in by_algo.items():
             got = git_closure(self.store, algo, ids) if use_git else None
             if got is None:

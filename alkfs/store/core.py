@@ -14,8 +14,9 @@ from .. import privacy
 from ..binding import DB_NAME as DB_NAME
 from ..binding import open_database, settle
 from ..errors import StoreIO, StoreLocked
-from ..fleet import DEFAULT_TTL_S, Fleet
+from ..fleet import Fleet
 from ..reserve import Reserve
+from ..settings import settings
 from .batches import StoreBatches
 from .deletes import StoreDeletes
 from .listing import StoreListing
@@ -83,7 +84,7 @@ class Store(StorePuts, StoreBatches, StoreListing, StoreReads, StoreDeletes, Sto
             )
             if own is not None:
                 try:
-                    ttl = float(os.environ.get("ALKFS_FLEET_TTL") or DEFAULT_TTL_S)
+                    ttl = settings().fleet_ttl_s
                     # (a member's database is a PostgreSQL one: `database` was given)
                     store.fleet = Fleet(store, cast("PostgresDatabase", db), own, ttl)
                 except BaseException:

@@ -22,7 +22,6 @@ its disk (no reserve armed), for content of the kv tier under a non-git algorith
 from __future__ import annotations
 
 import logging
-import os
 from typing import TYPE_CHECKING
 
 import trio
@@ -32,20 +31,19 @@ from alkfs.db.sqlite import BACKFILL_COMMITS
 from alkfs.errors import AlkfsError, NoSpace
 from alkfs.intents import Intent, IntentLog
 from alkfs.keys import Algorithm, Key
+from alkfs.settings import settings
 from alkfs.store import NOWAIT_PUT_MAX, PutResult
-
-from ..packs import env_float
 
 if TYPE_CHECKING:
     from ..context import Context
 
 log = logging.getLogger("alkfsd")
 
-# The worker applies once closes pause for GATHER_S (no intent logged meanwhile), or once
+# The worker applies once closes pause for the gather time (ALKFS_INTENTS_GATHER_S, 50 ms
+# by default: alkfs/settings.py; no intent logged meanwhile), or once
 # APPLY_BYTES of content or APPLY_COUNT intents wait, or the oldest has waited HOLD_MAX_S:
 # a burst of small files (cp -r of a tree) is applied after it, not against it on the
 # daemon's other CPU and the GIL; a longer stream in steps of APPLY_BYTES.
-GATHER_S = 0.05  # the pause of closes that starts an apply (default)
 APPLY_BYTES = 32 << 20
 APPLY_COUNT = 20_000
 HOLD_MAX_S = 5.0
@@ -67,9 +65,10 @@ class Pending:
         self.log: IntentLog | None = None
         # ALKFS_INTENTS=off: every close commits its own transaction (as before the log);
         # ALKFS_INTENTS_GATHER_S: the worker's wait (tests hold intents pending with it)
-        if os.environ.get("ALKFS_INTENTS", "").lower() in ("0", "off", "no"):
+        knobs = settings()
+        if not knobs.intents:
             enabled = False
-        self.gather_s = env_float("ALKFS_INTENTS_GATHER_S", GATHER_S)
+        self.gather_s = knobs.intents_gather_s
         if enabled and store.path is not None and store.sole_writer and not ctx.read_only:
             if store.db is not None and store.db.engine == "sqlite" and store.mode != "mem":
                 self.log = IntentLog(store.path)

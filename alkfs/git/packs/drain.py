@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING
 
 from ...errors import AlkfsError, StoreIO
 from ...keys import Key
+from ...settings import settings
 from ...tiers.local import fsync_dir
 from ...tiers.sql import SqlTier
 from ..packread import PackSet
@@ -58,7 +59,7 @@ _HASHES = {"sha1": hashlib.sha1, "sha256": hashlib.sha256}
 
 
 def drain_enabled() -> bool:
-    return os.environ.get("ALKFS_DRAIN", "1") != "0"
+    return settings().drain
 
 
 def open_packs(gen: Generation) -> PackSet:
