@@ -150,11 +150,13 @@ lint: $(STAMP)
 # tests that need neither: the library's (tests/store, tests/git), the layering rule, the
 # CLI on a store, the daemon's Operations and workers called directly. tests/helpers.py,
 # loaded as a plugin, marks the tests that take a mount or PostgreSQL fixture (deselected
-# here) and skips one that asks for either at run time.
+# here) and skips one that asks for either at run time. The tests run in CHECK_JOBS
+# processes (pytest-xdist; auto: one a core), each test in its own tmp_path.
 CHECK_TESTS := tests/store tests/git tests/test_layers.py tests/test_cli.py \
                tests/daemon/test_ops.py tests/daemon/test_workers.py
+CHECK_JOBS  ?= auto
 check: lint
-	PYTHONPATH=tests $(PY) -X dev -bb -m pytest -q -rfE -p helpers \
+	PYTHONPATH=tests $(PY) -X dev -bb -m pytest -q -rfE -p helpers -n $(CHECK_JOBS) \
 	  -m "not mount and not postgres and not slow" $(CHECK_TESTS) $(PYTEST_ARGS)
 
 bench: $(STAMP)

@@ -119,9 +119,11 @@ def _is_module(module: str) -> bool:
     return rel.with_suffix(".py").is_file() or (rel / "__init__.py").is_file()
 
 
-def violations(path: Path, me: str | None = None) -> list[str]:
+def violations(path: Path, me: str | None = None, where: str | None = None) -> list[str]:
+    """What is wrong with the imports of the file at `path`, module `me` (default: from its
+    place under ROOT), each line naming it as `where` (default: its path under ROOT)."""
     me = me or module_name(path)
-    where = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path.name
+    where = where or (path.relative_to(ROOT) if path.is_relative_to(ROOT) else path.name)
     mine = rank(me)
     assert mine is not None, f"{me} has no layer: add it to layers.toml"
     bad = []
@@ -148,15 +150,13 @@ def test_every_import_goes_to_a_layer_at_or_below_its_own(path: Path) -> None:
 
 def test_an_upward_import_is_found(tmp_path: Path) -> None:
     """The check itself: a store module importing the app, or the library importing trio,
-    inside a function, is reported with its line."""
-    fake = ROOT / "alkfs" / "tiers" / "_layer_probe.py"
+    inside a function, is reported with its line. (The probe is written under tmp_path,
+    not into alkfs/: a test, ruff or mypy running meanwhile never meets it.)"""
+    fake = tmp_path / "_layer_probe.py"
     fake.write_text(
         "def f():\n    from ..app import Alkfs\n    import trio\n    return Alkfs, trio\n"
     )
-    try:
-        found = violations(fake)
-    finally:
-        fake.unlink()
+    found = violations(fake, "alkfs.tiers._layer_probe", "alkfs/tiers/_layer_probe.py")
     assert found == [
         "alkfs/tiers/_layer_probe.py:2: alkfs.tiers._layer_probe (3) imports alkfs.app (7)",
         "alkfs/tiers/_layer_probe.py:3 imports trio (the library is FUSE-free)",
@@ -169,11 +169,12 @@ def test_every_daemon_module_has_a_layer() -> None:
     assert sorted(n for n in names if n not in DAEMON_RANKS) == []
 
 
-def test_an_upward_daemon_import_is_found() -> None:
+def test_an_upward_daemon_import_is_found(tmp_path: Path) -> None:
     """The check on the daemon: a framework module importing a view, or the write state
     importing the context, at module level, and a view importing another inside a
-    function (a cycle dodged), are each reported with its line."""
-    fake = ROOT / "daemon" / "staging" / "_layer_probe.py"
+    function (a cycle dodged), are each reported with its line. (The probe is under
+    tmp_path: test_every_daemon_module_has_a_layer, running meanwhile, never lists it.)"""
+    fake = tmp_path / "_layer_probe.py"
     fake.write_text(
         "from ..nodes.repos import ReposDir\n"
         "from .. import context\n"
@@ -185,9 +186,8 @@ def test_an_upward_daemon_import_is_found() -> None:
     )
     DAEMON_RANKS["alkfsd.staging._layer_probe"] = 21
     try:
-        found = violations(fake)
+        found = violations(fake, "alkfsd.staging._layer_probe", "daemon/staging/_layer_probe.py")
     finally:
-        fake.unlink()
         del DAEMON_RANKS["alkfsd.staging._layer_probe"]
     assert found == [
         "daemon/staging/_layer_probe.py:1: alkfsd.staging._layer_probe (21) imports "
