@@ -16,8 +16,9 @@ published set was built and builds a new set when `ALKFS_PACK_OBJECTS` (20,000) 
 arrived, or any have and `ALKFS_PACK_EVERY` (60 s) passed since the last build, and
 right after a sweep staged objects the published set holds (the new set leaves them out,
 so the sweep that deletes them finds nothing to rebuild), and when the set has more than
-MAX_PACKS packs (pushes kept as packs: one pack each) — consolidated into one. A build
-is one thread running git (`nice -n 10`); reads and writes go on meanwhile.
+MAX_PACKS packs (pushes kept as packs: one pack each) — consolidated into one. While a
+sweep runs it looks at nothing (what the sweep writes back loose before deleting it is no
+arrival; what it stages counts once it ends). A build is one thread running git (`nice -n 10`); reads and writes go on meanwhile.
 `ALKFS_PACKS=off` serves and builds no derived packs at all (the loose views only).
 """
 
@@ -518,6 +519,12 @@ async def run(ctx: Context) -> None:
     every, batch, poll = knobs.pack_every_s, knobs.pack_objects, knobs.pack_poll_interval_s
     window_rows = 0
     while True:
+        if ctx.store.sweep_progress is not None:
+            # a sweep runs: what it writes back loose before a rewrite (restore) is not an
+            # arrival to pack (its deletions follow), and what it stages is counted once it
+            # ends; building now rewrote the whole set after a repository's removal
+            await trio.sleep(poll)
+            continue
         try:
             rows = await ctx.run_sync(ctx.store.window.rows)
         except AlkfsError as exc:  # the database is away (StoreIO): the mount lives on

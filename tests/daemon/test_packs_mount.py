@@ -630,3 +630,46 @@ def test_verify_withdraws_a_set_corrupted_while_mounted_and_the_intake_rebuilds_
         if name.endswith(".idx"):
             git("verify-pack", mnt / "git" / "sha1" / "pack" / name)
     assert m.tracebacks() == []
+
+
+def test_a_removed_fork_imported_alone_goes_with_its_pack_and_nothing_is_rewritten(
+    start_mount, tmp_path
+):
+    """A fork imported after its upstream is a pack of its own; its refs removed, the two
+    sweeps drop that pack whole (drop-packs) and the intake rewrites nothing meanwhile or
+    after: the objects the deleting sweep writes back loose before it deletes them are no
+    arrivals (it polled every 10 ms here, and rewrote the whole set after the sweep)."""
+    src = source_repo(tmp_path / "up.git", "sha1")
+    fork = tmp_path / "fork.git"
+    git("clone", "-q", "--mirror", src, fork)
+    out = ["commit refs/heads/fork\n", "committer F <f@example.com> 1700000000 +0000\n"]
+    out.append("data 5\nfork\nfrom refs/heads/main\n")
+    for j in range(3000):  # (enough rows that the deleting sweep takes a while)
+        data = f"the fork's file {j}\n" * (1 + j % 5)
+        out.append(f"M 100644 inline fork/{j % 40}/f{j}.txt\ndata {len(data)}\n{data}\n")
+    git(f"--git-dir={fork}", "fast-import", "--quiet", input="".join(out).encode())
+    store = tmp_path / "store"
+    with Alkfs.open(store, window_s=0) as app:
+        import_repo(app, str(src), "up", progress=False)
+        import_repo(app, str(fork), "fork", progress=False)
+        app.refs.delete_repo("fork")
+    m = start_mount(store, "--window", "1h", env={**FAST_INTAKE, "ALKFS_PACK_POLL": "0.01"})
+    mnt = m.mnt
+    for _ in range(2):
+        (mnt / ".alkfs" / "control").write_text("sweep 0\n")
+    # (its blobs, the 40 directories under fork/, fork/ itself, the root tree, the commit)
+    assert last_sweep(mnt)["deleted"] == 3000 + 40 + 3
+    meta = json.loads(
+        (
+            store
+            / "derived"
+            / "sha1"
+            / f"gen-{int((store / 'derived' / 'sha1' / 'CURRENT').read_text())}"
+            / "alkfs.json"
+        ).read_text()
+    )
+    assert meta["mode"] == "drop-packs"
+    time.sleep(1.0)  # (a hundred polls of the intake)
+    published = [line for line in m.log().splitlines() if "derived sha1: published" in line]
+    assert '"mode": "drop-packs"' in published[-1], published[-3:]
+    assert m.tracebacks() == []
