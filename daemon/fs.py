@@ -15,7 +15,7 @@ import errno
 import functools
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, cast
 
 import pyfuse3
@@ -53,11 +53,17 @@ _BY_HANDLE = frozenset({"read", "write", "flush", "fsync", "release"})
 _BY_INODE = frozenset({"getattr", "setattr", "open", "getxattr", "listxattr", "access"})
 
 
+# pyfuse3.readdir_reply's shape: (token, name, attributes, next offset) -> the kernel took it
+ReaddirReply = Callable[[pyfuse3.ReaddirToken, bytes, pyfuse3.EntryAttributes, int], bool]
+
+
 class Operations(pyfuse3.Operations):
     supports_dot_lookup = True
     enable_writeback_cache = False
 
-    def __init__(self, ctx: Context) -> None:
+    def __init__(self, ctx: Context, readdir_reply: ReaddirReply = pyfuse3.readdir_reply) -> None:
+        """`readdir_reply`: how a listing's entries reach the kernel (pyfuse3's, or a
+        direct-call test's collector)."""
         super().__init__()
         self.ctx = ctx
         self.inodes = ctx.inodes
@@ -68,7 +74,7 @@ class Operations(pyfuse3.Operations):
         self.dirs: dict[int, DirHandle] = {}
         self._next_fh = 1
         self.log_limit = RateLimit()  # refusal lines per (op, errno) and second (errors.py)
-        self.readdir_reply = pyfuse3.readdir_reply  # replaced by the direct-call tests
+        self.readdir_reply = readdir_reply
         self.shared = ctx.options.shared
         self.guard = Access(ctx)  # who may do what, per-user bounds (access.py)
         self.pending = ctx.pending  # small files acknowledged ahead of their commit

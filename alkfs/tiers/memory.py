@@ -64,8 +64,3 @@ class MemoryTier:
     def keys(self) -> list[bytes]:
         with self._lock:
             return list(self._order)
-
-    def corrupt_for_tests(self, key: bytes, data: bytes) -> None:
-        """Replace stored bytes behind the store's back (a memory engine has no file to edit)."""
-        with self._lock:
-            self._data[key] = (data, self._data[key][1])

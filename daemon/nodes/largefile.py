@@ -53,7 +53,6 @@ class LargeHandle(Handle):
         self.verified = verified
         self.good = bytearray(0 if verified or record is None else record.count)
         self.left = len(self.good)  # chunks not yet verified by this handle
-        self.verifier = None  # (no background verifier: each READ checks what it covers)
         self.nowait = True
 
     async def read(self, off: int, size: int) -> bytes | bytearray:
