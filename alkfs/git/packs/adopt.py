@@ -116,7 +116,8 @@ def keep_pack(
     the set is published with the pack beside its own, byte for byte as received, or,
     when the set's main packs already hold some of its objects, with a pack of the rest
     (`pack-objects` from it, its deltas reused). No consolidation runs here (the daemon's
-    intake does it: `unbalanced`). (objects published, bytes of their pack)."""
+    intake consolidates a set of more than MAX_PACKS packs). (objects published, bytes
+    of their pack)."""
     reserve = self.store.reserve
     if reserve is not None and reserve.full:
         raise NoSpace("the disk is full: the pushed pack is not kept until it is not")

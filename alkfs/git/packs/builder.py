@@ -400,7 +400,6 @@ class Derived(Verify, Drain, KvRead, GitRun):
     can_adopt = _adopt.can_adopt
     adopt = _adopt.adopt
     keep_pack = _adopt.keep_pack
-    unbalanced = _adopt.unbalanced
 
     # the intake, a pack beside the previous set's (intake.py)
     _intake_plan = intake._intake_plan
