@@ -290,7 +290,8 @@ def test_sigkill_during_the_migration_of_a_kv_store(start_mount, tmp_path, small
         shutil.rmtree(store)
     print(f"migration after the mount: {', '.join(f'{k} {t:.2f} s' for k, t in measured.items())}")
 
-    for i in range(2 * iterations()):
+    # (4 rounds in make test, two of each kind; 100 at soak length)
+    for i in range(iterations(4, 100)):
         rng = seeded("migration", i)
         kind = "drain" if i % 2 == 0 else "build"
         store = tmp_path / f"store-{i}"
@@ -420,7 +421,7 @@ def test_sigterm_during_a_git_import(tmp_path, big_source):
     shutil.rmtree(measured)
 
     problems: list[str] = []
-    for i in range(iterations()):
+    for i in range(iterations(2)):  # (2 rounds in make test, 50 at soak length)
         rng = seeded("import-term", i)
         store = tmp_path / f"store-{i}"
         err = tmp_path / f"import-{i}.err"
