@@ -81,17 +81,17 @@ def record_pointers(app: Alkfs, gitdir: str, prefix: bytes) -> dict[str, list[st
     return pointers
 
 
-def keep_pushed(app: Alkfs, derived: Derived, pack: Path, pins: Callable[[list[Pin]], None]) -> int:
+def keep_pushed(
+    app: Alkfs, derived: Derived, pack: Path, pins: Callable[[list[Pin]], None]
+) -> None:
     """A push's received pack kept as a pack of the set (Derived.keep_pack): its objects
     pinned (`pins` takes the Pins, before anything is published; the caller releases
     them when the push's refs are written) and its LFS pointers recorded, then the set
-    published with it. Returns how many objects the pack held."""
-    held: list[int] = []
+    published with it."""
+    prefix = bytes([derived.algo.value])
 
     def before(gitdir: str, raws: list[bytes]) -> None:
         pins(app.store.pin_many(raws))
-        held.append(len(raws))
-        record_pointers(app, gitdir, raws[0][:1] if raws else b"")
+        record_pointers(app, gitdir, prefix)
 
     derived.keep_pack(pack, before)
-    return held[0] if held else 0

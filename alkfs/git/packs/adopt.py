@@ -130,17 +130,18 @@ def keep_pack(
             name = _pack_and_index(self, None, repo, received, FSCK)
         pack_dir = repo / "objects" / "pack"
         idx = PackIndex(pack_dir / f"pack-{name}.idx", self.fmt)
+        digests = list(idx.digests())
         tag = bytes([self.algo.value])
-        before(str(repo), [tag + d for d in idx.digests()])
+        before(str(repo), [tag + d for d in digests])
         prev = self._current
-        if prev is not None and any(prev.main_holds(d) for d in idx.digests()):
-            wanted = [binascii.hexlify(d) for d in idx.digests() if not prev.main_holds(d)]
+        wanted = digests if prev is None else [d for d in digests if not prev.main_holds(d)]
+        if len(wanted) < len(digests):
             if not wanted:
                 return 0, 0
             out = tmp / "rest"
             self._git(out, "init", "-q", "--bare", f"--object-format={self.fmt}", str(out))
             with tempfile.TemporaryFile(dir=tmp) as listing:
-                listing.write(b"\n".join(wanted) + b"\n")
+                listing.write(b"".join(binascii.hexlify(d) + b"\n" for d in wanted))
                 listing.seek(0)
                 name = _pack_and_index(self, str(repo), out, listing, FSCK)
             pack_dir = out / "objects" / "pack"
@@ -212,16 +213,15 @@ def _pack_and_index(
             try:
                 out, _ = indexer.communicate(timeout=STOP_POLL_S)
                 break
-            except subprocess.TimeoutExpired:
-                if self.store.stopping.is_set():
-                    if packer is not None:
-                        kill_group(packer)
-                    kill_group(indexer)
+            except BaseException as exc:  # (a look at the stop, or the caller ends)
+                stop = isinstance(exc, subprocess.TimeoutExpired)
+                if stop and not self.store.stopping.is_set():
+                    continue
+                for proc in (packer, indexer):
+                    if proc is not None:
+                        kill_group(proc)
+                if stop:
                     raise Interrupted("a pack's indexing stopped: the store is closing") from None
-            except BaseException:  # (the caller ends: a signal's exception, say)
-                if packer is not None:
-                    kill_group(packer)
-                kill_group(indexer)
                 raise
         if packer is not None:
             packer.wait()
