@@ -14,10 +14,13 @@ import errno
 import json
 import os
 import shutil
+import time
 from pathlib import Path
 
 import pytest
 from helpers import git, git_out
+
+from alkfs.git.packs import MAX_PACKS
 
 pytestmark = pytest.mark.not_on_postgres("a fleet's store keeps pushed objects in the kv")
 
@@ -150,3 +153,32 @@ def test_a_pack_git_fsck_refuses_is_refused_whole_and_nothing_is_stored(mount, t
     assert status(mount)["objects"]["git-sha1"]["kv"] == 0
     assert "git index-pack --fsck-objects refused the objects" in mount.log()
     assert mount.tracebacks() == []
+
+
+def set_packs(store: Path) -> int:
+    """How many packs the published sha1 set has."""
+    d = store / "derived" / "sha1"
+    return len(list(d.glob(f"gen-{int((d / 'CURRENT').read_text())}/pack/*.pack")))
+
+
+def test_more_than_max_packs_kept_pushes_are_consolidated_into_one(start_mount, tmp_path):
+    """Each push kept as a pack adds one to the set; past MAX_PACKS (12) the intake
+    consolidates them into one pack (no kv arrival asks for a build)."""
+    m = start_mount(env={"ALKFS_PACK_EVERY": "0", "ALKFS_PACK_POLL": "0.1"})
+    src = tmp_path / "src"
+    os.mkdir(m.path("repos", "r"))
+    for i in range(MAX_PACKS + 1):
+        files_repo(src, 110, edit=f"round {i}")
+        git("push", "-q", m.path("repos", "r"), "main", cwd=src)
+    assert m.log().count("repository r: kept as a pack") == MAX_PACKS + 1
+    deadline = time.monotonic() + 60
+    while set_packs(m.store_path) != 1:
+        assert time.monotonic() < deadline, "the kept packs were never consolidated"
+        time.sleep(0.1)
+    pushed = objects_of(src / ".git")
+    assert published(m.store_path)["objects"] == len(pushed)
+    assert status(m)["objects"]["git-sha1"]["kv"] == 0
+    clone = tmp_path / "clone.git"
+    git("clone", "-q", "--mirror", m.path("repos", "r"), clone)
+    assert objects_of(clone) == pushed
+    assert m.tracebacks() == []
