@@ -331,17 +331,18 @@ def _drained(root: Path) -> bool:
     return any(root.glob(f"{DERIVED_DIR}/*/{PRIMARY}"))
 
 
-def _undrain(root: Path) -> int:
-    """Before a move to PostgreSQL: the git objects kept in packs alone are written back
-    into the kv, as it was before drains (a PostgreSQL store's fleet shares its sets and
-    keeps the kv's copies: alkfs/git/packs/drain.py). How many."""
+def _undrain(root: Path, uri: str | None = None) -> int:
+    """Before a move between engines: the git objects kept in packs alone are written
+    back into the kv, as it was before drains (a sqlite store names its published sets
+    in files, a fleet in its database: the other engine's store would find none; its
+    daemons build and drain again: alkfs/git/packs/drain.py). How many."""
     from .app import Alkfs
     from .git import packs
 
     if not _drained(root):
         return 0
     written = 0
-    with Alkfs.open(root) as app:
+    with Alkfs.open(root, database=uri) as app:
         for fmt in packs.FORMATS:
             d = packs.derived_for(app.store, fmt)
             if d is not None and d.primary:
@@ -364,7 +365,13 @@ def to_sqlite(
     if (root / DB_NAME).exists():
         raise Invalid(f"{root / DB_NAME} exists: move it away before migrating back to sqlite")
     started = time.monotonic()
+    written_back = _undrain(root, uri)
     with _store_lock(root):
+        if _drained(root):
+            raise Invalid(
+                f"the store {root} keeps git objects in its packs alone: `alkfs migrate` "
+                "writes them back first (run it again)"
+            )
         src = PostgresDatabase(uri, lock=True)
         try:
             meta = _meta(src)
@@ -408,6 +415,7 @@ def to_sqlite(
         "rows": copied,
         "database": str(root / DB_NAME),
         "postgresql": f"{redact(uri)} left as it was (drop it when no longer needed)",
+        "written_back": written_back,
         "seconds": round(time.monotonic() - started, 3),
     }
 

@@ -536,6 +536,9 @@ async def run(ctx: Context) -> None:
         full = reserve is not None and reserve.full  # (the packs went first: packs.shed)
         for fmt, d in [] if full else s.derived.items():
             try:
+                if d.drain_owed:  # (a fleet's drain waited for a member: look again)
+                    async with s.building:
+                        await ctx.run_sync(functools.partial(d.drain, 0.0))
                 gen = d.current()
                 if staging and bool(await ctx.run_sync(d.staged_in_current)):
                     # a set without them, published before their window ends, so that

@@ -61,7 +61,8 @@ class PackedObjects:
         self._beside: dict[str, Generation] = {}  # (opened beside the lock holder)
 
     def _generation(self, fmt: str) -> Generation | None:
-        """The published set of `fmt`: the store's own (`derived_for`), or, in a process
+        """The published set of `fmt`: the store's own (`derived_for`; a fleet's: the one
+        this member serves, looked up at first use), or, in a process
         opened beside the store's lock holder, the one its CURRENT names (read again at
         each look: the holder publishes and drains meanwhile)."""
         d = derived_for(self.store, fmt)
@@ -71,6 +72,8 @@ class PackedObjects:
                     if fmt not in self._told:
                         self._told.add(fmt)
                         d.on_publish.append(lambda _old, _new: self._retire(fmt))
+            if not d.looked:  # (a fleet's member: its first look at the published set;
+                d.refresh()  # the listener's notices keep it current after)
             return d.current()
         if self.store.path is None:
             return None

@@ -18,6 +18,9 @@ store has a fleet; the files stay in STORE/derived/<fmt>/, a directory every dae
   holds only after its publish committed, so neither a removal nor a sweep can miss a
   daemon about to serve a generation. A directory is removed when it is neither
   published nor held by a live session (or being built).
+- **Draining** (`all_serve`): the kv rows of what a published set holds are deleted only
+  once every other live daemon serves that set or a newer one (a newer one carries
+  everything the drained set holds: alkfs/git/packs/drain.py), under the builder lock.
 - **Deleting** (`await_served`): before a sweep deletes objects a published set holds, the
   guard publishes a set without them, then waits up to SERVE_WAIT_S until no other live
   daemon serves a generation holding any of them; what a slower daemon still serves is
@@ -187,6 +190,19 @@ class SharedPacks:
             (self.fmt, self.node),
         ).fetchall()
         return {int(r[0]) for r in rows}
+
+    def all_serve(self, number: int, timeout_s: float = SERVE_WAIT_S) -> bool:
+        """Whether every other live daemon serves `number` or a newer generation, within
+        `timeout_s` (0: look once). A daemon switching serves both for a moment: it is
+        waited for until it serves the new one alone."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            older = [g for g in self.served_elsewhere() if g < number]
+            if not older:
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(POLL_S)
 
     def await_served(
         self,

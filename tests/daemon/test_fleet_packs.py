@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
+import time
 
 import psycopg
 import pytest
@@ -201,3 +203,111 @@ def test_an_object_one_member_stores_is_listed_by_the_other(start_pg_mount, tmp_
     wait_for("mount 1 to list it", lambda: oid[2:] in os.listdir(m1.path("git", "sha1", oid[:2])))
     for m in (m1, m2):
         assert m.tracebacks() == [], m.all_logs()[-3000:]
+
+
+GIT_SHA1_TAG = 3  # (alkfs.keys.Algorithm.GIT_SHA1, checked below)
+
+
+def kv_git_rows(uri: str, ids: set[str]) -> int:
+    """How many of the git-sha1 objects `ids` (hex) the kv tier holds as rows."""
+    keys = [bytes([GIT_SHA1_TAG]) + bytes.fromhex(x) for x in ids]
+    with psycopg.connect(uri, autocommit=True) as conn:
+        row = conn.execute("SELECT count(*) FROM blobs WHERE key = ANY(%s)", (keys,)).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def src_ids(src) -> set[str]:
+    out = git(f"--git-dir={src}", "rev-list", "--objects", "--all").split()[::2]
+    return {x for x in out if len(x) == 40}
+
+
+def test_a_fleet_keeps_packed_git_objects_in_their_packs_alone(fleet, tmp_path):
+    """Once both members serve the set holding a push, the builder drains: the kv holds
+    none of its objects (each is kept once, in the fleet's packs), and each mount, and
+    a command line run beside them, still serves every object, byte for byte."""
+    from alkfs.keys import Algorithm
+
+    assert Algorithm.GIT_SHA1.value == GIT_SHA1_TAG
+    m1, m2, src = fleet
+    number = both_serve_one_set(m1, m2, src)
+    ids = src_ids(src)
+    wait_for("the drain", lambda: kv_git_rows(m1.database, ids) == 0)
+    assert (m1.store_path / "derived" / "sha1" / "PRIMARY").is_file()
+    figures = [status(m)["packs"]["sha1"] for m in (m1, m2)]
+    assert [f["primary"] for f in figures] == [True, True]
+    assert [f["generation"] for f in figures] == [number, number]
+    assert sum(f["drained"] for f in figures) >= len(ids)
+    blob = git(f"--git-dir={src}", "rev-parse", "main:src/d0/f0.txt").strip()
+    want = subprocess.run(
+        ["git", f"--git-dir={src}", "cat-file", "blob", blob], capture_output=True, check=True
+    ).stdout
+    for n, m in enumerate((m1, m2)):
+        raw = m.path("objects", "git-sha1", blob).read_bytes()
+        assert raw == b"blob %d\0" % len(want) + want
+        clone = tmp_path / f"clone{n}"
+        git("clone", "-q", "--no-local", "--mirror", m.path("repos", "r"), clone)
+        git(f"--git-dir={clone}", "fsck", "--full", "--strict", "--no-dangling")
+        assert git(f"--git-dir={clone}", "for-each-ref") == git(f"--git-dir={src}", "for-each-ref")
+    # a push through mount 2 after the drain: the next set carries the drained objects
+    # over (from the previous set: the kv lacks them) and the new ones are drained too
+    more = "commit refs/heads/main\ncommitter C <c@example.com> 1700000200 +0000\ndata 4\nmore"
+    more += "\nfrom refs/heads/main^0\nM 100644 inline more.txt\ndata 5\nmore\n\n"
+    git(f"--git-dir={src}", "fast-import", "--quiet", input=more.encode())
+    git(f"--git-dir={src}", "push", "-q", m2.path("repos", "r"), "main")
+    ids = src_ids(src)
+    wait_for(
+        "a newer set holding the push on both",
+        lambda: (
+            (generation(m1) or 0) > number
+            and generation(m2) == generation(m1)
+            and ids <= idx_ids(m1.mnt, "sha1")
+        ),
+    )
+    wait_for("the drain of the push", lambda: kv_git_rows(m1.database, ids) == 0)
+    for m in (m1, m2):
+        git(f"--git-dir={m.path('repos', 'r')}", "fsck", "--full", "--strict", "--no-dangling")
+    out = tmp_path / "got"
+    cli = [sys.executable, "-m", "alkfs.cli", "--store", str(m1.store_path)]
+    cli += ["--database", str(m1.database)]
+    done = subprocess.run(
+        [*cli, "get", f"git-sha1/{blob}", "-o", str(out)], capture_output=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert out.read_bytes() == b"blob %d\0" % len(want) + want
+
+
+def test_a_fleets_drain_waits_for_a_member_serving_an_older_set(start_pg_mount, tmp_path):
+    """A live member that still serves an older set (one without the push) keeps the
+    kv's copies: nothing is drained until it serves the new set, then all of it is."""
+    store = tmp_path / "store"
+    m1 = start_pg_mount(store, "--window", "0", mnt=tmp_path / "mnt1", env=FAST_INTAKE)
+    wait_for("daemon 1 to join", lambda: len(status(m1)["fleet"]["nodes"]) == 1)
+    with psycopg.connect(m1.database, autocommit=True) as conn:  # a member serving set 1
+        conn.execute(
+            "INSERT INTO fleet_nodes (id, host, pid, started_ns, expiry_ns, sweeping) "
+            "VALUES ('slow', 'elsewhere', 1, 0, 9223372036854775807, 0)"
+        )
+        conn.execute(
+            "INSERT INTO fleet_pack_holds (node, fmt, generation, serving) "
+            "VALUES ('slow', 'sha1', 1, 1)"
+        )
+    src = source_repo(tmp_path / "src.git", "sha1")
+    os.mkdir(m1.path("repos", "r"))
+    git(f"--git-dir={src}", "push", "-q", m1.path("repos", "r"), "main", "side", "--tags")
+    ids = src_ids(src)
+    wait_for("a set holding the push", lambda: ids <= idx_ids(m1.mnt, "sha1"))
+    number = generation(m1)
+    assert number is not None and number > 1
+    time.sleep(3)  # (the drain after the build, and the intake's looks again since)
+    assert kv_git_rows(m1.database, ids) == len(ids)
+    assert not (m1.store_path / "derived" / "sha1" / "PRIMARY").exists()
+    with psycopg.connect(m1.database, autocommit=True) as conn:  # it serves the new set
+        conn.execute("UPDATE fleet_pack_holds SET generation = %s WHERE node = 'slow'", (number,))
+    wait_for("the drain", lambda: kv_git_rows(m1.database, ids) == 0)
+    assert status(m1)["packs"]["sha1"]["primary"] is True
+    git(f"--git-dir={m1.path('repos', 'r')}", "fsck", "--full", "--strict", "--no-dangling")
+    with psycopg.connect(m1.database, autocommit=True) as conn:
+        conn.execute("DELETE FROM fleet_pack_holds WHERE node = 'slow'")
+        conn.execute("DELETE FROM fleet_nodes WHERE id = 'slow'")
+    assert m1.tracebacks() == [], m1.all_logs()[-3000:]

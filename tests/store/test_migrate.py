@@ -237,6 +237,42 @@ def test_round_trip_sqlite_postgresql_sqlite(
         app.close()
 
 
+def test_a_drained_postgresql_store_moves_back_to_sqlite_with_every_git_object(
+    root: Path, pg_uri: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A PostgreSQL store's fleet drains too: its sets are then the only copy of the git
+    objects they hold, and they are named in the database, which a sqlite store does
+    not read. The move back writes them into the kv first; every object reads back."""
+    from alkfs.git import packs
+
+    uri = with_password(pg_uri)
+    code, _out, err = cli(capsys, "--store", str(root), "--database", uri, "migrate")
+    assert (code, err) == (0, "")
+    app = Alkfs.open(root, database=uri)
+    try:
+        before = {raw: data for raw, (_tier, data) in state(app)["objects"].items()}
+        d = packs.derived_for(app.store, "sha1")
+        assert d is not None and d.shared is not None  # (a fleet's member)
+        packs.build(app.store, "sha1")
+        assert d.drain(0.0) == 9  # the imported objects (the loose blob is staged)
+        assert d.primary
+        tiers = {raw: tier for raw, (tier, _data) in state(app)["objects"].items()}
+        assert sorted(tiers.values()).count("packs") == 9
+        assert {raw: data for raw, (_t, data) in state(app)["objects"].items()} == before
+    finally:
+        app.close()
+    code, out, err = cli(capsys, "--store", str(root), "--database", uri, "migrate", "--to-sqlite")
+    assert (code, err) == (0, "")
+    assert json.loads(out)["written_back"] == 9
+    app = Alkfs.open(root)
+    try:
+        after = state(app)["objects"]
+        assert {raw: data for raw, (_tier, data) in after.items()} == before
+        assert {tier for _tier, _d in after.values() for tier in [_tier]} <= {"kv", "large"}
+    finally:
+        app.close()
+
+
 def test_interrupted_migration_resumes(
     root: Path, pg_uri: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -96,10 +96,12 @@ class Derived(Verify, Drain, KvRead, GitRun):
         self.last_error: str | None = None
         self.broken: str | None = None  # a primary set that cannot be read (never replaced)
         self.drained = 0
+        self.drain_owed = False  # (drain.py: a fleet's drain waits for a member)
         self.packs_verified: set[bytes] = set()  # (drain.py: their checksums)
         fleet = getattr(store, "fleet", None)
         # a fleet's members share the sets: published in the database (shared_packs.py)
         self.shared = None if fleet is None else SharedPacks(fleet, fmt)
+        self.looked = fleet is None  # (a fleet's member: the published set, read once)
         self._who = str(os.getpid()) if fleet is None else fleet.node
         self._open()
 
@@ -167,28 +169,33 @@ class Derived(Verify, Drain, KvRead, GitRun):
         if self.shared is None or what not in (None, self.fmt):
             return
         with self._swap:
-            for _ in range(5):
-                number = self.shared.published()
-                cur = self._current
-                if number == (0 if cur is None else cur.number):
-                    return
-                self.shared.will_serve(number)  # (before the second look: see shared_packs)
-                if self.shared.published() != number:
-                    continue
-                try:
-                    gen = None
-                    if number:
-                        where = self.root / f"gen-{number}"
-                        if not where.is_dir():
-                            raise FileNotFoundError(f"{where} is not there")
-                        gen = Generation.load(self.fmt, number, where)
-                except (OSError, StoreIO, ValueError) as exc:
-                    log.error("derived %s: generation %d is unreadable: %s", self.fmt, number, exc)
-                    return
-                self._current = gen
-                self.shared.serve_only(number)
-                self._tell(cur, gen)
+            self._refresh()
+            self.looked = True
+
+    def _refresh(self) -> None:
+        assert self.shared is not None
+        for _ in range(5):
+            number = self.shared.published()
+            cur = self._current
+            if number == (0 if cur is None else cur.number):
                 return
+            self.shared.will_serve(number)  # (before the second look: see shared_packs)
+            if self.shared.published() != number:
+                continue
+            try:
+                gen = None
+                if number:
+                    where = self.root / f"gen-{number}"
+                    if not where.is_dir():
+                        raise FileNotFoundError(f"{where} is not there")
+                    gen = Generation.load(self.fmt, number, where)
+            except (OSError, StoreIO, ValueError) as exc:
+                log.error("derived %s: generation %d is unreadable: %s", self.fmt, number, exc)
+                return
+            self._current = gen
+            self.shared.serve_only(number)
+            self._tell(cur, gen)
+            return
 
     def _tell(self, old: Generation | None, new: Generation | None) -> None:
         for callback in list(self.on_publish):

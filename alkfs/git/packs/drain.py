@@ -22,11 +22,15 @@ those in the set's staged pack only, and all those of a set with a main pack tha
 not verify (`git index-pack --verify` hashes every object of a pack again, once a pack
 a process: logged, in `last_error`; the rows stay, the next drain looks again).
 
-Drained only in a store of one process (not in a fleet, whose members share the sets)
-and unless `ALKFS_DRAIN=0` is set."""
+A fleet's members share the sets: there, the drain runs under the fleet's builder lock
+and waits until every other live member serves the published set or a newer one (every
+newer set carries what the drained one holds), so that no member looks for a drained
+object in a set that lacks it (alkfs/git/shared_packs.py). Nothing drains with
+`ALKFS_DRAIN=0`."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import os
@@ -42,6 +46,7 @@ from ...settings import settings
 from ...tiers.local import fsync_dir
 from ...tiers.sql import SqlTier
 from ..packread import PackSet
+from ..shared_packs import SERVE_WAIT_S
 from .sets import Generation
 
 if TYPE_CHECKING:
@@ -79,6 +84,7 @@ class Drain:
     _current: Generation | None
     broken: str | None
     drained: int  # rows deleted by this process's drains (status)
+    drain_owed: bool  # a fleet's drain waits for a member serving an older set
     packs_verified: set[bytes]  # the checksums of the packs git verified (_verified)
     last_error: str | None
 
@@ -86,6 +92,8 @@ class Drain:
 
         def _kv(self) -> SqlTier: ...
         def _range(self) -> tuple[bytes, bytes]: ...
+        def _builder(self, wait: bool) -> contextlib.AbstractContextManager[bool]: ...
+        def refresh(self, what: str | None = None) -> None: ...
         def _git(
             self,
             repo: Path,
@@ -110,12 +118,39 @@ class Drain:
         os.rename(tmp, self.root / PRIMARY)
         fsync_dir(self.root)
 
-    def drain(self) -> int:
+    def drain(self, wait_s: float = SERVE_WAIT_S) -> int:
         """Delete the kv rows of the objects the published set's main packs hold (the
         packs verified by git first), page by page under the set's lock; how many. Stops
-        at the store's stop (the next drain goes on)."""
-        if self.shared is not None or not drain_enabled() or not self.store.holds_lock:
+        at the store's stop (the next drain goes on).
+
+        In a fleet, under the fleet's builder lock all along (no member builds from the
+        kv meanwhile), and only once every other live member serves the published set or
+        a newer one (waited for up to `wait_s`); otherwise nothing, and `drain_owed` is
+        set (the daemon's intake tries again)."""
+        if not drain_enabled():
             return 0
+        if self.shared is None:
+            return self._drain() if self.store.holds_lock else 0
+        with self.lock, self._builder(True):
+            self.refresh()
+            gen = self._current
+            if gen is None or not gen.indexes:
+                self.drain_owed = False
+                return 0
+            if not self.shared.all_serve(gen.number, wait_s):
+                if not self.drain_owed:
+                    log.info(
+                        "derived %s: another daemon still serves a set older than %d: "
+                        "its objects stay in the kv too until it serves that one",
+                        self.fmt,
+                        gen.number,
+                    )
+                self.drain_owed = True
+                return 0
+            self.drain_owed = False
+            return self._drain()
+
+    def _drain(self) -> int:
         for hook in self.store.before_drain:
             hook()
         kv = self._kv()
@@ -280,13 +315,15 @@ class Drain:
     def undrain(self) -> int:
         """Write every object the published set alone holds back into the kv (stored at
         its packs' time), then remove PRIMARY: the kv holds every object again (before
-        a move to PostgreSQL, whose fleets share their sets and never drain). How many."""
+        a move to PostgreSQL, whose files may move with it: its daemons drain again).
+        How many."""
         if not self.primary:
             return 0
         kv = self._kv()
         tag = bytes([self.algo.value])
         written = 0
-        with self.lock:
+        with self.lock, self._builder(True):
+            self.refresh()  # (a fleet's member: the set published for the fleet)
             gen = self._current
             if self.broken is not None:
                 raise StoreIO(f"derived {self.fmt}: {self.broken}: its objects cannot be read")
