@@ -149,9 +149,9 @@ PIN_KEY_XATTR = "user.alkfs.key"
 
 
 def pin_key(path: str | bytes | os.PathLike) -> str:
-    """The key (`<algo>/<hex>`) of the pin at `path` under a mount's /pins, of either kind
-    (SPEC 3.5): a symlink made by `ln -s`/setfattr/the CLI names it by its target, a pin
-    written as a file (a regular file) holds it in `user.alkfs.key`."""
+    """The key (`<algo>/<hex>`) of the pin at `path` under a mount's /pins, of either kind:
+    a symlink made by `ln -s`/setfattr/the CLI names it by its target, a pin written as a
+    file (a regular file) holds it in `user.alkfs.key`."""
     st = os.lstat(path)
     if stat.S_ISLNK(st.st_mode):
         algo, hexd = os.fsdecode(os.readlink(path)).split("/")[-2:]
