@@ -1,4 +1,4 @@
-"""Fleet benchmark: two alkfsd daemons on one PostgreSQL store against one alone (issue 15).
+"""Fleet benchmark: two alkfsd daemons on one PostgreSQL store against one alone.
 
 Run as root from the repository with the project's venv (needs /dev/fuse, git, PostgreSQL
 server binaries):

@@ -72,7 +72,7 @@ class Sizes:
     runs: int
 
 
-LARGE_TARGET = 0.6  # of the floor's throughput (issue 9: alkfs also hashes, writes, fsyncs)
+LARGE_TARGET = 0.6  # of the floor's throughput (alkfs also hashes, writes, fsyncs)
 SMALL_TARGET = 0.5
 
 FULL = Sizes(large_mib=1024, small_count=10_000, runs=3)

@@ -22,12 +22,11 @@ wait4), side by side:
             `git repack -adk` of the rest; the packs' size after against `git gc`'s;
             the store's bytes on disk before and after (what `df` gets back)
 
-The issue's targets (import <= 2x and RSS <= 1.25x the clone's; disk <= 1.3x; first
-sweep <= 3x rev-list, RSS <= 1.25x, <= 200 MB above the idle daemon once it ends; the
-two sweeps after repo rm <= 3x `repack -adk`, packs <= 1.3x gc) are printed with
-PASS/FAIL beside each figure. Everything is written under a temporary directory (or
-`--keep DIR`) and removed at the end unless `--keep` is given; bench/out/scale.json
-gets the figures.
+The targets (import <= 2x and RSS <= 1.25x the clone's; disk <= 1.3x; first sweep <= 3x
+rev-list, RSS <= 1.25x, <= 200 MB above the idle daemon once it ends; the two sweeps after
+repo rm <= 3x `repack -adk`, packs <= 1.3x gc) are printed with PASS/FAIL beside each
+figure. Everything is written under a temporary directory (or `--keep DIR`) and removed at
+the end unless `--keep` is given; bench/out/scale.json gets the figures.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Store benchmark (issue 2): put/get throughput per tier and the sweep, against plain baselines.
+"""Store benchmark: put/get throughput per tier and the sweep, against plain baselines.
 
 Run from the repository with the project's venv:
 

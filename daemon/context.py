@@ -133,7 +133,11 @@ class Context:
         self.pins: Pins = self.app.pins
         self.options = options or Options()
         self.inodes = InodeTable()
-        self.invalidator = Invalidator(live)
+        # a kernel session serves this context (main: always); False for direct calls of
+        # Operations with no session: nothing acknowledged ahead (staging/pending.py), no
+        # listing cached (listings.py), no page pushed at an open (nodes/objfile.py)
+        self.live = live
+        self.invalidator = Invalidator()
         self.workers = Workers()  # the mount's background tasks (main.serve starts them)
         self.limiter = trio.CapacityLimiter(self.options.threads)
         self.deletion_views: list[DeletionView] = []
@@ -168,13 +172,13 @@ class Context:
     def pending(self) -> Pending:
         """Small files acknowledged ahead of their commit (staging/pending.py; only for a
         live mount: direct calls commit each file as before)."""
-        return Pending(self, enabled=self.invalidator.live)
+        return Pending(self, enabled=self.live)
 
     @functools.cached_property
     def listings(self) -> Listings:
         """The directory listings the kernel caches (listings.py; without a kernel
         session, never caching)."""
-        return Listings(self, kernel=self.invalidator.live)
+        return Listings(self, kernel=self.live)
 
     @functools.cached_property
     def packs(self) -> Served:

@@ -43,18 +43,12 @@ class Invalidation:
 
 
 class Invalidator:
-    """Queue (parent inode, name, deleted inode) triples for the kernel.
+    """Queue (parent inode, name, deleted inode) triples for the kernel."""
 
-    With `live=False` (no kernel session: the direct-call tests) the requests are
-    only recorded in `recorded`.
-    """
-
-    def __init__(self, live: bool) -> None:
-        self.live = live
-        self.recorded: list[tuple[int, bytes | None, int]] = []
+    def __init__(self) -> None:
         self._lock = threading.Lock()  # submit runs in any thread
         self._submitted = 0
-        self._done = 0  # (the trio thread's, once live)
+        self._done = 0  # (the trio thread's)
         self._send, self._recv = trio.open_memory_channel[Invalidation](math.inf)
         self._token: trio.lowlevel.TrioToken | None = None  # while `run` runs
         self._early: list[Invalidation] = []  # submitted before `run` started
@@ -71,10 +65,6 @@ class Invalidator:
         with self._lock:
             self._submitted += 1
             seq = self._submitted
-            if not self.live:
-                self.recorded.append((parent_ino, name, deleted_ino))
-                self._done = seq
-                return seq
             item = Invalidation(parent_ino, name, deleted_ino, seq)
             if self._ended:  # the mount is over: nothing to tell
                 return seq

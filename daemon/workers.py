@@ -5,11 +5,9 @@ intake, the database's backfill, the periodic sweep, the refusal counts, the sig
 `Workers.run` starts, under the daemon's nursery, when the mount starts, and that stops
 there: `main.serve` lists them and cancels them all when the session ends. Short-lived
 tasks of the mount (the spool worker of one file being written, staging/spool.py) start
-under the same nursery with `start_soon`, so they end with the mount too.
-
-Outside a mount (the direct-call tests drive Operations without a session) there is no
-daemon nursery: the first `start_soon` opens one in a trio system task, which trio
-cancels when its run ends.
+under the same nursery with `start_soon`, so they end with the mount too. There is no
+other place for them: `start_soon` while `run` does not run is a RuntimeError (whoever
+drives a context without a mount runs `Workers.run` in a nursery of its own first).
 """
 
 from __future__ import annotations
@@ -76,31 +74,13 @@ class Workers:
         except Exception:
             log_failure(log, "%s failed", w.name)
 
-    async def start_soon(
-        self, fn: Callable[[*Ts], Awaitable[object]], *args: *Ts, name: str
-    ) -> None:
+    def start_soon(self, fn: Callable[[*Ts], Awaitable[object]], *args: *Ts, name: str) -> None:
         """Start a short-lived task of the mount (an error it raises is logged: it never
-        takes the mount's other tasks down)."""
+        takes the mount's other tasks down). RuntimeError if `run` is not running: the
+        task would have no nursery to end with."""
         nursery = self._nursery
         if nursery is None:
-            nursery = await self._host()
+            raise RuntimeError(
+                f"{name}: Workers.start_soon needs the mount's nursery (Workers.run is not running)"
+            )
         nursery.start_soon(self._guarded, Worker(name, functools.partial(fn, *args)), name=name)
-
-    async def _host(self) -> trio.Nursery:
-        """No mount runs (direct calls): a nursery in a system task, for this trio run."""
-        ready: trio.Event = trio.Event()
-        box: list[trio.Nursery] = []
-
-        async def host() -> None:
-            async with trio.open_nursery() as nursery:
-                box.append(nursery)
-                self._nursery = nursery
-                ready.set()
-                try:
-                    await trio.sleep_forever()
-                finally:
-                    self._nursery = None
-
-        trio.lowlevel.spawn_system_task(host, name="alkfsd workers (no mount)")
-        await ready.wait()
-        return box[0]

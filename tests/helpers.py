@@ -10,6 +10,7 @@ import json
 import os
 import stat
 import subprocess
+import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -148,9 +149,9 @@ PIN_KEY_XATTR = "user.alkfs.key"
 
 
 def pin_key(path: str | bytes | os.PathLike) -> str:
-    """The key (`<algo>/<hex>`) of the pin at `path` under a mount's /pins, of either kind
-    (SPEC 3.5): a symlink made by `ln -s`/setfattr/the CLI names it by its target, a pin
-    written as a file (a regular file) holds it in `user.alkfs.key`."""
+    """The key (`<algo>/<hex>`) of the pin at `path` under a mount's /pins, of either kind:
+    a symlink made by `ln -s`/setfattr/the CLI names it by its target, a pin written as a
+    file (a regular file) holds it in `user.alkfs.key`."""
     st = os.lstat(path)
     if stat.S_ISLNK(st.st_mode):
         algo, hexd = os.fsdecode(os.readlink(path)).split("/")[-2:]
@@ -197,6 +198,33 @@ def open_fds(pid: int) -> dict[int, str]:
 def fuse_fds(pid: int) -> list[int]:
     """The process's descriptors of /dev/fuse."""
     return [fd for fd, target in open_fds(pid).items() if target == "/dev/fuse"]
+
+
+class RecordingInvalidator:
+    """A context's invalidator (daemon/invalidate.py) for direct calls of Operations, where
+    no kernel session takes the requests: each is recorded in `recorded`, as (parent inode,
+    name, deleted inode), name None for an inode's attributes, and counts as taken at once
+    (`wait` never waits). Set as `ctx.invalidator` right after the Context is made."""
+
+    def __init__(self) -> None:
+        self.recorded: list[tuple[int, bytes | None, int]] = []
+        self._lock = threading.Lock()  # (submit runs in any thread: a sweep's deletions)
+
+    def submit(self, parent_ino: int, name: bytes | None, deleted_ino: int = 0) -> int:
+        with self._lock:
+            self.recorded.append((parent_ino, name, deleted_ino))
+            return len(self.recorded)
+
+    def submit_inode(self, ino: int) -> int:
+        return self.submit(ino, None)
+
+    @property
+    def submitted(self) -> int:
+        with self._lock:
+            return len(self.recorded)
+
+    async def wait(self, seq: int, timeout: float) -> bool:  # noqa: ASYNC109 (as Invalidator.wait)
+        return seq <= self.submitted
 
 
 # -- make check: the tests that need no FUSE mount and no PostgreSQL server -----------------

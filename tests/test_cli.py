@@ -542,7 +542,7 @@ def test_formatted_durations_read_back_as_the_same_seconds(seconds):
 
 def test_every_command_s_help_has_an_example_and_the_key_formats():
     """`--help` of each (sub)command ends with one example and how keys, durations and
-    the target are written (issue 38)."""
+    the target are written."""
     from alkfs.cli import build_parser
 
     def leaves(parser, path=()):

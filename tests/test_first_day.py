@@ -1,7 +1,7 @@
-"""The issue's table (issue 38, an admin's first day), every row redone with the INSTALLED
-binaries: `make install` into a temporary prefix (tests/install_fixture.py, the session's
-one install, shared with tests/test_install.py), then `alkfs` and `alkfsd` run as an
-admin runs them, bare names found on a PATH that starts with PREFIX/bin, in an
+"""An admin's first day, as fourteen rows (test_row_N is row N), every row redone with the
+INSTALLED binaries: `make install` into a temporary prefix (tests/install_fixture.py, the
+session's one install, shared with tests/test_install.py), then `alkfs` and `alkfsd` run as
+an admin runs them, bare names found on a PATH that starts with PREFIX/bin, in an
 environment without the checkout's PYTHON* or ALKFS_* variables.
 
 Rows 1 and 2 are tests/test_install.py's:

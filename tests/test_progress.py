@@ -1,6 +1,6 @@
 """Long work shows progress on a terminal and ends with one summary line; without a
-terminal it adds nothing (issue 38 row 10: `git import` of a large repository showed a bar,
-then 42 s of silence and no summary; `verify --mount` showed nothing at all).
+terminal it adds nothing (before: `git import` of a large repository showed a bar, then
+42 s of silence and no summary; `verify --mount` showed nothing at all).
 
 The real `alkfs` runs with stdout and stderr on a pseudo-terminal (120 columns: tqdm draws
 nothing on a terminal of width 0) or on plain pipes, on a real store and through a real

@@ -250,7 +250,7 @@ class LfsFanDir(Dir):
         result = await self.ctx.run_sync(_store_media, self.ctx, node, key)
         self.ctx.writes.hold(self.top.session(), pid_of(req), result.pin)
         if node.names <= 1:  # (renamed: its last name goes; media may be large)
-            await self.ctx.workers.start_soon(_drop_later, node, name="alkfsd lfs tmp")
+            self.ctx.workers.start_soon(_drop_later, node, name="alkfsd lfs tmp")
         st = await self.ctx.run_sync(self.ctx.store.stat, key)
         if st is None:  # (pinned: cannot happen)
             fail(errno.EIO, f"{key} vanished after it was stored")

@@ -91,7 +91,7 @@ class ObjectFile(File):
         the push must come before any other open of the inode is answered, and an await
         between the claim and the push would let one be (its read would then hold the
         page the push needs, and the trio thread would wait on it for ever)."""
-        if self.pushed or not self.ctx.invalidator.live or self.st.size > INLINE_VERIFY:
+        if self.pushed or not self.ctx.live or self.st.size > INLINE_VERIFY:
             return False
         if not self.ino or self.ctx.inodes.get(self.ino) is not self:
             return False

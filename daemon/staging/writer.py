@@ -68,7 +68,7 @@ class StagedWriter:
                 mem[off:end] = buf
                 self.size = max(self.size, end)
                 return n
-            await self._spill()
+            self._spill()
         spool = self.spool
         assert spool is not None
         spool.check()
@@ -91,7 +91,7 @@ class StagedWriter:
                     self.mem = self.mem[:size]
                 self.size = size
                 return
-            await self._spill()
+            self._spill()
         assert self.spool is not None
         self.spool.check()
         if size < self.size and self.streaming:
@@ -117,9 +117,9 @@ class StagedWriter:
         data = await self.ctx.run_sync(spool.pread, n, off)
         return data + bytes(n - len(data))
 
-    async def _spill(self) -> None:
+    def _spill(self) -> None:
         """Past MEM_MAX: a spooler takes over, streaming into a put (its task starts under
-        the mount's nursery; the state changes before the first await)."""
+        the mount's nursery; it never awaits, so no request sees the writer half changed)."""
         assert self.mem is not None
         data = bytes(self.mem)
         if len(data) < self.size:  # an in-memory file extended by truncate
@@ -130,7 +130,7 @@ class StagedWriter:
         self.streaming = self.expect is None
         self.spool = spool = Spooler(self.ctx.store, self.algo, self.expect, self.streaming)
         spool.submit(Write(0, data))
-        await self.ctx.workers.start_soon(spool.run, name="alkfsd spool")
+        self.ctx.workers.start_soon(spool.run, name="alkfsd spool")
 
     async def _take_back(self) -> None:
         """End the stream: what was written so far moves into a spool file."""

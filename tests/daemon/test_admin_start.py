@@ -1,7 +1,7 @@
-"""Starting the daemon the way an admin does (issue 38): `--version`; a mistyped STORE is
-refused unless `--create` (so it never becomes a new empty store), a MOUNTPOINT that is
-missing or a file is refused, each in one line with exit 1 and nothing made; the
-start-up line says whether sweeps run and how borrowing clones are kept."""
+"""Starting the daemon the way an admin does: `--version`; a mistyped STORE is refused
+unless `--create` (so it never becomes a new empty store), a MOUNTPOINT that is missing or a
+file is refused, each in one line with exit 1 and nothing made; the start-up line says
+whether sweeps run and how borrowing clones are kept."""
 
 from __future__ import annotations
 

@@ -1,5 +1,7 @@
 """Plain tools over a real mount: `ls -l`, `stat`, `cat`, `sha256sum`, `find`, `du` and
-`getfattr` over /objects, /git, /repos and /pins give what SPEC §3 says, exactly."""
+`getfattr` over /objects, /git, /repos and /pins give exactly what is stored: each object's
+bytes, size, mode, mtime and attributes, loose files of the git view, bare repositories'
+plumbing and refs, and pins as symlinks to their objects."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""Two daemons on one store (issue 15), one of them faulted mid-push: real mounts, one
-real PostgreSQL database (`pg_uri`), the same STORE directory, `--window 0`, and a fleet
-TTL of 2 s for both daemons (`ALKFS_FLEET_TTL=2`).
+"""Two daemons on one store (a fleet: docs/operations.md), one of them faulted mid-push:
+real mounts, one real PostgreSQL database (`pg_uri`), the same STORE directory,
+`--window 0`, and a fleet TTL of 2 s for both daemons (`ALKFS_FLEET_TTL=2`).
 
 - A daemon SIGSTOPped past its TTL in the middle of a push, then continued: its push
   fails or re-stores; it never leaves a ref to an object that is gone (through the
@@ -280,7 +280,7 @@ def test_objects_written_before_the_pause_and_swept_meanwhile_refuse_the_ref(fle
         )
         assert refused.returncode != 0, "a ref to swept objects was published"
         assert w.poll() is None
-        # (issue 40, row 2) only what depends on the lost objects is refused: while the
+        # only what depends on the lost objects is refused: while the
         # taint lasts (its writer still runs), an unrelated pin and an unrelated push
         # through mount 1 land at once
         (m1.path("pins", "unrelated")).write_bytes(b"written while the taint lasts\n")
@@ -391,7 +391,7 @@ def test_a_daemon_killed_mid_push_is_collected_and_what_it_published_stays(fleet
     assert m2.tracebacks() == [], m2.all_logs()
 
 
-# -- a member stopped while it holds the store's write lock (issue 40 row 1) -------------------
+# -- a member stopped while it holds the store's write lock ------------------------------------
 WRITER_LOCK = 0x616C6B66_73777274  # (alkfs/db/postgres.py)
 
 

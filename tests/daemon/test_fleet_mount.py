@@ -1,9 +1,9 @@
-"""Two daemons on one store (issue 15): one real PostgreSQL database (`pg_uri`), the same
-STORE directory, two mountpoints. What one mount writes reads through the other, the two
-sweeps never run at once, a deletion through one reaches the other's kernel, a ref moved
-through one reads new through the other, a push through one survives the other sweeping
-hard, both daemons show in each status, and a sweep whose lease connection is killed ends
-as report data while the other daemon finishes its deletes.
+"""Two daemons on one store (a fleet: docs/operations.md): one real PostgreSQL database
+(`pg_uri`), the same STORE directory, two mountpoints. What one mount writes reads through
+the other, the two sweeps never run at once, a deletion through one reaches the other's
+kernel, a ref moved through one reads new through the other, a push through one survives the
+other sweeping hard, both daemons show in each status, and a sweep whose lease connection is
+killed ends as report data while the other daemon finishes its deletes.
 
 (A daemon SIGKILLed mid-push, collected after TTL + window, is not here: the fleet's TTL,
 alkfs/fleet.py DEFAULT_TTL_S = 60 s, cannot be set from the daemon.)
@@ -183,10 +183,11 @@ def test_an_object_swept_through_mount_2_is_enoent_through_mount_1(fleet):
 
 
 def test_an_orphan_written_through_one_member_goes_in_two_sweeps_of_the_other(fleet):
-    """Issue 40 row 7 (SPEC §1, --window 0): a 300 KB object written through mount 1 (its
-    close returned), then at once two sweeps through mount 2: the second deletes it. The
-    put's pin row goes when its pin is released (the heartbeat is woken), not at the next
-    beat (before: the second sweep's delete was cancelled_by_arbitration)."""
+    """With --window 0 an object nothing keeps goes in two sweeps, whichever member wrote
+    it: a 300 KB object written through mount 1 (its close returned), then at once two
+    sweeps through mount 2: the second deletes it. The put's pin row goes when its pin is
+    released (the heartbeat is woken), not at the next beat (before: the second sweep's
+    delete was cancelled_by_arbitration)."""
     m1, m2 = fleet
     for i in range(3):
         orphan = put(m1, b"%d" % i + b"O" * 300_000)

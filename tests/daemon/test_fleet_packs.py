@@ -1,8 +1,8 @@
-"""Derived packs in a fleet (issue 15): two daemons on one PostgreSQL store and the same STORE
-directory. A set is built once for the fleet and served by both mounts; a sweep through one
-daemon publishes a set without what it deletes before it deletes, and neither mount lists a
-pack holding a deleted object afterwards; a retired set stays on disk while a daemon still
-has one of its files open, and goes once the last is closed.
+"""Derived packs in a fleet (docs/git.md, "In a fleet"): two daemons on one PostgreSQL store
+and the same STORE directory. A set is built once for the fleet and served by both mounts; a
+sweep through one daemon publishes a set without what it deletes before it deletes, and
+neither mount lists a pack holding a deleted object afterwards; a retired set stays on disk
+while a daemon still has one of its files open, and goes once the last is closed.
 """
 
 from __future__ import annotations

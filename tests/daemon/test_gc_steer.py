@@ -1,4 +1,4 @@
-"""GC an admin can see and steer through a mount (issue 38, SPEC §4): `sweep --dry-run`
+"""GC an admin can see and steer through a mount (docs/gc.md): `sweep --dry-run`
 stages nothing and leaves what it would stage in /.alkfs/dry-run; /.alkfs/staged lists
 the staged candidates with sizes and deadlines; `sweep --expire-now` deletes them at
 once, each still re-arbitrated; status and metrics show the staged count and bytes and

@@ -1,4 +1,4 @@
-"""Git LFS through a real mount with stock git and git-lfs (SPEC 3.7): media pushed to a
+"""Git LFS through a real mount with stock git and git-lfs (docs/lfs.md): media pushed to a
 `file://` remote in /repos/<id> are sha256 objects, clones pull them back, `lfs.storage`
 in /lfs is one deduplicated store that `git lfs prune` cannot empty, and sweeps keep
 exactly the media that a pointer reachable from some ref (or a borrower) names."""

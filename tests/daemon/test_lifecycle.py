@@ -66,7 +66,7 @@ UNPINNED = re.compile(rb"alkfs: \S+ is not pinned: nothing keeps it, [^\n]*\n")
 
 def ok(*args: str | os.PathLike[str]) -> str:
     """stdout of a command that must succeed quietly (but `put`'s warning a file put
-    without --pin: SPEC §4)."""
+    without --pin: nothing keeps it)."""
     done = alkfs(*args)
     err = done.stderr
     if "put" in args and "--pin" not in args:
@@ -254,7 +254,7 @@ def test_cli_verify_through_the_mount_reports_a_corrupted_large_object(live):
     assert json.loads(ok("--mount", m.mnt, "status"))["corrupt"] == [str(world.large)]
 
 
-# -- the command line through the mount: writes (SPEC 3.1, 3.3, 3.4, 3.5) ------------------------
+# -- the command line through the mount: writes (objects, refs, attributes, pins) ----------------
 
 
 def test_cli_put_through_the_mount_stores_under_each_algorithm(live, tmp_path):
@@ -344,8 +344,8 @@ def test_cli_git_import_through_the_mount_pushes_every_ref(live, tmp_path):
 
 
 def test_cli_git_import_of_a_holed_repository_is_refused_before_any_push(live, tmp_path):
-    """SPEC §4: git's connectivity check first; exit 1, one line naming the object and a
-    ref; no repository created, on the mount as on a store."""
+    """`git import` runs git's connectivity check first: exit 1, one line naming the
+    object and a ref; no repository created, on the mount as on a store."""
     world, m = live
     other = make_repo(tmp_path / "holed")
     blob = git_out(f"--git-dir={other}", "rev-parse", "HEAD:f1.txt").strip()

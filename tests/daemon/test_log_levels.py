@@ -1,4 +1,4 @@
-"""Logs an admin can read (issue 38 row 11, SPEC §4): `--log-level` sets the least
+"""Logs an admin can read (docs/operations.md, "Logs"): `--log-level` sets the least
 severe lines written, and the refusal git meets at every gc (its freshening utime on a
 derived pack: EPERM) is logged at debug, not as a warning."""
 

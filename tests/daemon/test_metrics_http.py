@@ -1,6 +1,7 @@
-"""`--metrics-listen HOST:PORT` (issue 38 row 12): the metrics over HTTP, scraped with a
-real HTTP client while the mount works: FUSE requests and their latencies by operation,
-bytes read and written, errors by errno, objects by tier, staged candidates."""
+"""`--metrics-listen HOST:PORT` (docs/operations.md, "Metrics and status"): the metrics
+over HTTP, scraped with a real HTTP client while the mount works: FUSE requests and their
+latencies by operation, bytes read and written, errors by errno, objects by tier, staged
+candidates."""
 
 from __future__ import annotations
 

@@ -14,6 +14,7 @@ from types import SimpleNamespace
 
 import pyfuse3
 import pytest
+from helpers import RecordingInvalidator
 
 from alkfs import errors as lib
 from alkfs.app import Alkfs
@@ -36,6 +37,7 @@ class Harness:
     def __init__(self, app: Alkfs, read_only: bool = False) -> None:
         self.app = app
         self.ctx = Context(app.store, app=app, options=Options(read_only=read_only), live=False)
+        self.ctx.invalidator = RecordingInvalidator()  # (no kernel session takes them)
         self.reply = pyfuse3.readdir_reply  # (each listing below sets its own)
         self.ops = Operations(self.ctx, readdir_reply=lambda *a: self.reply(*a))
 

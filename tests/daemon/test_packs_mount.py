@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import trio
-from helpers import git, git_out
+from helpers import RecordingInvalidator, git, git_out
 
 from alkfs.app import Alkfs
 from alkfs.git.importer import import_repo
@@ -385,6 +385,7 @@ def direct(tmp_path: Path):
     store_path, _src = imported_store(tmp_path)
     app = Alkfs.open(store_path, window_s=0)
     ctx = Context(app.store, app=app, live=False)
+    ctx.invalidator = RecordingInvalidator()  # (no kernel session takes them)
     try:
         Operations(ctx)
         yield app, ctx, served(ctx)

@@ -1,11 +1,11 @@
-"""/pins as a backup target, through real mounts and real tools (SPEC 3.5): `mkdir` makes
-directories of pins, any file name is a name there (spaces, dot names such as rsync's
-temporaries, names that are not UTF-8, 255 bytes), a file written there is a regular file
-with the mode and time its writer gave, and `tar -x`, `cp -r`, `rsync -a` keep every
-file, byte for byte, across restarts and sweeps; a second `rsync -a` of the same tree
-transfers nothing, also of a tree whose files belong to other users (pins keep their owner
-and group: root gives any, a file's owner only its own groups); `rm -r` unpins all;
-renames follow rename(2); a path over 4,096 bytes is ENAMETOOLONG with nothing changed."""
+"""/pins as a backup target, through real mounts and real tools: `mkdir` makes directories
+of pins, any file name is a name there (spaces, dot names such as rsync's temporaries, names
+that are not UTF-8, 255 bytes), a file written there is a regular file with the mode and
+time its writer gave, and `tar -x`, `cp -r`, `rsync -a` keep every file, byte for byte,
+across restarts and sweeps; a second `rsync -a` of the same tree transfers nothing, also of
+a tree whose files belong to other users (pins keep their owner and group: root gives any, a
+file's owner only its own groups); `rm -r` unpins all; renames follow rename(2); a path over
+4,096 bytes is ENAMETOOLONG with nothing changed."""
 
 from __future__ import annotations
 

@@ -241,9 +241,9 @@ def test_a_sqlite_store_started_with_database_is_refused(populate, pg_uri, tmp_p
 def test_a_second_daemon_is_welcome_on_the_same_store_refused_on_another(
     pg_mount, start_pg_mount, tmp_path
 ):
-    """The fleet (issue 15): a second daemon on the same database and STORE directory
-    mounts and serves; one on the same database with another STORE directory is refused
-    by the binding."""
+    """The fleet (docs/operations.md, "Several daemons on one store"): a second daemon on
+    the same database and STORE directory mounts and serves; one on the same database with
+    another STORE directory is refused by the binding."""
     uri = pg_mount.database
     second = start_pg_mount(pg_mount.store_path, "--window", "0", database=uri)
     hexd = put(pg_mount, SMALL)

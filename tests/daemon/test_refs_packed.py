@@ -1,4 +1,4 @@
-"""Refs as a git repository whose refs are packed (SPEC §3.3): `packed-refs` lists every
+"""Refs as a git repository whose refs are packed (docs/git.md): `packed-refs` lists every
 ref (git's format, tags peeled), the refs directories list only refs/heads and refs/tags,
 every ref resolves by path, and git's own ref protocol (packed-refs.lock + packed-refs.new,
 pack-refs, gc, deletions of every kind) changes exactly what it should — over real mounts

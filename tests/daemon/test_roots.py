@@ -1,11 +1,11 @@
-"""Borrowers (SPEC 3.8) through a real mount: a local clone of `/repos/<id>` reads its
-objects through alternates into `/git/<format>`, and `git gc` in it drops its own copies of
-what the store has. Registered under `/roots` (or with `alkfs roots add`), every sweep
-keeps what it reaches: its branches, packed refs, reflogs, index, stash, worktrees,
-detached HEAD, pseudo-refs and what its own unpushed objects name. Unregistered, the
-objects of a branch the server deleted are collected from under it. A root that is gone
-is dropped after `ALKFS_ROOTS_GRACE`; one that cannot be read, or was registered on
-another machine, ends every sweep `protect-failed` and deletes nothing.
+"""Borrowers (docs/gc.md, "Clones that borrow") through a real mount: a local clone of
+`/repos/<id>` reads its objects through alternates into `/git/<format>`, and `git gc` in it
+drops its own copies of what the store has. Registered under `/roots` (or with
+`alkfs roots add`), every sweep keeps what it reaches: its branches, packed refs, reflogs,
+index, stash, worktrees, detached HEAD, pseudo-refs and what its own unpushed objects name.
+Unregistered, the objects of a branch the server deleted are collected from under it. A root
+that is gone is dropped after `ALKFS_ROOTS_GRACE`; one that cannot be read, or was
+registered on another machine, ends every sweep `protect-failed` and deletes nothing.
 
 Every git here runs with GIT_ENV's fixed dates (2023): `git gc` then expires every reflog
 entry they write, so what keeps an object alive in a borrower is exactly what a test set

@@ -1,4 +1,5 @@
-"""Borrowers (SPEC 3.8) on a store kept in PostgreSQL, with one daemon and with a fleet.
+"""Borrowers (docs/gc.md, "Clones that borrow") on a store kept in PostgreSQL, with one
+daemon and with a fleet.
 
 A local clone of MNT/repos/r borrows the store's objects through its alternates; once
 registered under MNT/roots it keeps alive everything it reaches, here the commits of a
@@ -57,9 +58,10 @@ def only_topic(src: Path) -> list[str]:
 
 
 def borrow(m, src: Path, work: Path) -> None:
-    """The issue's tour up to the registration: push main and topic into MNT/repos/r, clone
-    it locally (the clone borrows through its alternates), check topic out, delete topic on
-    the server, gc the clone twice (it keeps none of what the store holds)."""
+    """A borrowing clone's tour up to its registration: push main and topic into
+    MNT/repos/r, clone it locally (the clone borrows through its alternates), check topic
+    out, delete topic on the server, gc the clone twice (it keeps none of what the store
+    holds)."""
     repo = m.path("repos", "r")
     os.mkdir(repo)
     git("-C", src, "push", "-q", repo, "main", "topic")
@@ -154,7 +156,7 @@ def start_fleet(start_pg_mount, tmp_path):
         assert m.tracebacks() == [], m.all_logs()
 
 
-# -- 1. one daemon: the issue's tour -----------------------------------------------------------
+# -- 1. one daemon: a borrowing clone's tour ---------------------------------------------------
 def test_a_registered_local_clone_keeps_a_deleted_branch_through_sweeps_and_restarts(
     pg_mount, tmp_path
 ):

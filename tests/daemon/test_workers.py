@@ -31,6 +31,21 @@ def app(tmp_path: Path):
     a.close()
 
 
+@pytest.fixture
+async def ctx(app: Alkfs):
+    """A mount's context with one request thread, its workers running as a mount runs them
+    (`Workers.run` in a nursery: a writer's spooler starts under it); they stop before the
+    context is closed."""
+    c = Context(app.store, app=app, options=Options(threads=1), live=False)
+    try:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(c.workers.run)
+            yield c
+            nursery.cancel_scope.cancel()
+    finally:
+        c.close()
+
+
 async def commits_as(app: Alkfs, w: StagedWriter, want: bytes | bytearray) -> None:
     """The writer's commit stores exactly `want`, under its sha256."""
     result = await w.commit()
@@ -83,8 +98,8 @@ async def test_short_lived_tasks_run_under_the_mounts_nursery_and_a_failing_one_
     workers.add("alkfsd long", long)
     async with trio.open_nursery() as nursery:
         await nursery.start(workers.run)
-        await workers.start_soon(broken, name="alkfsd broken")
-        await workers.start_soon(task, name="alkfsd short")
+        workers.start_soon(broken, name="alkfsd broken")
+        workers.start_soon(task, name="alkfsd short")
         await done.wait()
         await trio.testing.wait_all_tasks_blocked()
         assert alive.is_set() and not nursery.cancel_scope.cancel_called
@@ -92,105 +107,114 @@ async def test_short_lived_tasks_run_under_the_mounts_nursery_and_a_failing_one_
     assert "alkfsd broken failed" in caplog.text
 
 
-async def test_with_one_request_thread_a_large_file_streams_takes_back_and_commits(app) -> None:
+async def test_a_short_lived_task_without_the_mounts_nursery_is_refused() -> None:
+    """Before `run` starts or after it ended there is no nursery to start a task under:
+    RuntimeError, not a task nobody stops."""
+
+    async def task() -> None:
+        raise AssertionError("never started")
+
+    workers = Workers()
+    with pytest.raises(RuntimeError, match="Workers.run is not running"):
+        workers.start_soon(task, name="alkfsd early")
+    async with trio.open_nursery() as nursery:
+        await nursery.start(workers.run)
+        nursery.cancel_scope.cancel()
+    with pytest.raises(RuntimeError, match="Workers.run is not running"):
+        workers.start_soon(task, name="alkfsd late")
+
+
+async def test_with_one_request_thread_a_large_file_streams_takes_back_and_commits(
+    app, ctx
+) -> None:
     """threads=1: the one token of the requests' limiter. A writer past QUEUE_MAX waits for
     room, a read takes the stream back into a spool file, a commit waits for the spooler:
     all of it with that one token (the spooler's threads have a limiter of their own)."""
-    ctx = Context(app.store, app=app, options=Options(threads=1), live=False)
-    try:
-        w = StagedWriter(ctx, Algorithm.SHA256)
-        chunk = bytes(range(256)) * 4096  # 1 MiB
-        want = bytearray()
-        for _ in range(QUEUE_MAX // len(chunk) * 3):  # well past QUEUE_MAX, forward only
-            assert await w.write(len(want), chunk) == len(chunk)
-            want += chunk
-        assert w.spool is not None and w.streaming
-        assert await w.read(5, 11) == bytes(want[5:16])  # the stream is taken back
-        assert not w.streaming
-        await w.write(3, b"back")  # a write below the end goes to the spool file
-        want[3:7] = b"back"
-        await w.truncate(len(want) + MEM_MAX)  # an extension: zeros
-        want += bytes(MEM_MAX)
-        await commits_as(app, w, want)
-        w.close()
-    finally:
-        ctx.close()
+    w = StagedWriter(ctx, Algorithm.SHA256)
+    chunk = bytes(range(256)) * 4096  # 1 MiB
+    want = bytearray()
+    for _ in range(QUEUE_MAX // len(chunk) * 3):  # well past QUEUE_MAX, forward only
+        assert await w.write(len(want), chunk) == len(chunk)
+        want += chunk
+    assert w.spool is not None and w.streaming
+    assert await w.read(5, 11) == bytes(want[5:16])  # the stream is taken back
+    assert not w.streaming
+    await w.write(3, b"back")  # a write below the end goes to the spool file
+    want[3:7] = b"back"
+    await w.truncate(len(want) + MEM_MAX)  # an extension: zeros
+    want += bytes(MEM_MAX)
+    await commits_as(app, w, want)
+    w.close()
 
 
-async def test_the_streams_thread_takes_a_write_while_the_trio_thread_does_not_yield(app) -> None:
+async def test_the_streams_thread_takes_a_write_while_the_trio_thread_does_not_yield(
+    app, ctx
+) -> None:
     """While a large file streams, its thread takes each write from a thread-safe queue as
     soon as `submit` queued it: it does not wait for the trio thread to come back to its
     scheduler (pyfuse3's fast path answers write after write without yielding; fetching
     the writes through trio.from_thread left the hashing thread idle meanwhile)."""
-    ctx = Context(app.store, app=app, options=Options(threads=1), live=False)
-    try:
-        w = StagedWriter(ctx, Algorithm.SHA256)
-        chunk = bytes(range(256)) * 4096  # 1 MiB
-        want = bytearray()
-        for _ in range(3):  # past MEM_MAX: the spooler's stream starts
-            await w.write(len(want), chunk)
-            want += chunk
-        spool = w.spool
-        assert spool is not None and w.streaming
-        with trio.fail_after(30):
-            while spool.queued:  # everything so far taken, and told to the trio side
-                await trio.sleep(0.01)
-        assert spool._report is None
-        await w.write(len(want), chunk)  # (queued only: no checkpoint on this path)
+    w = StagedWriter(ctx, Algorithm.SHA256)
+    chunk = bytes(range(256)) * 4096  # 1 MiB
+    want = bytearray()
+    for _ in range(3):  # past MEM_MAX: the spooler's stream starts
+        await w.write(len(want), chunk)
         want += chunk
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:  # the trio thread busy: no checkpoint here
-            with spool._report_lock:
-                report = spool._report
-            if report is not None and report[1] == len(chunk):
-                break
-            time.sleep(0.005)
-        else:
-            raise AssertionError("the stream's thread did not take the write")
-        await commits_as(app, w, want)
-        w.close()
-    finally:
-        ctx.close()
+    spool = w.spool
+    assert spool is not None and w.streaming
+    with trio.fail_after(30):
+        while spool.queued:  # everything so far taken, and told to the trio side
+            await trio.sleep(0.01)
+    assert spool._report is None
+    await w.write(len(want), chunk)  # (queued only: no checkpoint on this path)
+    want += chunk
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:  # the trio thread busy: no checkpoint here
+        with spool._report_lock:
+            report = spool._report
+        if report is not None and report[1] == len(chunk):
+            break
+        time.sleep(0.005)
+    else:
+        raise AssertionError("the stream's thread did not take the write")
+    await commits_as(app, w, want)
+    w.close()
 
 
 @pytest.mark.parametrize("late", [False, True], ids=["in-the-threads-batch", "still-queued"])
 async def test_writes_queued_behind_a_take_back_go_to_the_spool_file_counted_once(
-    app, late: bool
+    app, ctx, late: bool
 ) -> None:
     """Operations queued behind the one that ends the stream (in the batch its thread took,
     or still in its queue when it ended) are applied to the spool file in order, and their
     bytes leave the writer's queued count once: it ends at 0, so `wait_room` waits as it
     should."""
-    ctx = Context(app.store, app=app, options=Options(threads=1), live=False)
-    try:
-        spool = Spooler(app.store, Algorithm.SHA256, None, True)
-        first, second = b"a" * (3 * MEM_MAX), b"b" * MEM_MAX
-        spool.submit(Write(0, first))
-        if late:
-            await ctx.workers.start_soon(spool.run, name="alkfsd spool")
-            with trio.fail_after(30):
-                while spool.queued:  # the thread took the first write (and said so)
-                    await trio.sleep(0.01)
-            spool.submit(TakeBack())
-            deadline = time.monotonic() + 30
-            while spool._report is None:  # the thread took the TakeBack: no checkpoint
-                assert time.monotonic() < deadline
-                time.sleep(0.005)
-        else:
-            spool.submit(TakeBack())  # (all queued before the task starts: one batch)
-        spool.submit(Write(len(first), second))
-        spool.submit(Sync())
-        if not late:
-            await ctx.workers.start_soon(spool.run, name="alkfsd spool")
+    spool = Spooler(app.store, Algorithm.SHA256, None, True)
+    first, second = b"a" * (3 * MEM_MAX), b"b" * MEM_MAX
+    spool.submit(Write(0, first))
+    if late:
+        ctx.workers.start_soon(spool.run, name="alkfsd spool")
         with trio.fail_after(30):
-            await spool.wait_applied()
-        spool.check()
-        assert spool.applied == spool.submitted == 4
-        assert spool.queued == 0
-        assert spool.pread(len(first) + len(second) + 1, 0) == first + second
-        spool.close()
-    finally:
-        ctx.close()
+            while spool.queued:  # the thread took the first write (and said so)
+                await trio.sleep(0.01)
+        spool.submit(TakeBack())
+        deadline = time.monotonic() + 30
+        while spool._report is None:  # the thread took the TakeBack: no checkpoint
+            assert time.monotonic() < deadline
+            time.sleep(0.005)
+    else:
+        spool.submit(TakeBack())  # (all queued before the task starts: one batch)
+    spool.submit(Write(len(first), second))
+    spool.submit(Sync())
+    if not late:
+        ctx.workers.start_soon(spool.run, name="alkfsd spool")
+    with trio.fail_after(30):
+        await spool.wait_applied()
+    spool.check()
+    assert spool.applied == spool.submitted == 4
+    assert spool.queued == 0
+    assert spool.pread(len(first) + len(second) + 1, 0) == first + second
+    spool.close()
 
 
 async def test_a_commit_keeps_what_its_stream_stored_when_the_mount_stops_meanwhile(app) -> None:
@@ -273,26 +297,22 @@ async def test_a_stream_waiting_for_writes_stops_when_the_mount_stops(app) -> No
         ctx.close()
 
 
-async def test_a_streamed_file_committed_twice_keeps_what_was_written(app) -> None:
+async def test_a_streamed_file_committed_twice_keeps_what_was_written(app, ctx) -> None:
     """A commit ends the stream; a later write (a descriptor still open) starts from the
     committed object, copied into a spool file."""
-    ctx = Context(app.store, app=app, options=Options(threads=1), live=False)
+    w = StagedWriter(ctx, Algorithm.SHA256)
+    data = b"x" * (3 * MEM_MAX)
+    await w.write(0, data)
+    first = await w.commit()
+    first.pin.release()
+    await w.write(len(data), b"tail")
+    second = await w.commit()
     try:
-        w = StagedWriter(ctx, Algorithm.SHA256)
-        data = b"x" * (3 * MEM_MAX)
-        await w.write(0, data)
-        first = await w.commit()
-        first.pin.release()
-        await w.write(len(data), b"tail")
-        second = await w.commit()
-        try:
-            assert app.store.get(first.key) == data
-            assert app.store.get(second.key) == data + b"tail"
-        finally:
-            second.pin.release()
-        w.close()
+        assert app.store.get(first.key) == data
+        assert app.store.get(second.key) == data + b"tail"
     finally:
-        ctx.close()
+        second.pin.release()
+    w.close()
 
 
 async def test_a_small_file_in_memory_keeps_every_write_pattern(app) -> None:

@@ -1,7 +1,7 @@
-"""Writing through /objects/<algo>/ on a real mount (SPEC 3.1): plain tools store files
-under their digest, the created name disappears, a digest name the content does not
-match fails with EIO and stores nothing, existing objects refuse write-opens and unlinks
-(EPERM), and touch/utime freshen while no-op chmod/chown succeed (cp -p, cp -a)."""
+"""Writing through /objects/<algo>/ on a real mount: plain tools store files under their
+digest, the created name disappears, a digest name the content does not match fails with EIO
+and stores nothing, existing objects refuse write-opens and unlinks (EPERM), and touch/utime
+freshen while no-op chmod/chown succeed (cp -p, cp -a)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,9 @@
-"""Pins written through a real mount (SPEC 3.4, 3.5): `cp`, `cp -r`, `rsync` and `dd` into
-/pins store and pin on close (the entry is then a regular file of the pin: its object's
-bytes, the mode and time it was given), `ln -s`, `rm` and `mv` pin, unpin and rename,
-setfattr/getfattr pin and unpin with the errnos the spec names, and a sweep loop racing
-writers never loses a pinned object. (Directories of pins: test_pins_tree.py.)"""
+"""Pins written through a real mount: `cp`, `cp -r`, `rsync` and `dd` into /pins store and
+pin on close (the entry is then a regular file of the pin: its object's bytes, the mode and
+time it was given), `ln -s`, `rm` and `mv` pin, unpin and rename, setfattr/getfattr pin and
+unpin (EEXIST for a name taken, EINVAL for a name outside the xattr form's pattern, ENODATA
+for no such pin, EPERM for a read-only attribute), and a sweep loop racing writers never
+loses a pinned object. (Directories of pins: test_pins_tree.py.)"""
 
 from __future__ import annotations
 

@@ -2,8 +2,8 @@
 the mount (create, update with an old value, delete; a stale old value refused), ref files
 written directly (compare-and-swap against the value at open; EINVAL, EAGAIN), git's
 `.lock` + rename protocol, HEAD rewrites, ref directories that come and go with their refs,
-and repositories made and removed with mkdir/rmdir, with every errno the spec names and the
-daemon serving normally afterwards.
+and repositories made and removed with mkdir/rmdir, with every errno docs/git.md gives and
+the daemon serving normally afterwards.
 """
 
 from __future__ import annotations

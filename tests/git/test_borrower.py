@@ -1,4 +1,5 @@
-"""Borrowers (SPEC 3.8): what a git repository outside the store keeps alive.
+"""Borrowers (docs/gc.md, "Clones that borrow"): what a git repository outside the store
+keeps alive.
 
 Everything runs on real repositories built by the git binary and real sqlite stores:
 `alkfs/git/borrower.py` (the ids a borrower names, read as files), `alkfs/roots.py` (the

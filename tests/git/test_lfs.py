@@ -1,4 +1,4 @@
-"""Git LFS in the library (SPEC 3.7): pointers recognized, recorded as rows by a resumable
+"""Git LFS in the library (docs/lfs.md): pointers recognized, recorded as rows by a resumable
 scan, media stored by import and kept alive by the pointer blobs the sweep finds live."""
 
 from __future__ import annotations

@@ -395,7 +395,7 @@ def test_a_store_of_more_pins_than_prime_max_loads_no_filter(app, monkeypatch):
     assert pins.prime() and pins.misses.filter is not None
 
 
-# -- the tree of /pins (SPEC 3.5) ----------------------------------------------------------
+# -- the tree of /pins ---------------------------------------------------------------------
 
 FILE = FileAttrs(stat.S_IFREG | 0o640, 1_234_567_890_123_456_789, 5)
 

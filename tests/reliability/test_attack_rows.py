@@ -1,7 +1,7 @@
-"""Rows of the last attack on the mount (issue 40) that are small enough to stand alone:
-a sweep window is a duration of at most ten years (EINVAL beyond, no traceback, never a
-deadline later than that), a `--read-only` mount says so to `mount` and `statvfs`, and
-a rename asking for a whiteout is EINVAL."""
+"""Findings of an attack on the mount that are small enough to stand alone: a sweep window
+is a duration of at most ten years (EINVAL beyond, no traceback, never a deadline later than
+that), a `--read-only` mount says so to `mount` and `statvfs`, and a rename asking for a
+whiteout is EINVAL."""
 
 from __future__ import annotations
 

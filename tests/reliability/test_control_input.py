@@ -1,7 +1,7 @@
-"""Bounded input (issue 12): the control file runs a command only as a complete line
-(buffered per open; an unterminated last line runs at close, and its refusal is
-close()'s), takes at most 4 lines a write and 4 KiB an open (E2BIG beyond, nothing run);
-extended attribute values over 4 KiB are E2BIG and change nothing."""
+"""Bounded input (docs/decisions.md, "Rules for bad input"): the control file runs a command
+only as a complete line (buffered per open; an unterminated last line runs at close, and its
+refusal is close()'s), takes at most 4 lines a write and 4 KiB an open (E2BIG beyond,
+nothing run); extended attribute values over 4 KiB are E2BIG and change nothing."""
 
 from __future__ import annotations
 
@@ -93,7 +93,7 @@ def test_one_write_runs_at_most_4_lines_and_a_bigger_one_runs_nothing(mount):
     finally:
         os.close(fd)
     fd = control(m)
-    try:  # the 1 MiB write of the issue: one refusal, no sweep
+    try:  # a 1 MiB write of commands: one refusal, no sweep
         assert os_errno(os.write, fd, b"sweep\n" * 174_763) == errno.E2BIG
     finally:
         os.close(fd)

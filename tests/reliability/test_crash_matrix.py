@@ -1,5 +1,5 @@
-"""Issue 12, the crash matrix: alkfsd SIGKILLed at seeded random points during each kind
-of write, then restarted on the same store and mountpoint and checked.
+"""The crash matrix: alkfsd SIGKILLed at seeded random points during each kind of write,
+then restarted on the same store and mountpoint and checked.
 
 Each case runs `iterations()` rounds (5 by default, 50 with ALKFS_SOAK=1: `make soak`).
 A round starts a client (crash_helpers.Client: real cp, rsync, git, ln, mv, setfattr, one
@@ -80,8 +80,8 @@ class PinWrites:
     group of (name, bytes); after a crash the pins of ops[:done] are all there, those of
     ops[done] each there or not, nothing else; each one there is byte-identical. A file
     rsync closed (acknowledged) before the crash and had not renamed yet stays as its
-    temporary `.NAME.XXXXXX`, a pin like any other (SPEC 3.5): of ops[done] only, it holds
-    NAME's bytes whole."""
+    temporary `.NAME.XXXXXX`, a pin like any other (any file name in /pins is a pin's): of
+    ops[done] only, it holds NAME's bytes whole."""
 
     def __init__(self) -> None:
         self.kept: dict[str, str] = {}  # name -> digest, of every op known done

@@ -1,7 +1,7 @@
-"""Fleet faults at length (issue 40): two daemons on one PostgreSQL store (fleet TTL 2 s,
-`--window 0`); member 2 is SIGSTOPped and continued at random moments (pauses of 0.2 to
-6 s: many past the TTL) while member 1 writes pins, pushes and sweeps, and member 2,
-when it runs, writes pins too.
+"""Fleet faults at length: two daemons on one PostgreSQL store (fleet TTL 2 s,
+`--window 0`); member 2 is SIGSTOPped and continued at random moments (pauses of 0.2 to 6 s:
+many past the TTL) while member 1 writes pins, pushes and sweeps, and member 2, when it
+runs, writes pins too.
 
 What must hold: no write through member 1 waits longer than the TTL plus WRITE_BOUND_S;
 every write whose `close` returned (through either member) reads back byte-identical

@@ -375,12 +375,12 @@ def test_scratch_and_spool_writes_are_enospc_and_give_the_reserve_back(
 
 
 def test_a_full_disk_drops_the_derived_packs_first(small_fs: Path, start_mount, tmp_path) -> None:
-    """Derived data goes first (issue 12): the write that finds the disk full withdraws
-    the published packs (their objects are served loose, git keeps reading them), their
-    files go once nobody holds them, no build runs while the disk is full, and once
-    space is back `repack` publishes a set again. (A store whose kv keeps every object,
-    ALKFS_DRAIN=0: packs that are the only copy of their objects are not dropped,
-    tests/git/test_drain.py.)"""
+    """Derived data goes first (docs/operations.md, "A full disk"): the write that finds the
+    disk full withdraws the published packs (their objects are served loose, git keeps
+    reading them), their files go once nobody holds them, no build runs while the disk is
+    full, and once space is back `repack` publishes a set again. (A store whose kv keeps
+    every object, ALKFS_DRAIN=0: packs that are the only copy of their objects are not
+    dropped, tests/git/test_drain.py.)"""
     from helpers import git
 
     src = tmp_path / "src.git"

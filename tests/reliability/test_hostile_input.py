@@ -1,10 +1,9 @@
-"""Hostile input (issue 12): every byte value as a name in /pins (where any file name is a
-pin's, SPEC 3.5; the xattr form keeps the narrow pattern), /objects/sha256, /repos and
-refs/heads; 255- and 256-byte names; `.` and `..`; huge and partial writes into every
-writable file; extended attribute values up to 64 KiB and beyond; every open flag
-combination on every view. Each gets the errno SPEC §5 and README "Rules for bad input"
-give it, nothing changes (pins, refs, HEAD, the status counts), the daemon serves on and
-its log holds no traceback."""
+"""Hostile input: every byte value as a name in /pins (where any file name is a pin's; the
+xattr form keeps the narrow pattern), /objects/sha256, /repos and refs/heads; 255- and
+256-byte names; `.` and `..`; huge and partial writes into every writable file; extended
+attribute values up to 64 KiB and beyond; every open flag combination on every view. Each
+gets the errno docs/decisions.md ("Rules for bad input") gives it, nothing changes (pins,
+refs, HEAD, the status counts), the daemon serves on and its log holds no traceback."""
 
 from __future__ import annotations
 
@@ -105,7 +104,7 @@ def test_every_byte_as_a_name_gets_its_documented_answer_and_changes_nothing(mou
     obj = os.fsencode(m.path("objects", "sha256", ids["object"]))
     for name in NAMES:
         got, want = {}, {}
-        # /pins: any file name is a pin's there (SPEC 3.5): stored and pinned (then
+        # /pins: any file name is a pin's there: stored and pinned (then
         # removed), and so for every way to name a pin inside /pins: ln -s, mv
         path = os.path.join(pins, name)
         got["pins"] = outcome(write_close, path, PINNED)
@@ -172,7 +171,7 @@ def test_names_of_255_and_256_bytes(mount):
     before = snapshot(m)
     line = f"{ids['commit']}\n".encode()
     n255, n256 = "n" * 255, "n" * 256
-    # 255 bytes: a file name, so a pin's inside /pins (SPEC 3.5); longer than a repository
+    # 255 bytes: a file name, so a pin's inside /pins; longer than a repository
     # id (100): EINVAL there (and than a pin name of the xattr form: below)
     write_close(m.path("pins", n255), PINNED)
     assert pin_target(m.path("pins", n255)) == f"../objects/sha256/{ids['pinned']}"
@@ -236,7 +235,7 @@ def test_dot_and_dotdot_get_the_kernels_answers_and_change_nothing(mount):
                 "rename from": "EBUSY",
                 "rename to": "EBUSY",
             }, (d, dot)
-    # a leading dot: a file name, so a pin's inside /pins (SPEC 3.5), kept; no repository id
+    # a leading dot: a file name, so a pin's inside /pins, kept; no repository id
     for name in ("...", ".x", ".x."):
         write_close(m.path("pins", name), PINNED)
         assert pin_target(m.path("pins", name)) == f"../objects/sha256/{ids['pinned']}", name
@@ -407,7 +406,7 @@ def expected_open(view: str, access: str, mods: tuple[str, ...]) -> str:
     if view in WRITABLE:
         return "ok"  # opening writes nothing: the update is the written line
     if access != "R" or "T" in mods:
-        return "EPERM"  # read-only views (SPEC §3.1; README: config, packed-refs, derived)
+        return "EPERM"  # read-only views (objects, config, packed-refs, derived packs)
     return "ok"  # O_RDONLY|O_APPEND reads (its writes fail EBADF)
 
 

@@ -1,6 +1,6 @@
-"""Bounded logs (issue 12): a refusal quotes at most a few hundred bytes of any value it
-carries, and repeated identical refusals are counted instead of logged one by one (at
-most 10 lines per (op, errno) and second, then one "... and K more" line)."""
+"""Bounded logs (docs/operations.md, "Logs"): a refusal quotes at most a few hundred bytes
+of any value it carries, and repeated identical refusals are counted instead of logged one
+by one (at most 10 lines per (op, errno) and second, then one "... and K more" line)."""
 
 from __future__ import annotations
 

@@ -1,22 +1,22 @@
-"""Model-based fuzzing of one real mount (issue 12): hypothesis picks a sequence of writes
+"""Model-based fuzzing of one real mount: hypothesis picks a sequence of writes
 (/objects/<algo>, /pins, git objects through a repository and through /git/sha1's loose
 path), pins (xattr, symlink, written file), unpins (rm, xattr removal), pin renames,
 ref creates/updates/deletes (plain writes and git's lockfile protocol), HEAD rewrites,
 repository creates and deletes, touches and window-0 sweeps; after every step the mount
-must agree with a model of what is live (SPEC §1 "Pins and liveness", §3):
+must agree with a model of what is live (docs/gc.md, "What keeps an object"):
 
 - every live object (pinned, in a pinned git object's closure, or reachable from a ref)
   reads back byte-identical through /objects/<algo>/<hex>;
-- /pins lists exactly the model's pins, each naming its object (SPEC 3.5): one written as a
+- /pins lists exactly the model's pins, each naming its object: one written as a
   file is a regular file of the object's size (its key in user.alkfs.key), one made by
   `ln -s` or setxattr a symlink to it;
 - every ref and HEAD reads its model value, packed-refs lists exactly the model's refs,
   /repos lists the model's repositories, and `status` counts them;
 - no operation fails with an errno the model did not expect.
 
-A dead object may be gone after a sweep; it must be gone after two back-to-back sweeps
-(the first stages it, the second deletes it) unless it could still be held by an
-in-process push pin (objects written through /repos/<id>/objects, README "Push safety").
+A dead object may be gone after a sweep; it must be gone after two back-to-back sweeps (the
+first stages it, the second deletes it) unless it could still be held by an in-process push
+pin (objects written through /repos/<id>/objects, docs/gc.md "Push safety").
 
 One daemon serves the whole run (`--window 0`); every hypothesis example uses names of
 its own (a prefix per example) and compares only what it made. 1,000 steps by default,
@@ -428,7 +428,7 @@ class MountModel(RuleBasedStateMachine):
     @precondition(lambda self: self.repos)
     @rule(data=st.data())
     def delete_repo(self, data) -> None:
-        """`rm -r /repos/<id>` (SPEC §3.3; README: it lists packed-refs and refs/ before its
+        """`rm -r /repos/<id>` (docs/git.md: it lists packed-refs and refs/ before its
         plumbing, so the refs go first)."""
         self.step("delete_repo")
         repo = data.draw(st.sampled_from(sorted(self.repos)))

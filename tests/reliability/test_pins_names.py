@@ -1,9 +1,9 @@
-"""Nothing lost in /pins (issue 12; SPEC 3.5): inside /pins any file name is a pin's name
-(spaces, `+`, non-ASCII and non-UTF-8 bytes, a leading underscore or dot, up to 255 bytes),
-so a create, `cp`, `cp -r` and `rsync -a` keep every file (its temporaries included) and
-it survives a restart; the xattr form `user.alkfs.pin.<name>` keeps the narrow pattern and
-refuses those names (EINVAL), storing nothing. And one name has one writer: a second
-writer of a new pin fails instead of silently replacing the first."""
+"""Nothing lost in /pins (docs/decisions.md, "Names in /pins"): inside /pins any file name
+is a pin's name (spaces, `+`, non-ASCII and non-UTF-8 bytes, a leading underscore or dot, up
+to 255 bytes), so a create, `cp`, `cp -r` and `rsync -a` keep every file (its temporaries
+included) and it survives a restart; the xattr form `user.alkfs.pin.<name>` keeps the narrow
+pattern and refuses those names (EINVAL), storing nothing. And one name has one writer: a
+second writer of a new pin fails instead of silently replacing the first."""
 
 from __future__ import annotations
 

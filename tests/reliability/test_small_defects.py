@@ -1,6 +1,6 @@
-"""Smaller defects of issue 12: names over 255 bytes are ENAMETOOLONG everywhere,
-`.alkfs/status` and `.alkfs/metrics` stat the size a read gives (so rsync copies them
-whole), and a second alkfsd on a mountpoint a live mount answers is refused."""
+"""Smaller rules for bad input (docs/decisions.md): names over 255 bytes are ENAMETOOLONG
+everywhere, `.alkfs/status` and `.alkfs/metrics` stat the size a read gives (so rsync copies
+them whole), and a second alkfsd on a mountpoint a live mount answers is refused."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
-"""The store is private to the daemon's user (issue 13): directories 0700, files 0600
-(large objects 0400) whatever the umask; a loose store is tightened at open; a store
-directory another user can write or owns is refused; another user can neither lock nor
-read anything of the store.
+"""The store is private to the daemon's user (docs/operations.md, "Who can read the store"):
+directories 0700, files 0600 (large objects 0400) whatever the umask; a loose store is
+tightened at open; a store directory another user can write or owns is refused; another user
+can neither lock nor read anything of the store.
 
 Real processes throughout: the `alkfs` CLI and `alkfsd` run as subprocesses (under
 umask 000 where it matters), the daemon mounts for real, and the other user is a real
@@ -404,7 +404,7 @@ def test_a_store_directory_of_another_user_is_refused(base: Path, other_user):
 
 # -- an existing loose store ------------------------------------------------------------------
 def loosen(root: Path) -> int:
-    """What a store made before issue 13 (umask 022) looks like: 0755 and 0644."""
+    """What a store made before stores became private (umask 022) looks like: 0755 and 0644."""
     n = 0
     for path in [root, *root.rglob("*")]:
         path.chmod(0o755 if path.is_dir() else 0o644)
@@ -458,7 +458,7 @@ def test_a_daemon_the_store_lock_refuses_changes_no_mode_of_the_store(base: Path
     store = base / "store"
     first = daemons(store)
     write_through(first.mnt / "pins" / "one", SMALL)
-    (store / "store.db").chmod(0o644)  # loose, as a store made before issue 13 left it
+    (store / "store.db").chmod(0o644)  # loose, as stores were before they became private
     (base / "mnt2").mkdir()
     second = subprocess.run(
         [*alkfsd_argv(store, base / "mnt2"), "--window", "0"], capture_output=True, timeout=60

@@ -1,9 +1,9 @@
-"""A mount several users can share (issue 13, part 2), on the daemon's own permission
-decisions (no `default_permissions` on a shared mount: README "Who can read the store").
+"""A mount several users can share, on the daemon's own permission decisions (no
+`default_permissions` on a shared mount: docs/operations.md, "Sharing the mount").
 
 - With `--allow-other`, another user reads objects and freshens them (a staged delete is
   cancelled), and cannot write the control file, move refs, pin, unpin, create
-  repositories or write objects (EACCES); cloning works (with the README's
+  repositories or write objects (EACCES); cloning works (with docs/operations.md's
   `safe.directory` line when git asks).
 - As the `--owner` user: the tree is theirs (st_uid), they push, update refs and pin; the
   control file stays root's.
@@ -397,9 +397,9 @@ def test_without_allow_other_another_user_gets_nothing(base: Path, daemon, users
 def test_with_owner_alone_nothing_the_kernel_cached_shows_to_another_user(
     base: Path, daemon, users
 ):
-    """Issue 40 row 4: the owner's lookups leave the kernel entries and attributes (an
-    object's for 3,600 s); another user's stat of the same paths is still EACCES, and so
-    is a listing; root and the owner see the owner's bits only."""
+    """The owner's lookups leave the kernel entries and attributes (an object's for
+    3,600 s); another user's stat of the same paths is still EACCES, and so is a listing;
+    root and the owner see the owner's bits only."""
     owner, other = users(), users()
     d = daemon("--owner", owner.pw_name)
     obj = put(d.mnt, b"cached for an hour\n")
@@ -674,9 +674,9 @@ def hold_reads(user: pwd.struct_passwd, path: Path, n: int) -> tuple[subprocess.
 def test_read_handles_are_bounded_per_user_and_others_share_half_the_daemons_descriptors(
     base: Path, daemon, users
 ):
-    """SPEC §5 / issue 40 row 3: a user holding read handles gets EMFILE past
-    ALKFS_MAX_READ_HANDLES (the others and root go on); users other than root and the
-    owner together hold at most half the daemon's descriptor limit."""
+    """A user holding read handles gets EMFILE past ALKFS_MAX_READ_HANDLES (the others and
+    root go on); users other than root and the owner together hold at most half the daemon's
+    descriptor limit."""
     first, second, owner = users(), users(), users()
     cap = 6
     d = daemon("--allow-other", "--owner", owner.pw_name, env={"ALKFS_MAX_READ_HANDLES": str(cap)})
@@ -782,8 +782,8 @@ def test_an_unknown_owner_is_a_usage_error(base: Path):
 
 
 def test_roots_are_registered_by_root_and_the_owner_only(base: Path, daemon, users):
-    """/roots (SPEC 3.8) is writable by root and the mount's owner only; a clone another
-    user owns is read by the daemon's sweeps (git's ownership check does not stop it)."""
+    """/roots is writable by root and the mount's owner only; a clone another user owns is
+    read by the daemon's sweeps (git's ownership check does not stop it)."""
     owner, other = users(), users()
     d = daemon("--owner", owner.pw_name, "--allow-other")
     mnt = d.mnt

@@ -175,7 +175,7 @@ def test_a_member_paused_past_its_ttl_cannot_publish_what_was_collected(
         assert a.store.fleet.renew() is False  # never renewed: a new session instead
         assert a.store.fleet.tainted == {result.key.raw}
         # while the lost object is still pinned by a: what names it or reaches it is
-        # refused, and only that (issue 40, row 2)
+        # refused, and only that
         with pytest.raises(Stale):
             a.store.fleet.guard_publish(a.store.db, [result.key.raw])
         entry = b"100644 f\0" + result.key.digest
