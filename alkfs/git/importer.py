@@ -1,7 +1,8 @@
 """Import a git repository: its objects, then all its refs in one atomic CAS batch.
 
 Where the packs are the store's copy of git objects, the objects go in as git's own
-pack (import_pack.py). Otherwise (a fleet, ALKFS_DRAIN=0), as follows: objects come
+pack (import_pack.py). Otherwise (a fleet, ALKFS_DRAIN=0), as follows (a fleet then drains what it
+packed: packs/drain.py): objects come
 from `git cat-file --batch`, each verified against its id as it is
 stored. Objects already in the store are skipped, so a rerun reads no content.
 Every object of the source stays pinned (in-process) from before it is looked up
