@@ -185,3 +185,39 @@ def test_removing_a_repository_an_import_packed_alone_drops_its_pack_whole(
         assert app.store.get(Key.from_hex(Algorithm.GIT_SHA1, hexid)) == data
     for d_ in own:
         assert not app.store.has(Key(bytes([Algorithm.GIT_SHA1.value]) + d_))
+
+
+KINDS = ("commit", "tree", "blob")
+
+
+def test_an_imported_pack_is_laid_out_as_git_lays_out_a_fetch(app, make_repo):
+    """A history written by fast-import has its commits spread among their trees and
+    blobs; the import packs it in recency order (`rev-list --objects --all`), as a
+    fetch's server does: every commit before any tree or blob, so `log` reads one
+    stretch of the pack (read in the source's pack order, git read such an import 3-4
+    times slower than a clone)."""
+    src = make_repo()
+    stream = []
+    for i in range(30):
+        stream.append("commit refs/heads/main\n")
+        stream.append(f"committer C O Mitter <c@example.com> {1700000000 + i} +0000\n")
+        stream.append(f"data 4\nc{i:02d}\n")
+        data = "".join(f"line {k} of version {i}\n" for k in range(30))
+        stream.append(f"M 100644 inline d{i % 3}/f.txt\ndata {len(data)}\n{data}\n")
+    src.git("fast-import", "--quiet", input="".join(stream).encode())
+    [source_idx] = (src.path / ".git" / "objects" / "pack").glob("*.idx")
+
+    def kinds(idx) -> list[str]:  # (verify-pack -v: in the pack's order)
+        rows = git_out("verify-pack", "-v", str(idx)).splitlines()
+        return [w[1] for w in map(str.split, rows) if len(w) >= 5 and w[1] in KINDS]
+
+    before = kinds(source_idx)
+    assert before.index("blob") < before.index("commit") < len(before) - 1 - before[
+        ::-1
+    ].index("blob")  # (fast-import's order: the commits among the blobs)
+    result = import_repo(app, src.gitdir, "r", progress=False)
+    assert result.stored == len(before) == 30 + 30 + 60  # (commits, blobs, trees)
+    gen = packs.derived_for(app.store, "sha1").current()
+    [idx] = [i.path for i in gen.indexes]
+    after = kinds(idx)
+    assert after[:30] == ["commit"] * 30 and "commit" not in after[30:]
