@@ -212,9 +212,8 @@ def test_an_imported_pack_is_laid_out_as_git_lays_out_a_fetch(app, make_repo):
         return [w[1] for w in map(str.split, rows) if len(w) >= 5 and w[1] in KINDS]
 
     before = kinds(source_idx)
-    assert before.index("blob") < before.index("commit") < len(before) - 1 - before[
-        ::-1
-    ].index("blob")  # (fast-import's order: the commits among the blobs)
+    last_blob = len(before) - 1 - before[::-1].index("blob")
+    assert before.index("blob") < before.index("commit") < last_blob  # (commits among blobs)
     result = import_repo(app, src.gitdir, "r", progress=False)
     assert result.stored == len(before) == 30 + 30 + 60  # (commits, blobs, trees)
     gen = packs.derived_for(app.store, "sha1").current()
