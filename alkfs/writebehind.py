@@ -10,10 +10,13 @@ the store with its lock applies what a process that died left in the log (`repla
 from `Alkfs.open`).
 
 What is acknowledged and not applied yet is not in the database; it is in the pending
-index here (by key and by pin name), which the owner's lookups consult (`object`,
-`pin`). A name pending here counts as taken (`pending_name`), so no other pin takes it
-meanwhile. The owner (`Alkfs.start_behind`) decides when to apply (the daemon: once
-closes pause); this module only does it, from any thread (thread-safe).
+index here (by key and by pin name), registered as the store's `ahead` (Store.stat, has,
+get, read_range, list see a pending object as a kv object) and the pins' `ahead` (their
+lookups and listings see a pending pin). A library change that could conflict with a
+pending one (a change of a pending pin's name, a rename, a directory made or removed, a
+sweep's mark) applies what is pending first, from its own thread. The owner
+(`Alkfs.start_behind`) decides when to apply otherwise (the daemon: once closes pause);
+this module only does it, from any thread (thread-safe).
 
 Only a store this process alone writes (not a fleet's member), on sqlite, with room on
 its disk (no reserve armed), for content of the kv tier under a non-git algorithm.
@@ -24,13 +27,15 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Sequence
+import time
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from .db.sqlite import BACKFILL_COMMITS
 from .errors import AlkfsError, NoSpace
 from .intents import LOG_NAME, Intent, IntentLog, decode
 from .keys import Algorithm, Key
+from .pins import PinRecord, from_intent
 from .store import NOWAIT_PUT_MAX, PutResult
 
 if TYPE_CHECKING:
@@ -48,9 +53,10 @@ LOG_MAX = 256 << 20  # the log's size beyond which `put` declines until applied
 AHEAD_ALGOS = frozenset({Algorithm.SHA256, Algorithm.BLAKE3})
 
 
-def apply(pins: Pins, intents: Sequence[Intent]) -> None:
-    """Store and pin `intents` in one transaction (a worker thread: it may wait)."""
-    pins.put_pinned_many([(i.name, i.key, i.data) for i in intents])
+def apply(pins: Pins, intents: Sequence[Intent], stamps: Mapping[str, int] | None = None) -> None:
+    """Store and pin `intents` in one transaction (a worker thread: it may wait); a new
+    pin's creation time is its name's in `stamps` if there."""
+    pins.put_pinned_many([(i.name, i.key, i.data) for i in intents], stamps)
 
 
 def replay(pins: Pins) -> int:
@@ -87,7 +93,10 @@ class WriteBehind:
         self.count = 0  # len(items): read without the lock by the owner's checks
         self.names: set[bytes] = set()  # pin names pending (the intent's name, encoded)
         self.hexes: set[bytes] = set()  # the pending objects' hex digests
-        self.objects: dict[bytes, Intent] = {}  # raw key -> its (last) pending intent
+        # raw key -> (its content, acknowledged ns); pin name -> its pending record
+        self.objects: dict[bytes, tuple[bytes, int]] = {}
+        self.pins_ahead: dict[str, PinRecord] = {}
+        self._acked: list[int] = []  # the ns each pending intent was acknowledged at
         self.bytes = 0
         self.applied = 0  # intents applied (status)
         self.held = 0  # while above 0 (a drain under way), `put` declines
@@ -95,6 +104,8 @@ class WriteBehind:
         self._since_backfill = 0
         self._lock = threading.Lock()  # the index and the log (held briefly)
         self._applying = threading.Lock()  # one apply at a time
+        store.ahead = self  # (reads and lookups see what is pending: `stat`, `pinned`)
+        pins.ahead = self
 
     # -- acknowledging (any thread; never waits for the database) -----------------------
     def put(
@@ -124,6 +135,10 @@ class WriteBehind:
         if (expect is not None and key != expect) or key.raw in store.corrupt:
             return None
         intent = Intent(name, key, data)
+        # (a pending pin shows the creation time its row will have: the mount knows a
+        # file by it)
+        now = time.time_ns() if name is None else self.pins._stamps()
+        pending = None if name is None else _record(name, key, len(data), now)
         with self._lock:
             try:
                 log_.append(intent)
@@ -131,12 +146,19 @@ class WriteBehind:
                 log.debug("intents log: %s; not written behind", exc)
                 return None
             self.items.append(intent)
-            self.count += 1
+            self._acked.append(now)
             self.bytes += len(data)
             if name is not None:
                 self.names.add(name.encode())
+            if pending is not None:  # (the first of one name is the one applied)
+                self.pins_ahead.setdefault(pending.name, pending)
             self.hexes.add(key.hex.encode())
-            self.objects[key.raw] = intent
+            self.objects[key.raw] = (data, now)
+            self.count += 1  # (last: a reader that sees the count sees the index)
+        if pending is not None:
+            self.pins.misses.moved()  # (a memo of the name found absent is stale now)
+        for hook in store.changed_hooks:  # (what a listing shows changed, as at a put's end)
+            hook()
         return PutResult(key, store.arbiter.released(key.raw), True)
 
     def logged(self) -> int:
@@ -148,6 +170,40 @@ class WriteBehind:
 
     def pending_hex(self, name: bytes) -> bool:
         return name in self.hexes
+
+    # -- read-your-writes (any thread; Store.ahead, Pins.ahead) -------------------------
+    def stat(self, key: bytes) -> tuple[int, int] | None:
+        found = self.objects.get(key)
+        return None if found is None else (len(found[0]), found[1])
+
+    def read(self, key: bytes) -> bytes | None:
+        found = self.objects.get(key)
+        return None if found is None else found[0]
+
+    def page(self, after: bytes, before: bytes, limit: int) -> list[tuple[bytes, int, int]]:
+        objects = self.objects
+        if not objects:
+            return []
+        keys = sorted(k for k in list(objects) if after <= k < before)[:limit]
+        out = []
+        for k in keys:
+            found = objects.get(k)
+            if found is not None:
+                out.append((k, len(found[0]), found[1]))
+        return out
+
+    def pinned(self, name: str) -> PinRecord | None:
+        return self.pins_ahead.get(name)
+
+    def pinned_below(self, prefix: str) -> list[PinRecord]:
+        return sorted(
+            (r for n, r in list(self.pins_ahead.items()) if n.startswith(prefix)),
+            key=lambda r: r.name,
+        )
+
+    def settle(self) -> bool:
+        """Apply everything pending now (a thread that may wait); whether it all went."""
+        return self.apply()
 
     def due(self) -> bool:
         """Enough waits to apply now (APPLY_BYTES or APPLY_COUNT)."""
@@ -188,29 +244,51 @@ class WriteBehind:
                 self.failures = 0
             with self._lock:
                 del self.items[: len(batch)]
+                del self._acked[: len(batch)]
                 self.count = len(self.items)
                 self.applied += len(batch)
                 for intent in batch:
                     self.bytes -= len(intent.data)
-                self.names = {i.name.encode() for i in self.items if i.name is not None}
-                self.hexes = {i.key.hex.encode() for i in self.items}
-                self.objects = {i.key.raw: i for i in self.items}
+                self._index()
                 if not self.items and self.log is not None:
                     self.log.reset()
             return True
+
+    def _index(self) -> None:
+        """(holding `_lock`) The index of what is still pending, made anew."""
+        items, acked = self.items, self._acked
+        self.names = {i.name.encode() for i in items if i.name is not None}
+        self.hexes = {i.key.hex.encode() for i in items}
+        self.objects = {i.key.raw: (i.data, ns) for i, ns in zip(items, acked, strict=True)}
+        pins_ahead: dict[str, PinRecord] = {}
+        for i, ns in zip(items, acked, strict=True):
+            if i.name is not None:
+                r = _record(i.name, i.key, len(i.data), ns)
+                pins_ahead.setdefault(r.name, r)  # (the first of one name is the one applied)
+        self.pins_ahead = pins_ahead
+
+    def _stamps_of(self, batch: Sequence[Intent]) -> dict[str, int]:
+        """The creation times the batch's pending pins showed, by pin name."""
+        shown = self.pins_ahead
+        return {
+            r.name: r.created_ns
+            for r in (shown.get(from_intent(i.name, 0)[0]) for i in batch if i.name is not None)
+            if r is not None
+        }
 
     def _apply_batch(self, batch: list[Intent], backfill: bool) -> None:
         """The batch's transaction; then, every BACKFILL_COMMITS intents, the database's
         log copied into its file (as the commits of small files made on the loop asked
         for it)."""
         store = self.pins.store
+        stamps = self._stamps_of(batch)
         try:
-            apply(self.pins, batch)
+            apply(self.pins, batch, stamps)
         except NoSpace:
             if store.reserve is None:
                 raise
             store.reserve.hit()  # (what the store keeps for itself makes room: once more)
-            apply(self.pins, batch)
+            apply(self.pins, batch, stamps)
         if backfill:
             self._since_backfill = 0
             store.backfill()
@@ -224,15 +302,21 @@ class WriteBehind:
                 return
             try:
                 if self.items:
-                    apply(self.pins, self.items)
+                    apply(self.pins, self.items, self._stamps_of(self.items))
                 log_.reset()
-                self.items.clear()
-                self.count = 0
-                self.names, self.hexes, self.objects = set(), set(), {}
+                with self._lock:
+                    self.items.clear()
+                    self._acked.clear()
+                    self.count = 0
+                    self._index()
             except Exception:
                 log.exception("intents: left in %s for the next open", log_.path)
             finally:
                 log_.close()
+                if self.pins.store.ahead is self:
+                    self.pins.store.ahead = None
+                if self.pins.ahead is self:
+                    self.pins.ahead = None
 
     def status(self) -> dict[str, int]:
         return {
@@ -240,3 +324,11 @@ class WriteBehind:
             "applied": self.applied,
             "log_bytes": 0 if self.log is None else self.log.size,
         }
+
+
+def _record(name: str, key: Key, size: int, ns: int) -> PinRecord:
+    """The pin an intent named `name` makes (an `intent_name`: a file written into /pins)."""
+    path, attrs = from_intent(name, size)
+    if attrs is None:
+        return PinRecord(path, key, ns)
+    return PinRecord(path, key, ns, attrs.mode, attrs.mtime_ns, attrs.size, attrs.uid, attrs.gid)

@@ -122,10 +122,6 @@ class AlgoDir(_Dir):
         except (UnicodeDecodeError, Invalid):
             return None
 
-    def passes_intents(self, name: bytes | None) -> bool:
-        # (cp's lookups and creates of new names; a pending object waits for its commit)
-        return name is not None and not self.ctx.pending.pending_hex(name)
-
     async def lookup(self, name: bytes, req: RequestContext) -> Node:
         key = self.key_of(name)
         if key is None:

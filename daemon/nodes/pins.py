@@ -103,11 +103,6 @@ class TreeDir(Dir):
     def path_of(self, name: bytes) -> bytes:
         return self.raw + b"/" + name if self.raw else name
 
-    def passes_intents(self, name: bytes | None) -> bool:
-        # (cp's lookups and creates of new names, and a directory's own attributes; a
-        # pending name waits for its commit)
-        return name is None or not self.tree.pending(self.ctx, self.path_of(name))
-
     # -- finding entries -------------------------------------------------------------------
     def _find(self, path: bytes) -> Entry | None:
         """The pin or directory at `path` (None: none). The last path found empty is
@@ -221,7 +216,7 @@ class TreeDir(Dir):
 
     def _taken(self, path: bytes) -> bool:
         tree = self.tree
-        if path in tree.staged or tree.pending(self.ctx, path):
+        if path in tree.staged:
             return True
         return self._find(path) is not None
 
@@ -303,7 +298,6 @@ class TreeDir(Dir):
             intent = intent_name(text, attrs)
             ahead = self.ctx.pending.put(intent, node.writer.algo, data, None)
             if ahead is not None:
-                self.tree.logged(self.ctx, node.pin_path, intent.encode())
                 return ahead
         return pinning.put_pinned(self.ctx.pins, text, data, node.key, wait, attrs, True)
 
@@ -356,8 +350,6 @@ class TreeDir(Dir):
         await writing.settled()
         if self.tree.staged.get(path) is writing:
             return writing
-        if self.tree.pending(self.ctx, path):  # (acknowledged meanwhile: in the database)
-            await self.ctx.pending.drain()
         return None
 
     async def unlink(self, name: bytes, req: RequestContext) -> None:
@@ -407,9 +399,7 @@ class TreeDir(Dir):
             return
         over_staged = new in tree.staged
         over = None if over_staged else new_parent._find(new)
-        if flags & pyfuse3.RENAME_NOREPLACE and (
-            over_staged or over is not None or tree.pending(self.ctx, new)
-        ):
+        if flags & pyfuse3.RENAME_NOREPLACE and (over_staged or over is not None):
             fail(errno.EEXIST, f"/pins/{_shown(new)} exists")
         is_dir = isinstance(moving, PinDir)
         if is_dir and (over_staged or isinstance(over, PinRecord)):

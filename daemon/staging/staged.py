@@ -156,9 +156,6 @@ class StagedFile(File):
         self.idle: trio.Event | None = None  # set when it ends, for the closes waiting
         self.extra: object = None  # the parent's own state (e.g. a pin it holds)
 
-    def passes_intents(self, name: bytes | None) -> bool:
-        return True  # (its own content: in memory, a spool or the store)
-
     def ino_seed(self) -> int:
         # (a serial of this process, mixed, not blake2b of the identity: a new file's
         # number need not be the same in the next run; InodeTable skips one taken)
@@ -279,8 +276,6 @@ class StagedFile(File):
 
 class StagedHandle(Handle):
     """An open file on a StagedFile (see the module docstring)."""
-
-    passes_intents = True
 
     def __init__(self, node: StagedFile, *, direct_io: bool = False) -> None:
         super().__init__(node)
