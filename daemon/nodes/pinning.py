@@ -7,7 +7,7 @@ import errno
 import threading
 from typing import TYPE_CHECKING
 
-from alkfs.errors import Missing, WouldWait
+from alkfs.errors import Missing
 from alkfs.keys import Key
 from alkfs.pins import Entry, FileAttrs, PinDir, PinRecord, Pins
 
@@ -59,22 +59,14 @@ def put_pinned(
     name: str,
     data: bytes,
     replace: Key | None = None,
-    wait: bool = True,
     attrs: FileAttrs | None = None,
     tree: bool = False,
 ) -> PutResult:
     """Store `data` and pin it as `name` in one transaction (as `pin`: Invalid, Exists);
-    the result's pin is released already. `wait=False` (the trio thread): WouldWait,
-    nothing changed, if PIN_LOCK is held or the put would wait (Store.put)."""
-    if not PIN_LOCK.acquire(blocking=wait):
-        raise WouldWait("another pin change is under way")
-    try:
-        result, _ = pins.put_pinned(
-            name, data, replace=replace or False, wait=wait, attrs=attrs, tree=tree
-        )
+    the result's pin is released already."""
+    with PIN_LOCK:
+        result, _ = pins.put_pinned(name, data, replace=replace or False, attrs=attrs, tree=tree)
         return result
-    finally:
-        PIN_LOCK.release()
 
 
 def move(pins: Pins, old: str, new: str) -> Entry:

@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, cast
 import pyfuse3
 from pyfuse3 import RequestContext
 
-from alkfs.errors import Invalid, Missing, NotEmpty, WouldWait
+from alkfs.errors import Invalid, Missing, NotEmpty
 from alkfs.keys import Algorithm, Key
 from alkfs.pins import (
     PATH_MAX,
@@ -286,30 +286,30 @@ class TreeDir(Dir):
         """The pin a file written here makes at close (None: it was unlinked)."""
         return None if node.unlinked else node.pin_name
 
-    def store_small(self, node: PinFile, data: bytes, wait: bool) -> PutResult | None:
+    def store_ahead(self, node: PinFile, data: bytes) -> PutResult | None:
+        """A first commit of a name no pin took meanwhile (an object's pin xattr): its
+        intent logged, it is acknowledged (alkfs/writebehind.py)."""
+        text = self._pin_name(node)
+        if text is None or node.key is not None or self._find(node.pin_path) is not None:
+            return None
+        intent = intent_name(text, node.file_attrs(len(data)))
+        return self.ctx.pending.put(intent, node.writer.algo, data, None)
+
+    def store_small(self, node: PinFile, data: bytes) -> PutResult | None:
         """The object and its pin in one transaction (a refused name stores nothing)."""
         text = self._pin_name(node)
         if text is None:
             return None
         attrs = node.file_attrs(len(data))
-        # A first commit of a name no pin took meanwhile (an object's pin xattr): its
-        # intent logged, it is acknowledged (staging/pending.py).
-        if not wait and node.key is None and self._find(node.pin_path) is None:
-            intent = intent_name(text, attrs)
-            ahead = self.ctx.pending.put(intent, node.writer.algo, data, None)
-            if ahead is not None:
-                return ahead
-        return pinning.put_pinned(self.ctx.pins, text, data, node.key, wait, attrs, True)
+        return pinning.put_pinned(self.ctx.pins, text, data, node.key, attrs, True)
 
-    def publish_in_thread(self, node: PinFile, result: PutResult, wait: bool) -> None:
+    def publish_in_thread(self, node: PinFile, result: PutResult) -> None:
         """After the put (content that was spooled): pinned under its path, then the
         in-process pin goes (after the pin row committed); EEXIST if the name is
         another object's now. (Only a worker thread pins here.)"""
         text = self._pin_name(node)
         if text is None:
             return
-        if not wait:
-            raise WouldWait("a pin is written from a worker thread")
         st = self.ctx.store.stat(result.key)
         size = st.size if st is not None else node.writer.size
         pinning.pin(self.ctx.pins, text, result.key, node.key, node.file_attrs(size), True)

@@ -72,20 +72,24 @@ N_contra = TypeVar("N_contra", bound="StagedFile", contravariant=True)
 class StagingParent(Protocol[N_contra]):
     """What a directory accepting new files gives its StagedFile nodes."""
 
-    def store_small(self, node: N_contra, data: bytes, wait: bool) -> PutResult | None:
-        """For content held in memory: store `data` and name it in one step (e.g. the
-        object and its pin in one transaction; the returned pin is released already),
-        or None to have it stored by `store.put` and then `publish_in_thread`. Run in a
-        worker thread, or (`wait=False`) on the trio thread: then WouldWait, with
-        nothing changed, wherever it would wait (StagedWriter.commit)."""
+    def store_ahead(self, node: N_contra, data: bytes) -> PutResult | None:
+        """For content held in memory, on the trio thread (it never waits): hand `data`
+        to the library's write-behind (alkfs/writebehind.py; a named one is pinned under
+        its name, no pin held), or None to store it in a worker thread
+        (`store_small`)."""
         ...
 
-    def publish_in_thread(self, node: N_contra, result: PutResult, wait: bool) -> None:
-        """Run right after the put, where it ran (e.g. the durable pin's transaction);
-        raising there fails the commit (the pin is released). A parent with nothing to
-        do there does nothing. `wait=False` (the put ran on the trio thread): WouldWait
-        before changing anything if this would wait (the put is made again in a worker
-        thread: a put is idempotent)."""
+    def store_small(self, node: N_contra, data: bytes) -> PutResult | None:
+        """For content held in memory, in a worker thread: store `data` and name it in
+        one step (e.g. the object and its pin in one transaction; the returned pin is
+        released already), or None to have it stored by `store.put` and then
+        `publish_in_thread`."""
+        ...
+
+    def publish_in_thread(self, node: N_contra, result: PutResult) -> None:
+        """Run right after the put, in its worker thread (e.g. the durable pin's
+        transaction); raising there fails the commit (the pin is released). A parent
+        with nothing to do there does nothing."""
         ...
 
     async def publish(self, node: N_contra, result: PutResult) -> None:
@@ -249,6 +253,7 @@ class StagedFile(File):
             result = await self.writer.commit(
                 functools.partial(self.host.publish_in_thread, self),
                 functools.partial(self.host.store_small, self),
+                functools.partial(self.host.store_ahead, self),
             )
         except Exception as exc:
             self.error = errno_of(exc) or errno.EIO
