@@ -309,17 +309,16 @@ class Pins(PinTree):
                 self.store.fleet.guard_publish(conn, [key.raw])
         return record, True
 
-    def unpin(self, name: str) -> None:
-        """Remove the pin `name` (Missing: no such pin; a directory is no pin)."""
+    def unpin(self, name: str, key: Key | None = None) -> None:
+        """Remove the pin `name` (Missing: no such pin, or with `key` none on that
+        object; a directory is no pin): one statement."""
         self._before_change(name)
+        sql, params = "DELETE FROM pins WHERE name = ? AND key <> ?", (name, DIR_KEY)
+        if key is not None:
+            sql, params = "DELETE FROM pins WHERE name = ? AND key = ?", (name, key.raw)
         with self.misses.changing(), self.tables.tx() as conn:
-            if (
-                conn.execute(
-                    "DELETE FROM pins WHERE name = ? AND key <> ?", (name, DIR_KEY)
-                ).rowcount
-                != 1
-            ):
-                raise Missing(f"no pin {name!r}")
+            if conn.execute(sql, params).rowcount != 1:
+                raise Missing(f"no pin {name!r}" + (f" on {key}" if key is not None else ""))
         # (no counter move: an unpin makes nothing live)
 
     # -- reading -------------------------------------------------------------------------

@@ -15,6 +15,7 @@ from .records import _COLUMNS, DIR_KEY, Entry, PinDir, PinRecord, PinsAhead, _en
 if TYPE_CHECKING:
     from ..db import Conn
     from ..git.tables import Tables
+    from ..keys import Key
     from ..store import Store
     from .misses import Misses
 
@@ -271,20 +272,29 @@ class PinTree:
     def set_attrs(
         self,
         name: str,
-        created_ns: int,
+        created_ns: int | None,
         mode: int | None = None,
         mtime_ns: int | None = None,
         uid: int | None = None,
         gid: int | None = None,
+        key: Key | None = None,
     ) -> Entry:
         """Set the permission bits (of `mode`), the time, the owner and the group of the
-        file or directory `name` made at `created_ns` (each None: as it is; Missing:
-        gone, replaced, or a link's pin). Who may change an owner is the caller's rule."""
+        file or directory `name` made at `created_ns` (None: whenever; each other None:
+        as it is; Missing:
+        gone, replaced, or a link's pin; `key`: a file pin that no longer names that
+        object is gone too). One transaction. Who may change an owner is the caller's
+        rule."""
         self._before_change(name)
         with self.tables.tx() as conn:
             row = conn.execute(f"SELECT {_COLUMNS} FROM pins WHERE name = ?", (name,)).fetchone()
             there = None if row is None else _entry(row)
-            if there is None or there.created_ns != created_ns or there.mode is None:
+            if (
+                there is None
+                or (created_ns is not None and there.created_ns != created_ns)
+                or there.mode is None
+                or (key is not None and not (isinstance(there, PinRecord) and there.key == key))
+            ):
                 raise Missing(f"{name!r} is gone from /pins")
             new_mode = there.mode if mode is None else stat.S_IFMT(there.mode) | stat.S_IMODE(mode)
             new_mtime = there.mtime_ns if mtime_ns is None else mtime_ns
@@ -296,7 +306,11 @@ class PinTree:
             )
         if isinstance(there, PinDir):
             return dataclasses.replace(
-                there, mode=new_mode, mtime_ns=new_mtime or created_ns, uid=new_uid, gid=new_gid
+                there,
+                mode=new_mode,
+                mtime_ns=new_mtime or there.created_ns,
+                uid=new_uid,
+                gid=new_gid,
             )
         return dataclasses.replace(
             there, mode=new_mode, mtime_ns=new_mtime, uid=new_uid, gid=new_gid

@@ -127,7 +127,6 @@ class StagedFile(File):
         "attempted",
         "committing",
         "idle",
-        "extra",
         "host",
     )
     host: StagingParent[Self]  # the directory it is written in (set at __init__)
@@ -158,7 +157,6 @@ class StagedFile(File):
         self.attempted = False  # a commit was tried (an empty file is stored at release)
         self.committing = False  # a commit is under way (`commit`)
         self.idle: trio.Event | None = None  # set when it ends, for the closes waiting
-        self.extra: object = None  # the parent's own state (e.g. a pin it holds)
 
     def ino_seed(self) -> int:
         # (a serial of this process, mixed, not blake2b of the identity: a new file's
