@@ -4,11 +4,11 @@ A close hands a small file to the library's write-behind (`put`: logged, acknowl
 the `run` worker applies what waits, many at a time on a worker thread, once closes
 pause (the gather time; see `_settle`).
 
-What is acknowledged and not applied yet is not in the database. Every request that
-could see the difference waits for the apply first (`drain`): Operations lets through
-only the requests of the files being written and the lookups and creates of names that
-are not pending (`Node.passes_intents`, fs.py); sweeps drain too. While a drain runs,
-new closes take the direct path (their own transaction), so a drain always ends.
+What is acknowledged and not applied yet is not in the database, but the library
+answers for it (its pending index: Store.ahead, Pins.ahead), so requests do not wait for
+it. Only views that read the database's own counts wait for the apply first (`drain`:
+the status and metrics files, dry-run, verify). While a drain runs, new closes take the
+direct path (their own put in a worker thread), so a drain always ends.
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ class Pending:
 
     @property
     def count(self) -> int:
-        """Intents pending (read by every request's gate: errors.fuse_op)."""
+        """Intents pending."""
         behind = self.behind
         return 0 if behind is None else behind.count
 
