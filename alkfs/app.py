@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, TypedDict
 
-from . import __version__, intents, privacy
+from . import __version__, privacy, writebehind
 from .binding import BINDING_NAME
 from .gc import staged
 from .git import packs
@@ -19,6 +19,7 @@ from .git.refs import Refs
 from .keys import Key
 from .pins import Pins
 from .roots import Roots
+from .settings import settings
 from .store import DB_NAME, DEFAULT_THRESHOLD, Store
 
 if TYPE_CHECKING:
@@ -98,6 +99,7 @@ class Alkfs:
         self.roots = Roots(store, self.closure)  # borrowers (docs/gc.md)
         refs, roots = self.refs, self.roots
         self.lfs = LfsMedia(store, (lambda: refs.write_counter, lambda: roots.write_counter))
+        self.behind: writebehind.WriteBehind | None = None  # (start_behind)
         self._tokens = [
             store.register_source(self.closure),
             store.register_source(self.pins),
@@ -137,7 +139,7 @@ class Alkfs:
         try:
             app = cls(store)
             if store.holds_lock:  # what a stopped daemon acknowledged and did not commit
-                intents.replay(app.pins)
+                writebehind.replay(app.pins)
             return app
         except BaseException:
             store.close()
@@ -209,7 +211,26 @@ class Alkfs:
             else datetime.fromtimestamp(first / 1e9, UTC).isoformat(timespec="seconds"),
         }
 
+    def start_behind(self) -> writebehind.WriteBehind | None:
+        """The write-behind of small puts (alkfs/writebehind.py), made once for a store
+        this process alone writes, on sqlite, on disk (None elsewhere, or with
+        ALKFS_INTENTS=off): `behind`. Its owner applies it; `close` applies what is left."""
+        if self.behind is None and settings().intents:
+            store = self.store
+            if (
+                store.path is not None
+                and store.sole_writer
+                and store.db is not None
+                and store.db.engine == "sqlite"
+                and store.mode != "mem"
+            ):
+                self.behind = writebehind.WriteBehind(self.pins)
+        return self.behind
+
     def close(self) -> None:
+        behind, self.behind = self.behind, None
+        if behind is not None:
+            behind.close()
         for token in self._tokens:
             self.store.unregister(token)
         self._tokens = []

@@ -1,11 +1,10 @@
 """Small puts acknowledged ahead of their database commit: the intents log.
 
-A small file written through the mount is in the store once its intent is in this log
-(`STORE/intents.log`): one `writev()` into the page cache, the same durability as the
-database's own commits, which are not fsynced either (`synchronous=NORMAL`). The daemon
-applies the intents shortly after, many in one transaction (`apply`), and empties the
-log once every intent in it is applied. Whoever opens the store with its lock first
-applies what a process that died left there (`replay`, from `Alkfs.open`).
+The on-disk format of the write-behind (alkfs/writebehind.py, which appends, applies
+and replays): a small file written through the mount is in the store once its intent is
+in this log (`STORE/intents.log`): one `writev()` into the page cache, the same
+durability as the database's own commits, which are not fsynced either
+(`synchronous=NORMAL`).
 
 A record: the header (magic, length of the body, crc32 of the body), then the body: the
 pin name's length (u16, 0: no pin) and the name (utf-8), the key (its algorithm byte and
@@ -15,21 +14,15 @@ digest), the content. A torn or damaged tail is dropped: its writer never heard 
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 import struct
 import zlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
 from .errors import Invalid
 from .keys import Key
-
-if TYPE_CHECKING:
-    from .pins import Pins
-
-log = logging.getLogger("alkfs")
 
 LOG_NAME = "intents.log"
 MAGIC = b"ALKI"
@@ -112,29 +105,3 @@ class IntentLog:
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
-
-
-def apply(pins: Pins, intents: Sequence[Intent]) -> None:
-    """Store and pin `intents` in one transaction (a worker thread: it may wait)."""
-    pins.put_pinned_many([(i.name, i.key, i.data) for i in intents])
-
-
-def replay(pins: Pins) -> int:
-    """Apply what the log holds (a process that died left it) and empty it; how many."""
-    store = pins.store
-    if store.path is None:
-        return 0
-    path = store.path / LOG_NAME
-    try:
-        blob = path.read_bytes()
-    except FileNotFoundError:
-        return 0
-    if not blob:
-        return 0
-    intents = list(decode(blob))
-    apply(pins, intents)
-    with open(path, "r+b") as f:
-        f.truncate(0)
-        os.fsync(f.fileno())
-    log.info("intents: applied %d small put(s) a stopped daemon had acknowledged", len(intents))
-    return len(intents)

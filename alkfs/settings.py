@@ -56,7 +56,7 @@ class Settings:
     pack_retire_hold_s: float = 3600.0  # ALKFS_PACK_RETIRE_HOLD: a handle keeps one that long
     pack_retired_max: int = 3  # ALKFS_PACK_RETIRED_MAX: retired sets of a format kept at most
     drain: bool = True  # ALKFS_DRAIN: 0 keeps packed git objects in the kv too (packs/drain.py)
-    # writes (daemon/staging/pending.py, daemon/context.py)
+    # writes (alkfs/writebehind.py, daemon/staging/pending.py)
     intents: bool = True  # ALKFS_INTENTS: off/0/no: a small file's close commits at once
     intents_gather_s: float = 0.05  # ALKFS_INTENTS_GATHER_S: the pause of closes before apply
     max_write_handles: int = 64  # ALKFS_MAX_WRITE_HANDLES: a shared mount's per-uid bound

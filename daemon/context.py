@@ -221,7 +221,6 @@ class Context:
         """Run one sweep in a worker thread; return once the kernel has been told what went.
         A scheduled sweep that finds another daemon of the fleet sweeping is skipped
         quietly (no log line; `status.last_sweep` keeps the last one that ran)."""
-        await self.pending.drain()  # (what was acknowledged is live before the mark)
         before = self.store.last_sweep
         report = await self.run_sync(
             functools.partial(self.store.sweep, window_s, expire_now=expire_now)
@@ -238,7 +237,7 @@ class Context:
 
     async def dry_run(self) -> dict[str, object]:
         """What a sweep would stage now (nothing changes); kept for /.alkfs/dry-run."""
-        await self.pending.drain()
+        await self.pending.drain()  # (its mark reads the pins' rows: the pending ones too)
         result = await self.run_sync(dry_run, self.store)
         self.last_dry_run = result
         log.info(
@@ -249,7 +248,7 @@ class Context:
         return result
 
     async def verify(self) -> list[Key]:
-        await self.pending.drain()
+        await self.pending.drain()  # (it re-hashes the database's objects: the pending too)
         bad = await self.run_sync(self.store.verify)
         log.info("verify: %d corrupt object(s)%s", len(bad), "".join(f" {k}" for k in bad))
         return bad

@@ -193,25 +193,11 @@ def name_of(code: int) -> str:
     return errno.errorcode.get(code, str(code))
 
 
-class _Drains(Protocol):
-    """The acknowledged small files a request may wait for (staging/pending.py)."""
-
-    @property
-    def count(self) -> int: ...
-
-    async def drain(self) -> None: ...
-
-
 class Handled(Protocol):
     """What `fuse_op`'s wrapper uses of the Operations whose handler it wraps (fs.py)."""
 
     @property
-    def pending(self) -> _Drains: ...
-
-    @property
     def stats(self) -> RequestStats: ...
-
-    def passes(self, op: str, args: tuple[object, ...]) -> bool: ...
 
     def count_error(self, op: str, code: int) -> None: ...
 
@@ -256,8 +242,6 @@ def fuse_op(
         async def wrapper(self: Ops, /, *args: P.args, **kwargs: P.kwargs) -> R:
             t0 = perf_counter_ns()
             try:
-                if self.pending.count and not self.passes(op, args):
-                    await self.pending.drain()  # (see staging/pending.py)
                 return await fn(self, *args, **kwargs)
             except Exception as exc:
                 code = errno_of(exc)

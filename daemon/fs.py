@@ -16,7 +16,7 @@ import functools
 import logging
 import os
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING
 
 import pyfuse3
 from pyfuse3 import RequestContext
@@ -49,8 +49,6 @@ log = logging.getLogger("alkfsd")
 
 
 RENAME_WHITEOUT = 4  # (linux/fs.h; os and pyfuse3 do not name it)
-_BY_HANDLE = frozenset({"read", "write", "flush", "fsync", "release"})
-_BY_INODE = frozenset({"getattr", "setattr", "open", "getxattr", "listxattr", "access"})
 
 
 # pyfuse3.readdir_reply's shape: (token, name, attributes, next offset) -> the kernel took it
@@ -113,24 +111,6 @@ class Operations(pyfuse3.Operations):
         """Count `node` as handed to the kernel and return its attributes."""
         self.inodes.remember(node)
         return node.attr()
-
-    def passes(self, op: str, args: tuple[object, ...]) -> bool:
-        """Whether a request may be answered while acknowledged small files wait for
-        their commit (staging/pending.py): those of the files being written, and
-        lookups and creates of names not pending (`Node.passes_intents`). Any other
-        first waits for the commit (errors.fuse_op)."""
-        # (`args` are the handler's positional arguments: a handle or an inode first; for
-        # lookup and create, the name second)
-        if op in _BY_HANDLE:
-            handle = self.handles.get(cast(int, args[0]))
-            return handle is not None and handle.passes_intents
-        if op in _BY_INODE:
-            node = self.inodes.get(cast(int, args[0]))
-            return node is not None and node.passes_intents(None)
-        if op == "lookup" or op == "create":
-            node = self.inodes.get(cast(int, args[0]))
-            return node is not None and node.passes_intents(cast(bytes, args[1]))
-        return False
 
     # -- names ----------------------------------------------------------------------
     @fuse_op(of_child)

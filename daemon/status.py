@@ -96,7 +96,7 @@ def figures(ctx: Context) -> Figures:
         # the directory listings the kernel caches (daemon/listings.py): opens decided in
         # Python, and the directories whose opens are answered in C (pyfuse3-cacheddirs.patch)
         "listings": ctx.listings.status(),
-        # small files acknowledged ahead of their commit (daemon/staging/pending.py): this
+        # small files acknowledged ahead of their commit (alkfs/writebehind.py): this
         # file's open waited for them, so `pending` is what arrived since; `applied` counts
         "intents": ctx.pending.status(),
         "disk_full": reserve is not None and reserve.full,

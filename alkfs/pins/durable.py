@@ -10,11 +10,11 @@ import functools
 import hashlib
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from ..db import now_ns
-from ..errors import Exists, Invalid, Missing
+from ..errors import Exists, Invalid, Missing, WouldWait
 from ..git.closure import Walker
 from ..git.tables import Tables
 from ..keys import Algorithm, Key
@@ -27,6 +27,7 @@ from .records import (
     FileAttrs,
     PinDir,
     PinRecord,
+    PinsAhead,
     _attr_values,
     _entry,
     from_intent,
@@ -68,6 +69,9 @@ class Pins(PinTree):
         self._last_stamp = 0
         # (one opened beside the lock holder sees another process's changes)
         self.misses = Misses(on=store.sole_writer)
+        # pins acknowledged and not in the database yet (alkfs/writebehind.py registers
+        # its index): lookups and listings see them (tree.py)
+        self.ahead: PinsAhead | None = None
 
     def _stamps(self, n: int = 1) -> int:
         """The first of `n` creation times no other row of this process has: a file's or
@@ -116,6 +120,10 @@ class Pins(PinTree):
         only from that one (a Key). `attrs`: a file written into /pins (its row says so);
         `tree`: `name` is a path there (its directory must exist: Missing)."""
         self._check_name(name, tree)
+        self._before_change(name)
+        ahead = self.store.ahead
+        if ahead is not None and ahead.stat(key.raw) is not None:
+            ahead.settle()  # (the object's row before its pin's)
         held = self.store.pin(key)  # waits out an in-flight delete of this key
         wrote = False
         try:
@@ -142,6 +150,9 @@ class Pins(PinTree):
         nothing. The put's pin is released once the pin row has committed (it is not
         held in the returned result). `wait=False`: as `Store.put`'s."""
         self._check_name(name, tree)
+        if not wait and self._ahead_pin(name) is not None:
+            raise WouldWait("the name is pending ahead of its commit: applied first")
+        self._before_change(name)
         box: list[tuple[PinRecord, bool]] = []
         with self.misses.changing():  # (the put's transaction commits inside)
             result = self.store.put(
@@ -154,13 +165,19 @@ class Pins(PinTree):
         self._settle(result.pin, wrote)
         return result, record
 
-    def put_pinned_many(self, items: Sequence[tuple[str | None, Key, bytes]]) -> None:
+    def put_pinned_many(
+        self,
+        items: Sequence[tuple[str | None, Key, bytes]],
+        stamps: Mapping[str, int] | None = None,
+    ) -> None:
         """Store many small (name or None, key of the content computed by this process
         from it, content) in one transaction (not hashed again), each named
         object pinned as its name (alkfs/intents.py: a worker thread, it may wait; a
         name made by `intent_name` is a file written into /pins). A name pinned to
         another object keeps it: that content is stored unpinned and the refusal logged
-        (the daemon refuses such a name before it acknowledges)."""
+        (the daemon refuses such a name before it acknowledges). `stamps`: the creation
+        time a new pin takes, by name (the write-behind's, which showed it pending: taken
+        from `_stamps` when it was acknowledged); any other takes a new one."""
         if not items:
             return
         store = self.store
@@ -179,7 +196,8 @@ class Pins(PinTree):
                         [
                             (name, r.key, attrs)
                             for (name, attrs), r in zip(named, results, strict=True)
-                        ]
+                        ],
+                        stamps or {},
                     )
                     for n, ((name, attrs), result) in enumerate(zip(named, results, strict=True)):
                         if name is None:
@@ -212,7 +230,11 @@ class Pins(PinTree):
 
     _ROWS = 200  # pin rows an INSERT of `_insert_new` takes (8 parameters each)
 
-    def _insert_new(self, rows: Sequence[tuple[str | None, Key, FileAttrs | None]]) -> set[str]:
+    def _insert_new(
+        self,
+        rows: Sequence[tuple[str | None, Key, FileAttrs | None]],
+        stamps: Mapping[str, int],
+    ) -> set[str]:
         """Pin rows for the names not taken yet, a few statements for all (the caller
         is inside a transaction and `misses.changing()`, holding every key's pin): the
         names whose row was written. A fleet's member writes each with `_write`."""
@@ -227,7 +249,8 @@ class Pins(PinTree):
                 self.misses.adding_many([name for name, _, _ in part])
                 params: list[object] = []
                 for i, (name, key, attrs) in enumerate(part):
-                    params += (name, key.raw, stamp + j + i, *_attr_values(attrs))
+                    created = stamps.get(name, stamp + j + i)
+                    params += (name, key.raw, created, *_attr_values(attrs))
                 done.update(
                     row[0]
                     for row in conn.execute(
@@ -290,16 +313,16 @@ class Pins(PinTree):
                 self.store.fleet.guard_publish(conn, [key.raw])
         return record, True
 
-    def unpin(self, name: str) -> None:
-        """Remove the pin `name` (Missing: no such pin; a directory is no pin)."""
+    def unpin(self, name: str, key: Key | None = None) -> None:
+        """Remove the pin `name` (Missing: no such pin, or with `key` none on that
+        object; a directory is no pin): one statement."""
+        self._before_change(name)
+        sql, params = "DELETE FROM pins WHERE name = ? AND key <> ?", (name, DIR_KEY)
+        if key is not None:
+            sql, params = "DELETE FROM pins WHERE name = ? AND key = ?", (name, key.raw)
         with self.misses.changing(), self.tables.tx() as conn:
-            if (
-                conn.execute(
-                    "DELETE FROM pins WHERE name = ? AND key <> ?", (name, DIR_KEY)
-                ).rowcount
-                != 1
-            ):
-                raise Missing(f"no pin {name!r}")
+            if conn.execute(sql, params).rowcount != 1:
+                raise Missing(f"no pin {name!r}" + (f" on {key}" if key is not None else ""))
         # (no counter move: an unpin makes nothing live)
 
     # -- reading -------------------------------------------------------------------------
@@ -315,13 +338,19 @@ class Pins(PinTree):
         return self.misses.prime(scan)
 
     def list(self) -> list[PinRecord]:
-        """Every pin (the directories of /pins are none), in name order."""
+        """Every pin (the directories of /pins are none), in name order (those pending
+        ahead of their commit too)."""
         rows = self.tables.read(
             f"SELECT {_COLUMNS} FROM pins WHERE key <> ? ORDER BY name", (DIR_KEY,)
         )
-        return [
-            PinRecord(n, Key(bytes(k)), t, m, mt, sz, u, g) for n, k, t, m, mt, sz, u, g in rows
-        ]
+        out = [PinRecord(n, Key(bytes(k)), t, m, mt, sz, u, g) for n, k, t, m, mt, sz, u, g in rows]
+        ahead = self.ahead
+        if ahead is not None and ahead.count:
+            there = {r.name for r in out}
+            more = [r for r in ahead.pinned_below("") if r.name not in there]
+            if more:
+                out = sorted(out + more, key=lambda r: r.name)
+        return out
 
     def get(self, name: str) -> PinRecord | None:
         """The pin `name` (None: none; a directory of /pins is no pin)."""
@@ -333,8 +362,13 @@ class Pins(PinTree):
         sql = "SELECT name FROM pins WHERE key = ? ORDER BY name"
         if limit is not None:
             sql += f" LIMIT {int(limit)}"
-        rows = self.tables.read(sql, (key.raw,))
-        return [n for (n,) in rows]
+        names = [n for (n,) in self.tables.read(sql, (key.raw,))]
+        ahead = self.ahead
+        if ahead is not None and ahead.count:  # (pins pending ahead of their commit)
+            more = [r.name for r in ahead.pinned_below("") if r.key == key]
+            if more:
+                names = sorted(set(names) | set(more))[:limit]
+        return names
 
     def __len__(self) -> int:
         return self.tables.read("SELECT count(*) FROM pins WHERE key <> ?", (DIR_KEY,))[0][0]

@@ -146,6 +146,12 @@ class Misses:
                 self._names.clear()
             self._names.add(name)
 
+    def moved(self) -> None:
+        """A pin appeared outside the database (one pending ahead of its commit: alkfs/
+        writebehind.py): a caller's memo of a name found absent is stale."""
+        with self._lock:
+            self._epoch += 1
+
     @contextlib.contextmanager
     def changing(self) -> Iterator[None]:
         with self._lock:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import stat
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from ..keys import Key
 
@@ -77,6 +78,26 @@ def _entry(row: Sequence) -> Entry:
             gid,
         )
     return PinRecord(name, Key(key), created, mode, mtime, size, uid, gid)
+
+
+class PinsAhead(Protocol):
+    """Pins acknowledged ahead of their commit (alkfs/writebehind.py registers its pending
+    index as `Pins.ahead`): lookups and listings see them; a change of a name pending
+    there applies what is pending first."""
+
+    count: int  # intents pending (0: nothing to look at)
+
+    def pinned(self, name: str) -> PinRecord | None:
+        """The pending pin `name` (None: none pending)."""
+        ...
+
+    def pinned_below(self, prefix: str) -> list[PinRecord]:
+        """The pending pins whose names start with `prefix` ("": all), in name order."""
+        ...
+
+    def settle(self) -> bool:
+        """Apply what is pending (a thread that may wait); whether it all went."""
+        ...
 
 
 def intent_name(name: str, attrs: FileAttrs) -> str:

@@ -10,11 +10,12 @@ from typing import TYPE_CHECKING
 
 from ..errors import Exists, Invalid, Missing, NotEmpty
 from .paths import PATH_MAX, TooLong, below, parent_of, path_bytes
-from .records import _COLUMNS, DIR_KEY, Entry, PinDir, _entry
+from .records import _COLUMNS, DIR_KEY, Entry, PinDir, PinRecord, PinsAhead, _entry
 
 if TYPE_CHECKING:
     from ..db import Conn
     from ..git.tables import Tables
+    from ..keys import Key
     from ..store import Store
     from .misses import Misses
 
@@ -26,6 +27,7 @@ class PinTree:
         store: Store
         tables: Tables
         misses: Misses
+        ahead: PinsAhead | None
 
         def _check_name(self, name: str, tree: bool = False) -> None: ...
 
@@ -41,11 +43,24 @@ class PinTree:
         if row is None or bytes(row[0]) != DIR_KEY:
             raise Missing(f"no directory {parent!r} in /pins")
 
+    def _before_change(self, name: str | None = None) -> None:
+        """Before a change of the pin `name` (None: of any entry, e.g. a directory's):
+        what is pending ahead of its commit for it is applied first (best effort: what
+        fails to apply stays pending and acknowledged)."""
+        ahead = self.ahead
+        if ahead is not None and ahead.count and (name is None or ahead.pinned(name)):
+            ahead.settle()
+
+    def _ahead_pin(self, name: str) -> PinRecord | None:
+        ahead = self.ahead
+        return None if ahead is None or not ahead.count else ahead.pinned(name)
+
     # -- renames -----------------------------------------------------------------------
     def rename(self, old: str, new: str, replace: bool = False) -> None:
         """Rename a pin (Missing: no `old`); a pin `new` is Exists, or with `replace`
         is dropped in the same transaction (what `mv` expects). (`move`: in /pins.)"""
         self._check_name(new)
+        self._before_change()
         self._move(old, new, replace, tree=False)
 
     def move(self, old: str, new: str, replace: bool = False) -> Entry:
@@ -56,6 +71,7 @@ class PinTree:
         pin over a directory; NotEmpty: a directory that is not empty; Invalid: a
         directory into itself; TooLong: a path below it would be too long)."""
         self._check_name(new, tree=True)
+        self._before_change()
         return self._move(old, new, replace, tree=True)
 
     def _move(self, old: str, new: str, replace: bool, tree: bool) -> Entry:
@@ -138,7 +154,11 @@ class PinTree:
     # -- the tree of /pins -------------------------------------------------------------
     def entry(self, name: str) -> Entry | None:
         """The pin or directory named `name` (one probe of the primary key, or none for a
-        name `misses` knows was never there)."""
+        name `misses` knows was never there); a pin pending ahead of its commit is
+        found (`ahead`)."""
+        pending = self._ahead_pin(name)
+        if pending is not None:
+            return pending
         misses = self.misses
         if misses.known(name):
             return None
@@ -177,10 +197,25 @@ class PinTree:
                     break
             if not jumped and len(rows) < limit:
                 break
+        ahead = self.ahead
+        if ahead is not None and ahead.count:  # (pins pending ahead of their commit)
+            there = {e.name for e in out}
+            more = [
+                r
+                for r in ahead.pinned_below(prefix)
+                if "/" not in r.name[len(prefix) :]
+                and (after is None or r.name > after)
+                and r.name not in there
+            ]
+            if more:
+                out = sorted([*out, *more], key=lambda e: e.name)[:limit]
         return out
 
     def has_below(self, prefix: str) -> bool:
         """Whether any name starts with `prefix` (a directory's name and `/`): one probe."""
+        ahead = self.ahead
+        if ahead is not None and ahead.count and ahead.pinned_below(prefix):
+            return True
         return bool(
             self.tables.read(
                 "SELECT 1 FROM pins WHERE name >= ? AND name < ? LIMIT 1", (prefix, below(prefix))
@@ -208,6 +243,7 @@ class PinTree:
         directory it would be in does not exist); `uid`, `gid`: its owner and group
         (None: the mount's owner's)."""
         self._check_name(name, tree=True)
+        self._before_change(name)
         stamp = self._stamps()
         made = PinDir(name, stamp, stat.S_IFDIR | stat.S_IMODE(mode), mtime_ns or stamp, uid, gid)
         with self.misses.changing(), self.tables.tx() as conn:
@@ -224,6 +260,7 @@ class PinTree:
 
     def rmdir(self, name: str) -> None:
         """Remove the empty directory `name` (Missing: no such directory; NotEmpty)."""
+        self._before_change()
         with self.misses.changing(), self.tables.tx() as conn:
             row = conn.execute("SELECT key FROM pins WHERE name = ?", (name,)).fetchone()
             if row is None or bytes(row[0]) != DIR_KEY:
@@ -235,19 +272,29 @@ class PinTree:
     def set_attrs(
         self,
         name: str,
-        created_ns: int,
+        created_ns: int | None,
         mode: int | None = None,
         mtime_ns: int | None = None,
         uid: int | None = None,
         gid: int | None = None,
+        key: Key | None = None,
     ) -> Entry:
         """Set the permission bits (of `mode`), the time, the owner and the group of the
-        file or directory `name` made at `created_ns` (each None: as it is; Missing:
-        gone, replaced, or a link's pin). Who may change an owner is the caller's rule."""
+        file or directory `name` made at `created_ns` (None: whenever; each other None:
+        as it is; Missing:
+        gone, replaced, or a link's pin; `key`: a file pin that no longer names that
+        object is gone too). One transaction. Who may change an owner is the caller's
+        rule."""
+        self._before_change(name)
         with self.tables.tx() as conn:
             row = conn.execute(f"SELECT {_COLUMNS} FROM pins WHERE name = ?", (name,)).fetchone()
             there = None if row is None else _entry(row)
-            if there is None or there.created_ns != created_ns or there.mode is None:
+            if (
+                there is None
+                or (created_ns is not None and there.created_ns != created_ns)
+                or there.mode is None
+                or (key is not None and not (isinstance(there, PinRecord) and there.key == key))
+            ):
                 raise Missing(f"{name!r} is gone from /pins")
             new_mode = there.mode if mode is None else stat.S_IFMT(there.mode) | stat.S_IMODE(mode)
             new_mtime = there.mtime_ns if mtime_ns is None else mtime_ns
@@ -259,7 +306,11 @@ class PinTree:
             )
         if isinstance(there, PinDir):
             return dataclasses.replace(
-                there, mode=new_mode, mtime_ns=new_mtime or created_ns, uid=new_uid, gid=new_gid
+                there,
+                mode=new_mode,
+                mtime_ns=new_mtime or there.created_ns,
+                uid=new_uid,
+                gid=new_gid,
             )
         return dataclasses.replace(
             there, mode=new_mode, mtime_ns=new_mtime, uid=new_uid, gid=new_gid

@@ -47,6 +47,8 @@ class StoreDeletes(StoreState):
         """One sweep (alkfs/gc/sweep.py); `progress` is told how far it got, and
         `sweep_progress` shows it meanwhile."""
         tracked = False
+        if self.ahead is not None:  # (what was acknowledged is in the database before the mark)
+            self.ahead.settle()
 
         def track(phase: str, report: SweepReport) -> None:
             nonlocal tracked

@@ -38,6 +38,11 @@ class StoreListing(StoreState):
         e = self.kv.stat(key)
         if e is not None:
             return e, self.kv.name
+        ahead = self.ahead
+        if ahead is not None:
+            found = ahead.stat(key)
+            if found is not None:
+                return Entry(key, found[0], found[1]), self.kv.name
         if self.large is not None:
             e = self.large.stat(key)
             if e is not None:
@@ -121,6 +126,16 @@ class StoreListing(StoreState):
                 for k, size, ns in self.packed.page(lo, hi, limit)
                 if k not in there
             ]
+        ahead = self.ahead
+        if ahead is not None:  # (small objects pending ahead of their commit)
+            more = ahead.page(lo, hi, limit)
+            if more:
+                there = {e.key for e, _t in rows}
+                rows += [
+                    (Entry(k, size, ns), self.kv.name)
+                    for k, size, ns in more
+                    if k not in there and k > lo
+                ]
         rows.sort(key=lambda r: r[0].key)
         return [ObjectStat(Key(e.key), e.size, t, e.stored_ns) for e, t in rows[:limit]]
 

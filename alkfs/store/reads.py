@@ -51,12 +51,16 @@ class StoreReads(StoreState):
         return self.large.path(key.raw)
 
     def kv_value(self, key: Key) -> bytes | None:
-        """The kv tier's bytes for `key`, unverified (callers verify)."""
-        return self.kv.read(key.raw)
+        """The kv tier's bytes for `key`, unverified (callers verify): a pending small
+        object's too (`ahead`)."""
+        data = self.kv.read(key.raw)
+        if data is None and self.ahead is not None:
+            return self.ahead.read(key.raw)
+        return data
 
     def get(self, key: Key) -> bytes | None:
         """The object's bytes, verified; None when absent; Corrupt when they do not hash."""
-        data = self.kv.read(key.raw)
+        data = self.kv_value(key)
         if data is not None:
             return self._check(key, data)
         if self.large is None:
@@ -209,7 +213,7 @@ class StoreReads(StoreState):
         """A verified slice and the SHA-256 hex of exactly that slice; None when absent."""
         if offset < 0 or length < 0:
             raise Invalid("negative offset or length")
-        data = self.kv.read(key.raw)
+        data = self.kv_value(key)
         if data is not None:
             piece = self._check(key, data)[offset : offset + length]
         else:

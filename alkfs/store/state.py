@@ -58,6 +58,29 @@ class PackedTier(Protocol):
         ...
 
 
+class AheadTier(Protocol):
+    """Small objects acknowledged ahead of their commit (alkfs/writebehind.py registers
+    its pending index as `Store.ahead`): looked up after the kv tier, as kv objects."""
+
+    def stat(self, key: bytes) -> tuple[int, int] | None:
+        """(size, acknowledged ns) of a pending object; None when none is pending."""
+        ...
+
+    def read(self, key: bytes) -> bytes | None:
+        """Its bytes (hashed by whoever acknowledged them); None when none is pending."""
+        ...
+
+    def page(self, after: bytes, before: bytes, limit: int) -> list[tuple[bytes, int, int]]:
+        """(key, size, acknowledged ns) of pending objects with after <= key < before, in
+        order (at most `limit`)."""
+        ...
+
+    def settle(self) -> bool:
+        """Apply what is pending (a thread that may wait): before a sweep's mark. Whether
+        it all went (if not, it stays pending and acknowledged: nothing is lost)."""
+        ...
+
+
 def _kv_tier(db: Database) -> SqlTier:
     if db.engine == "postgresql":
         from ..tiers.postgres import PgTier
@@ -138,6 +161,9 @@ class StoreState:
         # git objects in the store's packs (alkfs/app.py registers alkfs/git/packed.py's):
         # looked up after the kv and large tiers, tier "packs"
         self.packed: PackedTier | None = None
+        # small objects acknowledged and not in the database yet (alkfs/writebehind.py
+        # registers its index): reads and lookups see them as kv objects
+        self.ahead: AheadTier | None = None
         self._verified: dict[bytes, tuple[int, int, int, int]] = {}
         self._lock_fd: int | None = None
         self._inert_upto = 0  # catalog rows stored up to this were looked at (reap_inert_rows)

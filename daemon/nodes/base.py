@@ -153,12 +153,6 @@ class Node:
     def ino_seed(self) -> int:
         return derive(self.ident)
 
-    def passes_intents(self, name: bytes | None) -> bool:
-        """Whether a request on this node (`name`: a lookup or create of that name in
-        it) may be answered while acknowledged small files wait for their commit
-        (staging/pending.py); False: it waits for the commit first."""
-        return False
-
     @property
     def path(self) -> str:
         """The node's path in the mount (for logs)."""

@@ -306,6 +306,9 @@ class StatusFile(_Generated):
         super().__init__(ctx, ("file", "/.alkfs/status"), parent, b"status")
 
     async def content(self) -> bytes:
+        # (its counts are the database's, which cannot merge what is pending ahead of
+        # its commit: applied first)
+        await self.ctx.pending.drain()
         return await self.ctx.run_sync(status_json, self.ctx)
 
 
@@ -317,6 +320,7 @@ class MetricsFile(_Generated):
 
     async def content(self) -> bytes:
         ctx = self.ctx
+        await ctx.pending.drain()  # (the database's counts, as the status file's)
         return await ctx.run_sync(metrics_text, ctx, dict(ctx.errors), ctx.stats.snapshot())
 
 

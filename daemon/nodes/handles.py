@@ -26,8 +26,6 @@ class Handle:
 
     keep_cache: bool = False
     direct_io: bool = False
-    # its requests need not wait for acknowledged small files' commit (fs.Operations.passes)
-    passes_intents: bool = False
 
     def __init__(self, node: Node) -> None:
         self.node = node

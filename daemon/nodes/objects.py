@@ -122,10 +122,6 @@ class AlgoDir(_Dir):
         except (UnicodeDecodeError, Invalid):
             return None
 
-    def passes_intents(self, name: bytes | None) -> bool:
-        # (cp's lookups and creates of new names; a pending object waits for its commit)
-        return name is not None and not self.ctx.pending.pending_hex(name)
-
     async def lookup(self, name: bytes, req: RequestContext) -> Node:
         key = self.key_of(name)
         if key is None:
@@ -164,12 +160,15 @@ class AlgoDir(_Dir):
         self.staged[name] = node
         return node, node.new_handle(flags)
 
-    def store_small(self, node: StagedFile, data: bytes, wait: bool) -> PutResult | None:
-        if not wait and node.key is None:  # (a first commit: acknowledged once logged)
+    def store_ahead(self, node: StagedFile, data: bytes) -> PutResult | None:
+        if node.key is None:  # (a first commit: acknowledged once logged)
             return self.ctx.pending.put(None, self.algo, data, node.writer.expect)
+        return None
+
+    def store_small(self, node: StagedFile, data: bytes) -> PutResult | None:
         return None  # the plain put: nothing is named
 
-    def publish_in_thread(self, node: StagedFile, result: PutResult, wait: bool) -> None:
+    def publish_in_thread(self, node: StagedFile, result: PutResult) -> None:
         return None  # nothing is named: the object lives by the window
 
     def stored_file(self, st: ObjectStat) -> File:

@@ -1,13 +1,14 @@
-"""Pin changes through the mount (worker threads, under PIN_LOCK), shared by /pins and the
-objects' `user.alkfs.pin.NAME` attributes; the kernel is told which /pins entries changed."""
+"""Pin changes through the mount (worker threads), shared by /pins and the objects'
+`user.alkfs.pin.NAME` attributes; the kernel is told which /pins entries changed. Each is
+one library call, atomic in Pins (one transaction: a replacing rename, an unpin of a pin
+on a given object, a file's attributes set only while it names its object)."""
 
 from __future__ import annotations
 
 import errno
-import threading
 from typing import TYPE_CHECKING
 
-from alkfs.errors import Missing, WouldWait
+from alkfs.errors import Missing
 from alkfs.keys import Key
 from alkfs.pins import Entry, FileAttrs, PinDir, PinRecord, Pins
 
@@ -17,11 +18,6 @@ if TYPE_CHECKING:
     from alkfs.store import PutResult
 
     from ..context import Context
-
-# Every change the daemon makes to pins runs under this lock, so a replacing rename
-# (unpin the target, rename the source: two library calls) is one step to every other
-# pin change through the mount.
-PIN_LOCK = threading.Lock()
 
 
 def pins_dir_ino(ctx: Context) -> int | None:
@@ -37,7 +33,7 @@ def changed(ctx: Context, *names: str) -> None:
             ctx.invalidator.submit(ino, name.encode(), 0)
 
 
-# -- pin changes (worker threads, under PIN_LOCK) ---------------------------------------
+# -- pin changes (worker threads) --------------------------------------------------------
 # (`tree`: a path in /pins, any file name, its directory must exist; otherwise a name of
 # the xattr form. `attrs`: a file written into /pins.)
 def pin(
@@ -50,8 +46,7 @@ def pin(
 ) -> PinRecord:
     """Pin `key` as `name` (Invalid: bad name; Missing: not stored). A pin `name` on
     `replace` (what this writer stored before) is replaced; on any other object, Exists."""
-    with PIN_LOCK:
-        return pins.pin(name, key, replace=replace or False, attrs=attrs, tree=tree)
+    return pins.pin(name, key, replace=replace or False, attrs=attrs, tree=tree)
 
 
 def put_pinned(
@@ -59,39 +54,27 @@ def put_pinned(
     name: str,
     data: bytes,
     replace: Key | None = None,
-    wait: bool = True,
     attrs: FileAttrs | None = None,
     tree: bool = False,
 ) -> PutResult:
     """Store `data` and pin it as `name` in one transaction (as `pin`: Invalid, Exists);
-    the result's pin is released already. `wait=False` (the trio thread): WouldWait,
-    nothing changed, if PIN_LOCK is held or the put would wait (Store.put)."""
-    if not PIN_LOCK.acquire(blocking=wait):
-        raise WouldWait("another pin change is under way")
-    try:
-        result, _ = pins.put_pinned(
-            name, data, replace=replace or False, wait=wait, attrs=attrs, tree=tree
-        )
-        return result
-    finally:
-        PIN_LOCK.release()
+    the result's pin is released already."""
+    result, _ = pins.put_pinned(name, data, replace=replace or False, attrs=attrs, tree=tree)
+    return result
 
 
 def move(pins: Pins, old: str, new: str) -> Entry:
     """Rename the pin or directory `old` of /pins to `new`, replacing an entry `new` of
     its kind (a directory only if empty): one transaction."""
-    with PIN_LOCK:
-        return pins.move(old, new, replace=True)
+    return pins.move(old, new, replace=True)
 
 
 def mkdir(pins: Pins, name: str, mode: int) -> PinDir:
-    with PIN_LOCK:
-        return pins.mkdir(name, mode)
+    return pins.mkdir(name, mode)
 
 
 def rmdir(pins: Pins, name: str) -> None:
-    with PIN_LOCK:
-        pins.rmdir(name)
+    pins.rmdir(name)
 
 
 def set_attrs(
@@ -105,8 +88,7 @@ def set_attrs(
 ) -> Entry:
     """The mode, time, owner and group of a file or directory of /pins (each None: as
     it is; the caller checked who may change an owner)."""
-    with PIN_LOCK:
-        return pins.set_attrs(name, created_ns, mode, mtime_ns, uid, gid)
+    return pins.set_attrs(name, created_ns, mode, mtime_ns, uid, gid)
 
 
 def set_file_attrs(
@@ -119,19 +101,14 @@ def set_file_attrs(
     gid: int | None = None,
 ) -> Entry | None:
     """`set_attrs` of the file pin `name` if it still names `key` (None: it does not)."""
-    with PIN_LOCK:
-        rec = pins.get(name)
-        if rec is None or rec.key != key or rec.mode is None:
-            return None
-        return pins.set_attrs(name, rec.created_ns, mode, mtime_ns, uid, gid)
+    try:
+        return pins.set_attrs(name, None, mode, mtime_ns, uid, gid, key=key)
+    except Missing:
+        return None
 
 
 def unpin(pins: Pins, name: str, key: Key | None = None) -> None:
-    with PIN_LOCK:
-        rec = pins.get(name)
-        if rec is None or (key is not None and rec.key != key):
-            raise Missing(f"no pin {name!r}" + (f" on {key}" if key is not None else ""))
-        pins.unpin(name)
+    pins.unpin(name, key)
 
 
 async def pin_object(ctx: Context, name: str, key: Key) -> None:

@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, cast
 import pyfuse3
 from pyfuse3 import RequestContext
 
-from alkfs.errors import Invalid, Missing, NotEmpty, WouldWait
+from alkfs.errors import Invalid, Missing, NotEmpty
 from alkfs.keys import Algorithm, Key
 from alkfs.pins import (
     PATH_MAX,
@@ -102,11 +102,6 @@ class TreeDir(Dir):
 
     def path_of(self, name: bytes) -> bytes:
         return self.raw + b"/" + name if self.raw else name
-
-    def passes_intents(self, name: bytes | None) -> bool:
-        # (cp's lookups and creates of new names, and a directory's own attributes; a
-        # pending name waits for its commit)
-        return name is None or not self.tree.pending(self.ctx, self.path_of(name))
 
     # -- finding entries -------------------------------------------------------------------
     def _find(self, path: bytes) -> Entry | None:
@@ -221,7 +216,7 @@ class TreeDir(Dir):
 
     def _taken(self, path: bytes) -> bool:
         tree = self.tree
-        if path in tree.staged or tree.pending(self.ctx, path):
+        if path in tree.staged:
             return True
         return self._find(path) is not None
 
@@ -291,31 +286,30 @@ class TreeDir(Dir):
         """The pin a file written here makes at close (None: it was unlinked)."""
         return None if node.unlinked else node.pin_name
 
-    def store_small(self, node: PinFile, data: bytes, wait: bool) -> PutResult | None:
+    def store_ahead(self, node: PinFile, data: bytes) -> PutResult | None:
+        """A first commit of a name no pin took meanwhile (an object's pin xattr): its
+        intent logged, it is acknowledged (alkfs/writebehind.py)."""
+        text = self._pin_name(node)
+        if text is None or node.key is not None or self._find(node.pin_path) is not None:
+            return None
+        intent = intent_name(text, node.file_attrs(len(data)))
+        return self.ctx.pending.put(intent, node.writer.algo, data, None)
+
+    def store_small(self, node: PinFile, data: bytes) -> PutResult | None:
         """The object and its pin in one transaction (a refused name stores nothing)."""
         text = self._pin_name(node)
         if text is None:
             return None
         attrs = node.file_attrs(len(data))
-        # A first commit of a name no pin took meanwhile (an object's pin xattr): its
-        # intent logged, it is acknowledged (staging/pending.py).
-        if not wait and node.key is None and self._find(node.pin_path) is None:
-            intent = intent_name(text, attrs)
-            ahead = self.ctx.pending.put(intent, node.writer.algo, data, None)
-            if ahead is not None:
-                self.tree.logged(self.ctx, node.pin_path, intent.encode())
-                return ahead
-        return pinning.put_pinned(self.ctx.pins, text, data, node.key, wait, attrs, True)
+        return pinning.put_pinned(self.ctx.pins, text, data, node.key, attrs, True)
 
-    def publish_in_thread(self, node: PinFile, result: PutResult, wait: bool) -> None:
+    def publish_in_thread(self, node: PinFile, result: PutResult) -> None:
         """After the put (content that was spooled): pinned under its path, then the
         in-process pin goes (after the pin row committed); EEXIST if the name is
         another object's now. (Only a worker thread pins here.)"""
         text = self._pin_name(node)
         if text is None:
             return
-        if not wait:
-            raise WouldWait("a pin is written from a worker thread")
         st = self.ctx.store.stat(result.key)
         size = st.size if st is not None else node.writer.size
         pinning.pin(self.ctx.pins, text, result.key, node.key, node.file_attrs(size), True)
@@ -356,8 +350,6 @@ class TreeDir(Dir):
         await writing.settled()
         if self.tree.staged.get(path) is writing:
             return writing
-        if self.tree.pending(self.ctx, path):  # (acknowledged meanwhile: in the database)
-            await self.ctx.pending.drain()
         return None
 
     async def unlink(self, name: bytes, req: RequestContext) -> None:
@@ -407,9 +399,7 @@ class TreeDir(Dir):
             return
         over_staged = new in tree.staged
         over = None if over_staged else new_parent._find(new)
-        if flags & pyfuse3.RENAME_NOREPLACE and (
-            over_staged or over is not None or tree.pending(self.ctx, new)
-        ):
+        if flags & pyfuse3.RENAME_NOREPLACE and (over_staged or over is not None):
             fail(errno.EEXIST, f"/pins/{_shown(new)} exists")
         is_dir = isinstance(moving, PinDir)
         if is_dir and (over_staged or isinstance(over, PinRecord)):

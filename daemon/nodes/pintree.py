@@ -140,32 +140,15 @@ async def set_owned_attrs(
 
 
 class Tree:
-    """The state of /pins the database does not hold (one per mount: PinsDir's)."""
+    """The state of /pins the library does not hold (one per mount: PinsDir's; a pin
+    acknowledged ahead of its commit is the library's: Pins.entry finds it)."""
 
-    __slots__ = ("staged", "ahead", "unpinned", "unpinned_epoch")
+    __slots__ = ("staged", "unpinned", "unpinned_epoch")
 
     def __init__(self) -> None:
         self.staged: dict[bytes, PinFile] = {}  # path -> the file being written there
-        self.ahead: dict[bytes, bytes] = {}  # path -> its logged intent's name (pending)
         self.unpinned = b""  # the last path found unpinned, at this pins epoch
         self.unpinned_epoch = -1
-
-    def pending(self, ctx: Context, path: bytes) -> bool:
-        """A file written at `path` is acknowledged and not in the database yet."""
-        intent = self.ahead.get(path)
-        if intent is None:
-            return False
-        if ctx.pending.pending_name(intent):
-            return True
-        del self.ahead[path]
-        return False
-
-    def logged(self, ctx: Context, path: bytes, intent: bytes) -> None:
-        ahead = self.ahead
-        if len(ahead) > 2 * ctx.pending.count + 1024:  # (the applied ones go now and then)
-            for p in [p for p, i in ahead.items() if not ctx.pending.pending_name(i)]:
-                del ahead[p]
-        ahead[path] = intent
 
 
 class PinLink(Symlink):
@@ -351,9 +334,6 @@ class PinFile(StagedFile):
         await self.settled()
         if self.key is not None and not self.writer.dirty and not self.unlinked:
             ctx = self.ctx
-            tree: Tree | None = getattr(self.host, "tree", None)
-            if tree is not None and tree.pending(ctx, self.pin_path):
-                await ctx.pending.drain()
             await ctx.run_sync(
                 pinning.set_file_attrs,
                 ctx.pins,

@@ -44,11 +44,6 @@ class Root(StaticDir):
     def describe(self) -> str:
         return "/"
 
-    def passes_intents(self, name: bytes | None) -> bool:
-        # Its entries and attributes are fixed (staging/pending.py need not wait): the
-        # kernel looks /pins up again every second (its entry timeout) during a cp -r.
-        return True
-
     def children(self) -> list[tuple[bytes, Node]]:
         out = []
         for name, spec in TOP_LEVEL.items():

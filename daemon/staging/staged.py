@@ -72,20 +72,24 @@ N_contra = TypeVar("N_contra", bound="StagedFile", contravariant=True)
 class StagingParent(Protocol[N_contra]):
     """What a directory accepting new files gives its StagedFile nodes."""
 
-    def store_small(self, node: N_contra, data: bytes, wait: bool) -> PutResult | None:
-        """For content held in memory: store `data` and name it in one step (e.g. the
-        object and its pin in one transaction; the returned pin is released already),
-        or None to have it stored by `store.put` and then `publish_in_thread`. Run in a
-        worker thread, or (`wait=False`) on the trio thread: then WouldWait, with
-        nothing changed, wherever it would wait (StagedWriter.commit)."""
+    def store_ahead(self, node: N_contra, data: bytes) -> PutResult | None:
+        """For content held in memory, on the trio thread (it never waits): hand `data`
+        to the library's write-behind (alkfs/writebehind.py; a named one is pinned under
+        its name, no pin held), or None to store it in a worker thread
+        (`store_small`)."""
         ...
 
-    def publish_in_thread(self, node: N_contra, result: PutResult, wait: bool) -> None:
-        """Run right after the put, where it ran (e.g. the durable pin's transaction);
-        raising there fails the commit (the pin is released). A parent with nothing to
-        do there does nothing. `wait=False` (the put ran on the trio thread): WouldWait
-        before changing anything if this would wait (the put is made again in a worker
-        thread: a put is idempotent)."""
+    def store_small(self, node: N_contra, data: bytes) -> PutResult | None:
+        """For content held in memory, in a worker thread: store `data` and name it in
+        one step (e.g. the object and its pin in one transaction; the returned pin is
+        released already), or None to have it stored by `store.put` and then
+        `publish_in_thread`."""
+        ...
+
+    def publish_in_thread(self, node: N_contra, result: PutResult) -> None:
+        """Run right after the put, in its worker thread (e.g. the durable pin's
+        transaction); raising there fails the commit (the pin is released). A parent
+        with nothing to do there does nothing."""
         ...
 
     async def publish(self, node: N_contra, result: PutResult) -> None:
@@ -123,7 +127,6 @@ class StagedFile(File):
         "attempted",
         "committing",
         "idle",
-        "extra",
         "host",
     )
     host: StagingParent[Self]  # the directory it is written in (set at __init__)
@@ -154,10 +157,6 @@ class StagedFile(File):
         self.attempted = False  # a commit was tried (an empty file is stored at release)
         self.committing = False  # a commit is under way (`commit`)
         self.idle: trio.Event | None = None  # set when it ends, for the closes waiting
-        self.extra: object = None  # the parent's own state (e.g. a pin it holds)
-
-    def passes_intents(self, name: bytes | None) -> bool:
-        return True  # (its own content: in memory, a spool or the store)
 
     def ino_seed(self) -> int:
         # (a serial of this process, mixed, not blake2b of the identity: a new file's
@@ -252,6 +251,7 @@ class StagedFile(File):
             result = await self.writer.commit(
                 functools.partial(self.host.publish_in_thread, self),
                 functools.partial(self.host.store_small, self),
+                functools.partial(self.host.store_ahead, self),
             )
         except Exception as exc:
             self.error = errno_of(exc) or errno.EIO
@@ -279,8 +279,6 @@ class StagedFile(File):
 
 class StagedHandle(Handle):
     """An open file on a StagedFile (see the module docstring)."""
-
-    passes_intents = True
 
     def __init__(self, node: StagedFile, *, direct_io: bool = False) -> None:
         super().__init__(node)

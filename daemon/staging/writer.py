@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import trio
 
-from alkfs.errors import StoreIO, WouldWait
+from alkfs.errors import StoreIO
 from alkfs.keys import Algorithm, Key
 from alkfs.store import NOWAIT_PUT_MAX, PutResult
 
@@ -24,11 +24,9 @@ MEM_MAX = 1 << 20  # a file up to this size never touches the disk before its pu
 
 
 class Put(Protocol):
-    """A commit's put (a functools.partial): called with `wait=False` only for content
-    held in memory (Store.put then refuses to wait: WouldWait); a spooled or streamed
-    put is called without arguments."""
+    """A commit's put (a functools.partial), called in a worker thread."""
 
-    def __call__(self, *, wait: bool = ...) -> PutResult: ...
+    def __call__(self) -> PutResult: ...
 
 
 class StagedWriter:
@@ -143,21 +141,19 @@ class StagedWriter:
     # -- storing ------------------------------------------------------------------------
     async def commit(
         self,
-        after: Callable[[PutResult, bool], None] | None = None,
-        own: Callable[[bytes, bool], PutResult | None] | None = None,
+        after: Callable[[PutResult], None] | None = None,
+        own: Callable[[bytes], PutResult | None] | None = None,
+        ahead: Callable[[bytes], PutResult | None] | None = None,
     ) -> PutResult:
-        """Store the content now; the caller owns the returned pin. `after(result, wait)`
-        runs where the put ran, right after it (publish a name without a second thread
-        hop); if it raises, the pin is released and the error propagates. `own(data,
-        wait)`, for content held in memory, may store and name it in one step instead
-        (its result is returned as it is; None: the put and `after` run).
-
-        A small file's content (up to NOWAIT_PUT_MAX) is first stored right here on the
-        trio thread, with `wait=False` throughout: sqlite's commit of a few pages costs
-        less than the two thread hops that would carry it (each a wake-up of a sleeping
-        CPU on a VM). Anything that would wait (a lock held elsewhere, a delete in
-        flight, a checkpoint due, a PostgreSQL store) is WouldWait with nothing changed,
-        and the commit goes to a worker thread as any other."""
+        """Store the content now; the caller owns the returned pin. `after(result)` runs
+        in the put's worker thread, right after it (publish a name without a second
+        thread hop); if it raises, the pin is released and the error propagates. For
+        content held in memory: `ahead(data)` first, right here on the trio thread (it
+        never waits: the library's write-behind, alkfs/writebehind.py; its result is
+        returned as it is, None: stored as any other), then `own(data)` in the worker
+        thread may store and name it in one step instead of the put and `after` (its
+        result is returned as it is; None: the put and `after` run). There is one way
+        to store what the write-behind does not take: a put in a worker thread."""
         if self.closed:
             fail(errno.EBADF, "the file was closed")
         self.dirty = False
@@ -166,14 +162,13 @@ class StagedWriter:
             data = bytes(self.mem)
             if len(data) < self.size:
                 data += bytes(self.size - len(data))
+            if ahead is not None and len(data) <= NOWAIT_PUT_MAX:
+                acked = ahead(data)
+                if acked is not None:
+                    return acked
             put = functools.partial(self.ctx.store.put, data, algo=self.algo, expect=self.expect)
             if own is not None:
-                if len(data) <= NOWAIT_PUT_MAX:
-                    try:
-                        return self._own_or_put(own, data, put, after, False)
-                    except WouldWait:
-                        pass
-                return await self.ctx.run_sync(self._own_or_put, own, data, put, after, True)
+                return await self.ctx.run_sync(self._own_or_put, own, data, put, after)
         else:
             spool = self.spool
             assert spool is not None
@@ -203,25 +198,20 @@ class StagedWriter:
     @classmethod
     def _own_or_put(
         cls,
-        own: Callable[[bytes, bool], PutResult | None],
+        own: Callable[[bytes], PutResult | None],
         data: bytes,
         put: Put,
-        after: Callable[[PutResult, bool], None] | None,
-        wait: bool,
+        after: Callable[[PutResult], None] | None,
     ) -> PutResult:
-        result = own(data, wait)
-        return result if result is not None else cls._put_then(put, after, wait)
+        result = own(data)
+        return result if result is not None else cls._put_then(put, after)
 
     @staticmethod
-    def _put_then(
-        put: Put,
-        after: Callable[[PutResult, bool], None] | None,
-        wait: bool = True,
-    ) -> PutResult:
-        result = put() if wait else put(wait=False)  # (a spooled put always waits)
+    def _put_then(put: Put, after: Callable[[PutResult], None] | None) -> PutResult:
+        result = put()
         if after is not None:
             try:
-                after(result, wait)
+                after(result)
             except BaseException:
                 result.pin.release()
                 raise

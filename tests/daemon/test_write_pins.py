@@ -114,12 +114,11 @@ def test_cp_into_pins_stores_and_pins_and_the_entry_is_the_pinned_file(mount, so
 
 
 def test_a_small_file_closed_while_sqlite_is_locked_elsewhere_waits_off_the_loop(start_mount):
-    """A small file's commit runs on the trio thread only when it need not wait: with
-    sqlite's write lock held by another connection it goes to a worker thread, which
-    waits the lock out, the mount answers other requests meanwhile, and the pin lands.
-    (Without the intents log: with it, a close waits for no commit at all, and the
-    listing below would wait for the lock this test holds; tests/reliability/
-    test_intents.py has the log's own tests.)"""
+    """A small file's commit the write-behind does not take runs in a worker thread:
+    with sqlite's write lock held by another connection it waits the lock out, the
+    mount answers other requests meanwhile, and the pin lands. (Without the intents log:
+    with it, a close waits for no commit at all; tests/reliability/test_intents.py has
+    the log's own tests.)"""
     m = start_mount(env={"ALKFS_INTENTS": "off"})
     if m.database is not None:
         pytest.skip("a sqlite store's write lock (a PostgreSQL store never commits inline)")
@@ -144,10 +143,8 @@ def test_a_small_file_closed_while_sqlite_is_locked_elsewhere_waits_off_the_loop
         while "locked.txt" not in os.listdir(m.path("pins")):  # created, being closed
             assert time.monotonic() < deadline and not done, done
             time.sleep(0.01)
-        # the mount answers while the close waits for the lock, and the close reports no
-        # error (a WouldWait not taken to a worker would be EAGAIN). That the trio
-        # thread's attempt never busy-waits is checked on its connection's posture in
-        # tests/store/test_nowait.py: here a busy wait would only delay these reads.
+        # the mount answers while the close waits for the lock (in a worker thread),
+        # and the close reports no error
         assert m.path("pins", "first.txt").read_bytes() == OTHER
         assert os_errno(os.lstat, m.path("pins", "absent.txt")) == errno.ENOENT
         assert done == []  # the close cannot have committed: the lock is still held
@@ -169,10 +166,10 @@ def test_cp_r_into_pins_pins_every_file(mount, sources):
 
 
 def test_small_files_written_into_pins_are_backfilled_into_the_database_file(mount, tmp_path):
-    """The commits of small files on the daemon's loop never checkpoint; every
-    BACKFILL_COMMITS of them the daemon's backfill task copies the WAL into the database
-    file beside them (alkfs/db/sqlite.py). Fewer files than NOWAIT_COMMITS: without the
-    task nothing would have checkpointed, and store.db would keep its first size."""
+    """The write-behind applies small files many to a transaction and, every
+    BACKFILL_COMMITS of them, copies the WAL into the database file beside them
+    (alkfs/writebehind.py, alkfs/db/sqlite.py): without it nothing would have
+    checkpointed yet, and store.db would keep its first size."""
     m = mount
     if m.database is not None:
         pytest.skip("PostgreSQL: the server checkpoints its own log")

@@ -735,3 +735,20 @@ def test_a_postgresql_store_made_before_the_pins_had_owners_moves_back_to_sqlite
     with Alkfs.open(root) as app:
         assert app.store.db.engine == "sqlite"
         _check_migrated_to_3(app, key, created_ns)
+
+
+def test_an_unpin_or_a_file_attribute_change_on_a_given_object_is_one_step(app):
+    """`unpin(name, key)` and `set_attrs(..., key=)` act only while the pin names that
+    object, checked in their own transaction (the mount's unpin of an object's pin xattr
+    and its chmod of a file written into /pins used a lock of the daemon's for that)."""
+    pins = app.pins
+    a, _ = pins.put_pinned("f", b"first", attrs=FILE, tree=True)
+    b, _ = pins.put_pinned("g", b"second", attrs=FILE, tree=True)
+    with pytest.raises(Missing):
+        pins.unpin("f", b.key)
+    with pytest.raises(Missing):
+        pins.set_attrs("f", None, 0o600, key=b.key)
+    changed = pins.set_attrs("f", None, 0o600, key=a.key)
+    assert stat.S_IMODE(changed.mode) == 0o600 and pins.get("f").mode == changed.mode
+    pins.unpin("f", a.key)
+    assert pins.get("f") is None and pins.get("g").key == b.key
