@@ -64,8 +64,8 @@ class Verify:
         problem = self.verify(gen)
         if problem is not None and self.primary:  # (the only copy: reported, kept)
             log.error("derived %s: the published set is corrupt: %s", self.fmt, problem)
+            self.report_affected(gen)  # (listed in status.corrupt before the error shows)
             self.last_error = f"corrupt at verify: {problem}"
-            self.report_affected(gen)
             return problem
         if problem is None or not self.withdraw(only=gen):
             return None
