@@ -195,14 +195,8 @@ class SharedPacks:
         """Whether every other live daemon serves `number` or a newer generation, within
         `timeout_s` (0: look once). A daemon switching serves both for a moment: it is
         waited for until it serves the new one alone."""
-        deadline = time.monotonic() + timeout_s
-        while True:
-            older = [g for g in self.served_elsewhere() if g < number]
-            if not older:
-                return True
-            if time.monotonic() >= deadline:
-                return False
-            time.sleep(POLL_S)
+        older = self.await_served(number, lambda g: {b""} if g < number else set(), timeout_s)
+        return not older
 
     def await_served(
         self,

@@ -19,6 +19,8 @@ from helpers import git_out as git
 from helpers import status
 from test_packs_mount import idx_ids, last_sweep, listing, source_repo, wait_for
 
+from alkfs.keys import Algorithm
+
 FAST_INTAKE = {"ALKFS_PACK_EVERY": "0", "ALKFS_PACK_POLL": "0.2"}
 
 
@@ -205,12 +207,9 @@ def test_an_object_one_member_stores_is_listed_by_the_other(start_pg_mount, tmp_
         assert m.tracebacks() == [], m.all_logs()[-3000:]
 
 
-GIT_SHA1_TAG = 3  # (alkfs.keys.Algorithm.GIT_SHA1, checked below)
-
-
 def kv_git_rows(uri: str, ids: set[str]) -> int:
     """How many of the git-sha1 objects `ids` (hex) the kv tier holds as rows."""
-    keys = [bytes([GIT_SHA1_TAG]) + bytes.fromhex(x) for x in ids]
+    keys = [bytes([Algorithm.GIT_SHA1.value]) + bytes.fromhex(x) for x in ids]
     with psycopg.connect(uri, autocommit=True) as conn:
         row = conn.execute("SELECT count(*) FROM blobs WHERE key = ANY(%s)", (keys,)).fetchone()
     assert row is not None
@@ -226,9 +225,6 @@ def test_a_fleet_keeps_packed_git_objects_in_their_packs_alone(fleet, tmp_path):
     """Once both members serve the set holding a push, the builder drains: the kv holds
     none of its objects (each is kept once, in the fleet's packs), and each mount, and
     a command line run beside them, still serves every object, byte for byte."""
-    from alkfs.keys import Algorithm
-
-    assert Algorithm.GIT_SHA1.value == GIT_SHA1_TAG
     m1, m2, src = fleet
     number = both_serve_one_set(m1, m2, src)
     ids = src_ids(src)
