@@ -62,12 +62,6 @@ class Busy(StoreIO):
     """sqlite stayed locked past its busy timeout ("database is locked"): try again."""
 
 
-class WouldWait(AlkfsError):
-    """A call asked not to wait (`wait=False`) would have had to (a lock held elsewhere,
-    a delete in flight, a database across a network): nothing was changed; make the
-    call again where waiting is allowed."""
-
-
 class SourceFailed(AlkfsError):
     """A liveness source could not say what is live (an unreadable borrower): the sweep
     that asked ends with `aborted: "protect-failed"` and this message, deleting nothing."""

@@ -41,7 +41,6 @@ ERRNO: tuple[tuple[type[BaseException], int], ...] = (
     (lib.Invalid, errno.EINVAL),
     (lib.Exists, errno.EEXIST),
     (lib.Stale, errno.EAGAIN),
-    (lib.WouldWait, errno.EAGAIN),  # (caught by its caller, which waits instead)
     (lib.NotEmpty, errno.ENOTEMPTY),
     (lib.NoSpace, errno.ENOSPC),  # (StoreIOs: before their base)
     (lib.Busy, errno.EBUSY),

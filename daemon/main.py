@@ -211,8 +211,6 @@ async def serve(ctx: Context, mnt: str, sweep_every: float | None, ops: Operatio
     workers.add("alkfsd intents", ctx.pending.run)
     workers.add("alkfsd derived packs", packs.run, ctx)  # first set, then intake
     workers.add("alkfsd refusal counts", _log_counts, ops)
-    if ctx.store.db is not None and not ctx.read_only:
-        workers.add("alkfsd backfill", _backfill, ctx)
     if sweep_every:
         workers.add("alkfsd sweeper", _sweeper, ctx, sweep_every)
     async with trio.open_nursery() as nursery:
@@ -260,31 +258,6 @@ async def _sweeper(ctx: Context, every: float) -> None:
             await ctx.sweep(scheduled=True)
         except Exception:
             log_failure(log, "periodic sweep failed")
-
-
-async def _backfill(ctx: Context) -> None:
-    """The database's log written into its file beside the commits, when it asks
-    (`on_backfill`, alkfs/db/sqlite.py): the small files' commits on this loop never
-    checkpoint, so the one that must then copies only what arrived since; the reserve
-    looks at the disk there too, ahead of them (`Store.backfill`)."""
-    db = ctx.store.db
-    assert db is not None
-    token = trio.lowlevel.current_trio_token()
-    send, due = trio.open_memory_channel[None](1)
-
-    def nudge() -> None:
-        with contextlib.suppress(trio.WouldBlock):
-            send.send_nowait(None)
-
-    db.on_backfill = lambda: token.run_sync_soon(nudge)
-    try:
-        async for _ in due:
-            try:
-                await ctx.run_sync(ctx.store.backfill)
-            except AlkfsError as exc:  # (the next commit's checkpoint does it then)
-                log.warning("backfill of the database's log failed: %s", exc)
-    finally:
-        db.on_backfill = None
 
 
 async def _log_counts(ops: Operations) -> None:

@@ -70,9 +70,8 @@ class Database(Protocol):
     engine: str  # "sqlite" | "postgresql"
     arrival: str  # the kv column giving arrival order ("rowid" | "seq")
     full_scan: str  # a FROM-clause hint that a query reads the whole range
-    on_backfill: Callable[[], None] | None  # the engine asks for `backfill` (sqlite only)
 
-    def tx(self, wait: bool = True) -> AbstractContextManager[Conn]: ...
+    def tx(self) -> AbstractContextManager[Conn]: ...
 
     def snapshot(self) -> AbstractContextManager[Conn]: ...
 

@@ -32,7 +32,7 @@ import psycopg_pool
 from psycopg import errors as pgerrors
 from psycopg.rows import TupleRow
 
-from ..errors import Busy, Invalid, NoSpace, StoreIO, StoreLocked, WouldWait
+from ..errors import Busy, Invalid, NoSpace, StoreIO, StoreLocked
 from . import Params, Row, Rows
 from .uri import redact
 
@@ -145,7 +145,6 @@ class PostgresDatabase:
         self._lost: str | None = None  # why the store is not this process's any more
         self._lock_mutex = threading.Lock()
         self.on_full = None  # (the server's disk is not the store's: nothing to tell)
-        self.on_backfill: Callable[[], None] | None = None  # (never called: see backfill)
         self.write_bound_s = WRITE_BOUND_S  # (a fleet's TTL: alkfs/fleet.py)
         # A connection of its own first: a server that is not there (or refuses) fails
         # at once with its own reason, not after the pool's timeout as "incomplete".
@@ -427,11 +426,8 @@ class PostgresDatabase:
             )
         return bool(rows)
 
-    def tx(self, wait: bool = True) -> contextlib.AbstractContextManager[_Conn]:
-        """One write transaction: all of it commits or none; one at a time per store.
-        (`wait=False` is WouldWait: every statement here is a round trip to a server.)"""
-        if not wait:
-            raise WouldWait("a PostgreSQL store is written from a worker thread")
+    def tx(self) -> contextlib.AbstractContextManager[_Conn]:
+        """One write transaction: all of it commits or none; one at a time per store."""
         return self._transaction(write=True)
 
     def snapshot(self) -> contextlib.AbstractContextManager[_Conn]:

@@ -16,35 +16,18 @@ from typing import NoReturn
 
 import pysqlite3.dbapi2 as sqlite3
 
-from ..errors import Busy, Invalid, NoSpace, StoreIO, WouldWait
+from ..errors import Busy, Invalid, NoSpace, StoreIO
 from . import Params, Row
 
 BUSY_TIMEOUT_MS = 5000
 GIVE_BACK_PAGES = 2048  # pages a step of give_back frees (8 MiB of 4 KiB pages)
 WRITER_CACHE_KIB = 65536  # a bulk writer's page cache (see tune_bulk_writer)
 WRITER_CHECKPOINT_PAGES = 2048  # 8 MiB of WAL at the default page size
-# A transaction that must not wait (tx(wait=False)) never checkpoints: its connection's
-# autocheckpoint is off. Every NOWAIT_COMMITS-th one is refused (WouldWait) instead, so
-# that the caller's waiting retry commits on a connection whose autocheckpoint runs: the
-# WAL stays bounded (a small file's commit writes 4-10 pages, so the WAL holds 2,000-
-# 5,000 pages, 8-20 MiB, when that retry checkpoints). The checkpoint's fsync costs the
-# same for 128 commits as for 512: at 128, a checkpoint every 128 small files made 46
-# FLUSHes of ~15 ms in a 10,000-file cp -r (0.7 s of 11 s); at 512 it is a quarter of them.
-NOWAIT_COMMITS = 512
-# Every BACKFILL_COMMITS non-waiting commits the database asks for a backfill (on_backfill:
-# a PASSIVE checkpoint on another thread, that holds up no writer): the WAL's frames are
-# then written to the database file and fsynced beside the commits, and the refused
-# commit's checkpoint copies only what arrived since. In a 10,000-file put_pinned loop
-# the puts over 1 ms cost 22-34 us a put without it, 10-13 us with it (the average put
-# 80-103 vs 76-90 us). Through the mount the gain is within noise. (Never asked
-# with the refused commit itself: see _posture.)
+# Every BACKFILL_COMMITS small puts it applies, the write-behind (alkfs/writebehind.py)
+# runs a backfill (a PASSIVE checkpoint, that holds up no writer): the WAL's frames are
+# written to the database file and fsynced beside the commits, and the next
+# autocheckpoint copies only what arrived since.
 BACKFILL_COMMITS = 128
-# ... and once more BACKFILL_LEAD commits before the refused one, so that its checkpoint
-# copies and fsyncs ~BACKFILL_LEAD commits' pages, not BACKFILL_COMMITS' (the refused
-# commits of a 10,000-file cp -r into /pins: 12.4-14.5 ms each without, 9.9-10.5 with).
-# Far enough ahead that the backfill (a few ms) is over when that checkpoint starts.
-BACKFILL_LEAD = 32
-AUTOCHECKPOINT_PAGES = 1000  # sqlite's default
 FILE_MODE = 0o600  # the database and (as sqlite does) its -wal and -shm
 
 # sqlite's primary result codes (the low byte of `sqlite_errorcode`) the store answers
@@ -85,10 +68,6 @@ class SqliteDatabase:
         self._all: dict[int, sqlite3.Connection] = {}
         self._lock = threading.Lock()
         self._closed = False
-        self._nowait_left = NOWAIT_COMMITS
-        # Called (no arguments, must not raise, on the committing thread) every
-        # BACKFILL_COMMITS non-waiting commits: the caller runs `backfill` elsewhere soon.
-        self.on_backfill: Callable[[], None] | None = None
         # Called (no arguments, must not raise) whenever sqlite says the disk is full,
         # after the transaction was rolled back: the store's reserve (alkfs/reserve.py).
         self.on_full: Callable[[], None] | None = None
@@ -175,7 +154,7 @@ class SqliteDatabase:
         if not isinstance(exc, sqlite3.Error) or code is None:
             return None
         if code & 0xFF == SQLITE_FULL or code == SQLITE_IOERR_SHMSIZE:
-            if tell and self.on_full is not None:  # (not from a loop: see tx(wait=False))
+            if tell and self.on_full is not None:
                 self.on_full()
             return NoSpace(f"no space left on the device holding {self.path} (sqlite: {exc})")
         if code & 0xFF in (SQLITE_BUSY, SQLITE_LOCKED):
@@ -194,34 +173,25 @@ class SqliteDatabase:
             raise exc
         raise err from exc
 
-    def tx(self, wait: bool = True) -> contextlib.AbstractContextManager[sqlite3.Connection]:
+    def tx(self) -> contextlib.AbstractContextManager[sqlite3.Connection]:
         """One write transaction (BEGIN IMMEDIATE): all of it commits or none of it. A
         tx() inside another of the same thread is part of it (a `_Joined`: no generator,
         as a small put's nested writes make two).
 
         A failing COMMIT is rolled back too (a full disk must not leave the thread's
         connection inside a transaction), and sqlite's failures leave as the store's
-        errors (`translate`).
-
-        `wait=False` (a caller on an event loop): the write lock held by another
-        connection is WouldWait at once instead of a busy wait, and the commit never
-        runs a checkpoint (see NOWAIT_COMMITS); only CPU and page-cache writes remain. A
-        full disk met there is not told to `on_full` (it sheds files): the caller's
-        waiting retry meets it again."""
+        errors (`translate`)."""
         conn = self.conn()
         if getattr(self._local, "in_tx", False):  # nested: part of this thread's transaction
             return _Joined(conn)
-        return self._tx(conn, wait)
+        return self._tx(conn)
 
     @contextlib.contextmanager
-    def _tx(self, conn: sqlite3.Connection, wait: bool) -> Iterator[sqlite3.Connection]:
-        self._posture(conn, wait)
+    def _tx(self, conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
         try:
             conn.execute("BEGIN IMMEDIATE")
         except sqlite3.Error as exc:
-            if not wait and (getattr(exc, "sqlite_errorcode", 0) or 0) & 0xFF == SQLITE_BUSY:
-                raise WouldWait("sqlite's write lock is held elsewhere") from exc
-            self._raise(exc, wait)
+            self._raise(exc)
         self._local.in_tx = True
         try:
             try:
@@ -233,7 +203,7 @@ class SqliteDatabase:
                 with contextlib.suppress(sqlite3.Error):
                     conn.execute("ROLLBACK")
             if isinstance(exc, sqlite3.Error):
-                self._raise(exc, wait)
+                self._raise(exc)
             raise
         try:
             conn.execute("COMMIT")
@@ -241,39 +211,7 @@ class SqliteDatabase:
             if conn.in_transaction:
                 with contextlib.suppress(sqlite3.Error):
                     conn.execute("ROLLBACK")
-            self._raise(exc, wait)
-
-    def _posture(self, conn: sqlite3.Connection, wait: bool) -> None:
-        """Before a transaction: the connection's busy timeout and autocheckpoint for
-        `wait` (set when they change; a loop's connection keeps the non-waiting ones)."""
-        if not wait:
-            self._nowait_left -= 1
-            if self._nowait_left <= 0:
-                self._nowait_left = NOWAIT_COMMITS
-                raise WouldWait("a checkpoint is due: this commit is a waiting one")
-            # (not asked with the refusal: a backfill then would hold the checkpoint lock
-            # when the retry's checkpoint runs, which skips it, and the WAL starts over
-            # only after a checkpoint that copied everything)
-            left = self._nowait_left
-            if self.on_backfill is not None and (
-                left % BACKFILL_COMMITS == 0 or left == BACKFILL_LEAD
-            ):
-                self.on_backfill()
-        nowait = getattr(self._local, "nowait", None)  # the connection in that posture
-        if (nowait is conn) != wait:
-            return  # (already as asked)
-        try:
-            busy, pages = (BUSY_TIMEOUT_MS, AUTOCHECKPOINT_PAGES) if wait else (0, 0)
-            if wait and getattr(self._local, "tuned", None) is conn:
-                pages = WRITER_CHECKPOINT_PAGES
-            conn.execute(f"PRAGMA busy_timeout = {busy}")
-            conn.execute(f"PRAGMA wal_autocheckpoint = {pages}")
-            if not wait:  # (a loop's writes land on random leaves of the key index: a
-                # page cache that holds it saves a pread a page, as a bulk writer's does)
-                conn.execute(f"PRAGMA cache_size = -{WRITER_CACHE_KIB}")
-        except sqlite3.Error as exc:
             self._raise(exc)
-        self._local.nowait = None if wait else conn
 
     def execute(self, sql: str, params: Params = ()) -> sqlite3.Cursor:
         try:

@@ -14,7 +14,6 @@ import threading
 from collections.abc import Callable, Iterable
 from typing import Protocol
 
-from ..errors import WouldWait
 from ..keys import Key
 
 
@@ -118,16 +117,11 @@ class Arbiter:
         self._tokens: dict[bytes, int] = {}  # the remote row's token of each pinned key
 
     # -- pins ---------------------------------------------------------------
-    def acquire(self, key: Key | bytes, wait: bool = True) -> Pin:
-        """Mint a pin; waits while a delete of this key is in flight (`wait=False`:
-        WouldWait instead, or when the pin would be written to a remote table)."""
+    def acquire(self, key: Key | bytes) -> Pin:
+        """Mint a pin; waits while a delete of this key is in flight."""
         k = raw(key)
         new: list[tuple[bytes, int]] = []
         with self._cond:
-            if not wait and k in self._deleting:
-                raise WouldWait("a delete of this object is in flight")
-            if not wait and self.remote is not None:
-                raise WouldWait("a fleet's pin is written to the database")
             while k in self._deleting:
                 self._cond.wait()
             n = self._pins.get(k, 0)

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from ..db import now_ns
-from ..errors import Exists, Invalid, Missing, WouldWait
+from ..errors import Exists, Invalid, Missing
 from ..git.closure import Walker
 from ..git.tables import Tables
 from ..keys import Algorithm, Key
@@ -141,17 +141,14 @@ class Pins(PinTree):
         source: Source,
         algo: Algorithm = Algorithm.SHA256,
         replace: bool | Key = False,
-        wait: bool = True,
         attrs: FileAttrs | None = None,
         tree: bool = False,
     ) -> tuple[PutResult, PinRecord]:
         """Store `source` and pin it as `name` (as `pin` does, Exists included): for an
         object of the kv tier in one transaction, so that a refused name stores
         nothing. The put's pin is released once the pin row has committed (it is not
-        held in the returned result). `wait=False`: as `Store.put`'s."""
+        held in the returned result)."""
         self._check_name(name, tree)
-        if not wait and self._ahead_pin(name) is not None:
-            raise WouldWait("the name is pending ahead of its commit: applied first")
         self._before_change(name)
         box: list[tuple[PinRecord, bool]] = []
         with self.misses.changing():  # (the put's transaction commits inside)
@@ -159,7 +156,6 @@ class Pins(PinTree):
                 source,
                 algo=algo,
                 within=lambda key: box.append(self._write(name, key, replace, attrs, tree)),
-                wait=wait,
             )
         record, wrote = box[0]
         self._settle(result.pin, wrote)

@@ -31,7 +31,6 @@ class StoreBatches(StoreState):
             algo: Algorithm = Algorithm.SHA256,
             expect: Key | None = None,
             within: Callable[[Key], None] | None = None,
-            wait: bool = True,
         ) -> PutResult: ...
 
     # -- batched puts (many small objects in one transaction) -----------------------

@@ -182,9 +182,10 @@ class Store(StorePuts, StoreBatches, StoreListing, StoreReads, StoreDeletes, Sto
         self.close()
 
     def backfill(self) -> None:
-        """What the database asks for between the puts that must not wait (its
-        `on_backfill`; on a thread that may wait): its log written into its file, and the
-        reserve's look at the disk made ahead of them (`Reserve.look_ahead`)."""
+        """Between the small puts the write-behind applies (alkfs/writebehind.py; a
+        thread that may wait): the database's log written into its file, and the
+        reserve's look at the disk made ahead of the puts it acknowledges, which never
+        look (`Reserve.look_ahead`)."""
         if self.db is not None:
             self.db.backfill()
         if self.reserve is not None:

@@ -1,6 +1,4 @@
-"""The store's puts: one object from bytes or a stream (`wait=False`: one that never
-waits), with its pin, and freshening.
-"""
+"""The store's puts: one object from bytes or a stream, with its pin, and freshening."""
 
 from __future__ import annotations
 
@@ -14,7 +12,7 @@ from typing import TYPE_CHECKING, BinaryIO, Concatenate, ParamSpec, TypeVar
 
 from ..catalog import ChunkDigester
 from ..db import now_ns
-from ..errors import AlkfsError, Invalid, NoSpace, StoreIO, TooLarge, Verification, WouldWait
+from ..errors import AlkfsError, Invalid, NoSpace, StoreIO, TooLarge, Verification
 from ..gc.arbiter import Pin
 from ..git.objects import MAX_HEADER, check_canonical
 from ..keys import Algorithm, Key
@@ -22,7 +20,7 @@ from ..reserve import is_no_space
 from ..tiers.staging import StagingWriter
 from .state import CHUNK, StoreState
 
-NOWAIT_PUT_MAX = 65536  # put(wait=False) takes bytes up to this (hashed in ~40 us)
+NOWAIT_PUT_MAX = 65536  # the write-behind takes bytes up to this (hashed in ~40 us)
 
 Source = bytes | bytearray | memoryview | BinaryIO | Iterable[bytes]
 
@@ -95,7 +93,6 @@ class StorePuts(StoreState):
         algo: Algorithm = Algorithm.SHA256,
         expect: Key | None = None,
         within: Callable[[Key], None] | None = None,
-        wait: bool = True,
     ) -> PutResult:
         """Store a stream; returns the key and a pin the caller releases once the
         object's name is published. Nothing is left behind when it fails; on a full
@@ -104,20 +101,8 @@ class StorePuts(StoreState):
         `within(key)` names the object in the same transaction: for an object of the
         kv tier it runs inside the transaction that inserts it (one commit; if it
         raises, nothing is stored), for a large one in a transaction right after the
-        file is published. The returned pin is held throughout either way.
-
-        `wait=False` (an event loop's small put): WouldWait, with nothing changed,
-        wherever the put would wait or do more than hash and write a page-cached
-        transaction (see `_waits`); the caller puts again where it may wait."""
+        file is published. The returned pin is held throughout either way."""
         reserve = self.reserve
-        if not wait:
-            why = self._waits(source)
-            if why:
-                raise WouldWait(why)
-            try:
-                return self._put(source, length, algo, expect, within, wait=False)
-            except NoSpace as exc:  # (the waiting put meets it again and tells the reserve)
-                raise WouldWait("the disk is full") from exc
         if reserve is None:
             return self._put(source, length, algo, expect, within)
         reserve.admit()
@@ -127,18 +112,6 @@ class StorePuts(StoreState):
             reserve.hit()  # (now that the staging file is gone)
             raise
 
-    def _waits(self, source: Source) -> str:
-        """Why a put of `source` cannot be one that never waits ('' if it can): only
-        bytes of the kv tier up to NOWAIT_PUT_MAX, while the reserve is in place."""
-        if not isinstance(source, (bytes, bytearray, memoryview)):
-            return "a stream is put from a worker thread"
-        if len(source) > min(self.threshold, NOWAIT_PUT_MAX):
-            return "a put this large is made from a worker thread"
-        reserve = self.reserve
-        if reserve is not None and not reserve.settled():
-            return "the reserve needs a look at the disk first"
-        return ""
-
     def _put(
         self,
         source: Source,
@@ -146,7 +119,6 @@ class StorePuts(StoreState):
         algo: Algorithm,
         expect: Key | None,
         within: Callable[[Key], None] | None = None,
-        wait: bool = True,
     ) -> PutResult:
         if expect is not None and expect.algo is not algo:
             raise Invalid("the expected key has another algorithm")
@@ -192,9 +164,7 @@ class StorePuts(StoreState):
             if writer is not None:
                 writer.finish()  # every byte written and fsynced
                 writer.close()
-            if not wait and key.raw in self.corrupt:
-                raise WouldWait("a corrupt object is repaired from a worker thread")
-            pin = self.arbiter.acquire(key, wait=wait)  # pin before publish
+            pin = self.arbiter.acquire(key)  # pin before publish
             try:
                 if key.raw in self.corrupt:
                     # Known-bad stored bytes: these good ones replace them (under our pin,
@@ -210,8 +180,8 @@ class StorePuts(StoreState):
                     if within is not None:
                         with self.tx():
                             within(key)
-                elif within is not None or not wait:
-                    with self.tx(wait):
+                elif within is not None:
+                    with self.tx():
                         created = self.kv.put(key.raw, bytes(buf), stamp)
                         self._put_done((key.raw,), (buf,))
                         if within is not None:
@@ -233,10 +203,10 @@ class StorePuts(StoreState):
             if staging is not None and self.large is not None:
                 self.large.discard(staging)
 
-    def tx(self, wait: bool = True) -> AbstractContextManager[object]:
+    def tx(self) -> AbstractContextManager[object]:
         """The database's write transaction, to join several changes into one commit (a
-        memory store has none: nothing to join). `wait=False`: see `Database.tx`."""
-        return self.db.tx(wait) if self.db is not None else contextlib.nullcontext()
+        memory store has none: nothing to join)."""
+        return self.db.tx() if self.db is not None else contextlib.nullcontext()
 
     def _publish_large(self, key: Key, staging: Path, digester: ChunkDigester, stamp: int) -> bool:
         """Record the object's catalog row, then link its staging file into place (the
