@@ -36,7 +36,7 @@ from .errors import AlkfsError, NoSpace
 from .intents import LOG_NAME, Intent, IntentLog, decode
 from .keys import Algorithm, Key
 from .pins import PinRecord, from_intent
-from .store import NOWAIT_PUT_MAX, PutResult
+from .store import BEHIND_PUT_MAX, PutResult
 
 if TYPE_CHECKING:
     from .pins import Pins
@@ -88,7 +88,7 @@ class WriteBehind:
         store = pins.store
         assert store.path is not None
         self.log: IntentLog | None = IntentLog(store.path)
-        self.limit = min(store.threshold, NOWAIT_PUT_MAX)
+        self.limit = min(store.threshold, BEHIND_PUT_MAX)
         self.items: list[Intent] = []
         self.count = 0  # len(items): read without the lock by the owner's checks
         self.names: set[bytes] = set()  # pin names pending (the intent's name, encoded)

@@ -435,12 +435,12 @@ class Served:
                 log.exception("derived %s: a view failed to drop retired names", fmt)
         self.prune(fmt)
 
-    async def build(self, fmt: str, wait: bool = True) -> dict[str, object]:
+    async def build(self, fmt: str, blocking: bool = True) -> dict[str, object]:
         """Build and publish a set now; in a fleet, if another daemon is building it and
-        not `wait`, nothing (that daemon publishes it for every member)."""
+        not `blocking`, nothing (that daemon publishes it for every member)."""
         d = self.derived[fmt]
         async with self.building:
-            result = await self.ctx.run_sync(functools.partial(d.build, wait=wait))
+            result = await self.ctx.run_sync(functools.partial(d.build, blocking=blocking))
             if result is not None:  # what it packed is kept there alone (drain.py)
                 await self.ctx.run_sync(d.drain)
         if result is None:
@@ -543,17 +543,17 @@ async def run(ctx: Context) -> None:
                 if staging and bool(await ctx.run_sync(d.staged_in_current)):
                     # a set without them, published before their window ends, so that
                     # the sweep that deletes them need not rebuild
-                    await s.build(fmt, wait=False)
+                    await s.build(fmt, blocking=False)
                     continue
                 new = await ctx.run_sync(d.new_since, gen)
                 if not new:
-                    many = gen is not None and len(gen.indexes) > MAX_PACKS
+                    many = gen is not None and len(gen.indexes) >= MAX_PACKS
                     if many and since_built(s.last_built.get(fmt), gen) >= every:
-                        await s.build(fmt, wait=False)  # (pushes kept as packs: one pack)
+                        await s.build(fmt, blocking=False)  # (pushes kept as packs: one pack)
                     continue
                 since = since_built(s.last_built.get(fmt), gen)
                 if gen is None or new >= batch or since >= every:
-                    await s.build(fmt, wait=False)
+                    await s.build(fmt, blocking=False)
             except Interrupted:
                 log.info("derived %s: the build in progress stopped (the daemon stops)", fmt)
                 return

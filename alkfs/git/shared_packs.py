@@ -69,9 +69,9 @@ class SharedPacks:
         return 0 if row is None else int(row[0])
 
     @contextlib.contextmanager
-    def builder(self, wait: bool) -> Iterator[bool]:
+    def builder(self, blocking: bool) -> Iterator[bool]:
         """True while this process is the fleet's builder (False: another one is and
-        `wait` was not asked). Reentrant within a thread."""
+        `blocking` was not asked). Reentrant within a thread."""
         depth = getattr(self._depth, "n", 0)
         if depth:
             self._depth.n = depth + 1
@@ -81,7 +81,7 @@ class SharedPacks:
                 self._depth.n = depth
             return
         with self.db.dedicated() as conn:
-            if wait:
+            if blocking:
                 conn.execute("SELECT pg_advisory_lock(%s)", (self.lock_key,))
             else:
                 row = conn.execute("SELECT pg_try_advisory_lock(%s)", (self.lock_key,)).fetchone()

@@ -11,7 +11,7 @@ and verify (reads.py), deletions and the sweep (deletes.py).
 from .core import DB_NAME, DEFAULT_THRESHOLD, DEFAULT_WINDOW_S, LOCK_NAME, Store
 from .deletes import INERT_GRACE_NS
 from .listing import GIT_TAGS, ObjectStat
-from .puts import NOWAIT_PUT_MAX, PutResult, Source
+from .puts import BEHIND_PUT_MAX, PutResult, Source
 from .state import CHUNK, LARGE_DIR, MODES, PackedTier
 
 __all__ = [
@@ -24,7 +24,7 @@ __all__ = [
     "LARGE_DIR",
     "LOCK_NAME",
     "MODES",
-    "NOWAIT_PUT_MAX",
+    "BEHIND_PUT_MAX",
     "ObjectStat",
     "PackedTier",
     "PutResult",

@@ -20,7 +20,7 @@ from ..reserve import is_no_space
 from ..tiers.staging import StagingWriter
 from .state import CHUNK, StoreState
 
-NOWAIT_PUT_MAX = 65536  # the write-behind takes bytes up to this (hashed in ~40 us)
+BEHIND_PUT_MAX = 65536  # the write-behind takes bytes up to this (hashed in ~40 us)
 
 Source = bytes | bytearray | memoryview | BinaryIO | Iterable[bytes]
 

@@ -12,7 +12,7 @@ import trio
 
 from alkfs.errors import StoreIO
 from alkfs.keys import Algorithm, Key
-from alkfs.store import NOWAIT_PUT_MAX, PutResult
+from alkfs.store import BEHIND_PUT_MAX, PutResult
 
 from ..errors import fail
 from .spool import QUEUE_MAX, EndStream, Spooler, Sync, TakeBack, Truncate, Write
@@ -162,7 +162,7 @@ class StagedWriter:
             data = bytes(self.mem)
             if len(data) < self.size:
                 data += bytes(self.size - len(data))
-            if ahead is not None and len(data) <= NOWAIT_PUT_MAX:
+            if ahead is not None and len(data) <= BEHIND_PUT_MAX:
                 acked = ahead(data)
                 if acked is not None:
                     return acked

@@ -248,12 +248,12 @@ class Derived(Verify, Drain, KvRead, GitRun):
 
     # -- building and publishing ---------------------------------------------------------
     def build(
-        self, exclude: Iterable[bytes] = (), *, prune: bool = False, wait: bool = True
+        self, exclude: Iterable[bytes] = (), *, prune: bool = False, blocking: bool = True
     ) -> BuildResult | None:
         """Build and publish a new set of every kv object of the format except `exclude`
         (digests) and anything staged for deletion. `prune`: remove the retired
         generation at once (no reader can hold it: no mount). In a fleet, only its one
-        builder builds: None when another is and `wait` was not asked."""
+        builder builds: None when another is and `blocking` was not asked."""
         if self.broken is not None:
             raise StoreIO(
                 f"derived {self.fmt}: {self.broken}: not rebuilt (its packs are the "
@@ -262,7 +262,7 @@ class Derived(Verify, Drain, KvRead, GitRun):
         reserve = self.store.reserve
         if reserve is not None and reserve.full:  # (derived data went first: see shed)
             raise NoSpace("the disk is full: derived packs are built again once it is not")
-        with self.lock, self._builder(wait) as building:
+        with self.lock, self._builder(blocking) as building:
             if not building:
                 return None
             self.refresh()  # (a fleet member builds on the latest published set)
@@ -286,10 +286,10 @@ class Derived(Verify, Drain, KvRead, GitRun):
             log.info("derived %s: published %s", self.fmt, json.dumps(result.to_dict()))
             return result
 
-    def _builder(self, wait: bool) -> contextlib.AbstractContextManager[bool]:
+    def _builder(self, blocking: bool) -> contextlib.AbstractContextManager[bool]:
         if self.shared is None:
             return contextlib.nullcontext(True)
-        return self.shared.builder(wait)
+        return self.shared.builder(blocking)
 
     def staged_in_current(self) -> int:
         """How many objects staged for deletion the published set holds in its main packs

@@ -80,7 +80,7 @@ def shed(store: Store) -> int:
             if gen is None or not gen.files or d.primary:  # (the only copy: kept)
                 continue
             size = sum(gen.files.values())
-            if not d.withdraw(wait=False):
+            if not d.withdraw(blocking=False):
                 continue
             d.last_error = "withdrawn: the disk is full"
             if not d.mounted:  # (no mount serves it: nobody holds its files)
