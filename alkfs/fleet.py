@@ -5,7 +5,7 @@ family; `alkfs/schema.py` documents the tables):
 
 - **A session row** (`fleet_nodes`) with an expiry on the database's clock, renewed
   every TTL/3 by a heartbeat thread, and never renewed once it passed: a daemon paused
-  past its TTL finds its session over and joins again under a new id.
+  past its TTL finds its session over and joins again under the same id (`_lapsed`).
 - **Pin rows** (`fleet_pins`): an in-process pin (`gc/arbiter.py`) writes its row before
   the pin is handed out, and its release deletes the row lazily (a protection that lasts
   a little longer is harmless). Each pinning has a token, so a late release never

@@ -3,13 +3,14 @@
 `STORE/reserve` is a preallocated file (0600) of `size` bytes: min(64 MiB, max(8 MiB,
 1 % of the filesystem)), never more than an eighth of it. It is made once the
 filesystem has less than ARM_FACTOR * size free (looked at when the store opens, then
-at puts, at most once every ARM_EVERY_S, or just before by the daemon's backfill:
+at puts, at most once every ARM_EVERY_S, or just before by the write-behind's backfill:
 `look_ahead`), so a store on a roomy disk holds none.
 
 sqlite needs free space even to delete (its WAL grows before anything is freed). When
-a write finds the disk full (`hit`: ENOSPC, EDQUOT, SQLITE_FULL), the store first drops
-what it can rebuild (`shedders`: derived data); if less than `2 * size` is free after
-that, it removes the reserve and enters the "disk full" state (one log line). In it,
+a write finds the disk full (`hit`: ENOSPC, EDQUOT, SQLITE_FULL), the store removes
+the reserve (its space pays for what the next step writes) and drops what it can
+rebuild (`shedders`: derived data); if less than `2 * size` is free after that, the
+reserve is not made again and the store enters the "disk full" state (one log line). In it,
 new objects are refused up front with NoSpace (`admit`), so puts cannot eat the space
 the reserve gave back; unpins, ref and repository deletes and sweeps run. Once
 `2 * size` is free again (the reserve and as much spare, of which pages sqlite freed
@@ -126,8 +127,8 @@ class Reserve:
 
     def look_ahead(self) -> None:
         """Look at the free space now if a put would have to within LOOK_AHEAD_S (from a
-        thread that may wait: the daemon's backfill), so that the puts that must not
-        wait keep finding the reserve settled instead of each second's one waiting."""
+        thread that may wait: the write-behind's backfill, alkfs/writebehind.py), so that
+        the small files it acknowledges ahead keep finding the reserve settled."""
         if self.full or self.have or not self.size:
             return
         now = time.monotonic()

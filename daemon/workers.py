@@ -1,7 +1,7 @@
 """The mount's background work, in one place.
 
 Every long-lived worker of a mount (the invalidator, the pin expiry, the derived packs'
-intake, the database's backfill, the periodic sweep, the refusal counts, the signal handler) is a trio task that
+intake, the write-behind's applies, the periodic sweep, the refusal counts, the signal handler) is a trio task that
 `Workers.run` starts, under the daemon's nursery, when the mount starts, and that stops
 there: `main.serve` lists them and cancels them all when the session ends. Short-lived
 tasks of the mount (the spool worker of one file being written, staging/spool.py) start

@@ -3,8 +3,9 @@
 /repos/<id>/
     HEAD        `ref: <target>\\n` (refs.head)
     config      a minimal bare config: no reflogs, no auto-gc or maintenance; git's own unpack
-                limit, so a large push arrives as one pack that lives only in its
-                quarantine and is stored object by object when git moves it out
+                limit, so a large push arrives as one pack, kept as a pack of the derived
+                set or stored object by object when git moves it out (staging/ingest.py)
+    packed-refs every ref, rendered from the refs (a generation per change of them)
     refs/       nested directories of ref files `<oid>\\n`; refs/heads and refs/tags always
     objects/    resolves `<xx>/<rest>` for every stored object of the repository's format
                 (the loose files of /git/<format>, same inodes) but lists only `info/`
@@ -21,8 +22,8 @@ Writes (daemon/staging/scratch.py keeps what is not yet stored):
   exists), written, and renamed over `<ref>`: a CAS against the value at lock time.
   Unlinking the lock abandons it; unlinking a locked ref deletes it with a CAS against
   the lock's value (`git update-ref -d`). `HEAD` (and `HEAD.lock`) take
-  `ref: refs/...\n`; `packed-refs.lock` may be made and removed (there is never a
-  packed-refs file: deletions go ref by ref).
+  `ref: refs/...\n`; `packed-refs.lock` rewrites packed-refs (a ref it leaves out is
+  deleted); git gc's `gc.pid`, `gc.log` and their locks live in memory for the mount.
 - Ref directories come and go with the refs below them; `mkdir` makes an empty one
   that lives in the daemon's memory until a ref lands below it or it is rmdir'ed.
 - objects/ accepts git's loose-object writes and a push's quarantine directories
@@ -205,7 +206,7 @@ class RepoDir(Dir):
     ) -> tuple[Node, Handle]:
         ref = ROOT_LOCKS.get(name)
         if ref is None:
-            fail(errno.EPERM, f"{self.path}: only HEAD.lock and packed-refs.lock can be made")
+            fail(errno.EPERM, f"{self.path}: only HEAD.lock, packed-refs.lock and gc files can be made")
         old: LockOld = None
         if ref.startswith("packed-refs"):
             # git's rewrite deletes what it leaves out of the snapshot taken at lock time
