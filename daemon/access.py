@@ -26,7 +26,7 @@ from .errors import fail
 from .nodes.base import Node
 
 if TYPE_CHECKING:
-    from .context import Context
+    from .services import Services
 
 ROOT, OWNER, OTHER = 0, 1, 2  # who a request comes from (Access.who)
 
@@ -34,7 +34,7 @@ ROOT, OWNER, OTHER = 0, 1, 2  # who a request comes from (Access.who)
 class Access:
     """The shared mount's decisions and the per-uid counts of open write handles."""
 
-    def __init__(self, ctx: Context) -> None:
+    def __init__(self, ctx: Services) -> None:
         self.ctx = ctx
         self.shared = ctx.options.shared
         self.bound: dict[int, list[int]] = {}  # fh -> [uid, bytes counted] (bounded users)

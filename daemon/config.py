@@ -15,7 +15,7 @@ from alkfs.db.uri import has_password
 from alkfs.durations import parse_duration, parse_window
 from alkfs.errors import AlkfsError
 
-from .context import parse_owner
+from .services import parse_owner
 
 # The daemon's settings: the --config file's keys, overridden by the command line's. The
 # file's values come as TOML gave them (not checked here; each is used as the option's

@@ -1,166 +1,37 @@
-"""What every node can reach: the store, its refs and pins, the options, the one helper for
-blocking work, the inode table, the invalidator and the mount's write state.
+"""The mount's context: its services (services.py) and its write state. What git's writes
+leave in memory and the scratch area (`writes`), the small files acknowledged ahead of
+their commit (`pending`), the derived packs being built (`packs`), and the sweeps,
+dry runs and verifications that change or read what they hold.
 
-The context sits at the top of the write-state layer (it owns `Writes`); the framework
-below names it for types only."""
+The context sits at the top of the write-state layer (it owns `Writes`); the views above
+write through it, and what sits below is typed against the services alone."""
 
 from __future__ import annotations
 
 import functools
-import grp
 import logging
-import os
-import pwd
-import time
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
-from typing import TypedDict, TypeVar, TypeVarTuple
 
-import trio
-
-from alkfs.app import Alkfs
 from alkfs.gc.sweep import dry_run
-from alkfs.git.refs import Refs
 from alkfs.keys import Key
-from alkfs.pins import Pins
-from alkfs.settings import settings
-from alkfs.store import Store
 
-from .inodes import InodeTable
-from .invalidate import Invalidator
-from .listings import Listings
-from .packs import Served
-from .requests_stats import RequestStats
+from .packs import PackFigures, Served
+from .services import Options, Services, parse_owner
 from .staging.pending import Pending
 from .staging.writes import Writes
-from .workers import Workers
+
+__all__ = ["INVALIDATE_WAIT_S", "Context", "Options", "PackFigures", "parse_owner"]
 
 log = logging.getLogger("alkfsd")
 
-T = TypeVar("T")
-Ts = TypeVarTuple("Ts")
-
-
-class PackFigures(TypedDict):
-    """One format's derived packs in the status (daemon/packs.py's `Served.status`)."""
-
-    generation: int | None
-    objects: int
-    packs: int
-    bytes: int
-    built_at: str | None
-    last_error: str | None
-    primary: bool
-    drained: int
-
-
 INVALIDATE_WAIT_S = 10.0  # how long a sweep request waits for the kernel to drop entries
 
-# A deletion view maps a deleted key to the kernel entries that showed it:
-# (parent inode, name, inode of the entry) triples, e.g. /objects/<algo>/<hex>.
-DeletionView = Callable[[Key], Iterable[tuple[int, bytes, int]]]
 
+class Context(Services):
+    """The services of one mount and its write state. Owned by the trio thread, except
+    where noted."""
 
-@dataclass
-class Options:
-    read_only: bool = False
-    allow_other: bool = False
-    threads: int = 16
-    push_grace_s: float | None = None  # None: max(10 min, the window) (scratch.Writes)
-    # --owner USER[:GROUP]: the tree shows as theirs and they may change it as root can
-    # (but the control file, root's alone). None: the daemon's own user.
-    owner_uid: int | None = None
-    owner_gid: int | None = None
-    # Per-user bounds of a shared mount (--allow-other or --owner), per uid other than
-    # root's (fs.py): open write handles and bytes written through them not yet released
-    # (ALKFS_MAX_WRITE_HANDLES, 64; ALKFS_MAX_SPOOL_BYTES, 1 GiB), and open read handles
-    # (ALKFS_MAX_READ_HANDLES, 1024: each may hold a descriptor of the daemon's, a large
-    # object, a pack); all users but root together hold at most half the daemon's
-    # descriptor limit, so root's, the owner's and the daemon's own work always have the
-    # other half. (alkfs/settings.py)
-    max_write_handles: int = field(default_factory=lambda: settings().max_write_handles)
-    max_spool_bytes: int = field(default_factory=lambda: settings().max_spool_bytes)
-    max_read_handles: int = field(default_factory=lambda: settings().max_read_handles)
-
-    @property
-    def owner_only(self) -> bool:
-        """--owner without --allow-other: root and that user alone."""
-        return self.owner_uid is not None and not self.allow_other
-
-    @property
-    def shared(self) -> bool:
-        """Other users reach the mount (the kernel is given allow_other): the daemon
-        makes every permission decision itself (fs.py)."""
-        return self.allow_other or self.owner_uid is not None
-
-
-def parse_owner(text: str) -> tuple[int, int]:
-    """`USER[:GROUP]` (names or numbers) -> (uid, gid); GROUP defaults to USER's group.
-    ValueError with a sentence when either is unknown."""
-    user, _, group = str(text).partition(":")
-    try:
-        pw = pwd.getpwuid(int(user)) if user.isdigit() else pwd.getpwnam(user)
-        uid, gid = pw.pw_uid, pw.pw_gid
-    except KeyError:
-        if not user.isdigit():
-            raise ValueError(f"--owner: no user {user!r}") from None
-        uid, gid = int(user), int(user)
-    if group:
-        if group.isdigit():
-            gid = int(group)
-        else:
-            try:
-                gid = grp.getgrnam(group).gr_gid
-            except KeyError:
-                raise ValueError(f"--owner: no group {group!r}") from None
-    return uid, gid
-
-
-class Context:
-    """Shared by every node of one mount. Owned by the trio thread, except where noted."""
-
-    def __init__(
-        self,
-        store: Store,
-        *,
-        app: Alkfs | None = None,
-        options: Options | None = None,
-        live: bool = True,
-    ) -> None:
-        self.store = store
-        self.app: Alkfs = app if app is not None else Alkfs(store)  # (refs, pins, sources)
-        self.refs: Refs = self.app.refs
-        self.pins: Pins = self.app.pins
-        self.options = options or Options()
-        self.inodes = InodeTable()
-        # a kernel session serves this context (main: always); False for direct calls of
-        # Operations with no session: nothing acknowledged ahead (staging/pending.py), no
-        # listing cached (listings.py), no page pushed at an open (nodes/objfile.py)
-        self.live = live
-        self.invalidator = Invalidator()
-        self.workers = Workers()  # the mount's background tasks (main.serve starts them)
-        self.limiter = trio.CapacityLimiter(self.options.threads)
-        self.deletion_views: list[DeletionView] = []
-        self.errors: dict[tuple[str, int], int] = {}
-        self.stats = RequestStats()  # FUSE requests by operation, latencies, bytes
-        self.mountpoint: str | None = None
-        # /repos/<id>/packed-refs: (repo id, created_ns) -> (refs version, content, made_ns)
-        self.packed_refs: dict[tuple[str, int], tuple[int, bytes, int]] = {}
-        # /repos/<id>/objects/pack: stems of packs git moved in whose objects are stored
-        self.ingested_packs: dict[tuple[str, int], set[bytes]] = {}
-        self.started_ns = time.time_ns()
-        self.next_sweep_ts: float | None = None  # (the periodic sweeper sets it)
-        self.last_dry_run: dict[str, object] | None = None  # (/.alkfs/dry-run)
-        self.daemon_uid = os.getuid()  # who may do anything (with root)
-        self.daemon_gid = os.getgid()
-        o = self.options
-        self.uid = o.owner_uid if o.owner_uid is not None else self.daemon_uid  # shown
-        self.gid = o.owner_gid if o.owner_gid is not None else self.daemon_gid
-        # --owner without --allow-other: the kernel checks the modes (default_permissions:
-        # daemon/main.py) and the tree shows the owner's bits only, so that no other user
-        # sees anything, not even what the kernel has cached (entries, attributes)
-        self.mode_mask = ~0o077 if o.owner_only else ~0
-        store.deleted_hooks.append(self._on_deleted)
+    next_sweep_ts: float | None = None  # (the periodic sweeper sets it)
+    last_dry_run: dict[str, object] | None = None  # (/.alkfs/dry-run)
 
     @functools.cached_property
     def writes(self) -> Writes:
@@ -173,12 +44,6 @@ class Context:
         """Small files acknowledged ahead of their commit (staging/pending.py; only for a
         live mount: direct calls commit each file as before)."""
         return Pending(self, enabled=self.live)
-
-    @functools.cached_property
-    def listings(self) -> Listings:
-        """The directory listings the kernel caches (listings.py; without a kernel
-        session, never caching)."""
-        return Listings(self, kernel=self.live)
 
     @functools.cached_property
     def packs(self) -> Served:
@@ -195,25 +60,6 @@ class Context:
         """At mount start, before any request: the write state is made (and the scratch
         area emptied)."""
         _ = self.writes
-
-    @property
-    def read_only(self) -> bool:
-        return self.options.read_only
-
-    async def run_sync(self, fn: Callable[[*Ts], T], *args: *Ts) -> T:
-        """The one way to run blocking work (sqlite writes, big file I/O, big hashes, sweeps)."""
-        return await trio.to_thread.run_sync(fn, *args, limiter=self.limiter)
-
-    # -- sweeps -------------------------------------------------------------------
-    def _on_deleted(self, raw_key: bytes) -> None:
-        """Store hook, called in the sweeping thread: queue the kernel invalidations."""
-        key = Key(raw_key)
-        for view in list(self.deletion_views):
-            try:
-                for parent, name, ino in view(key):
-                    self.invalidator.submit(parent, name, ino)
-            except Exception:
-                log.exception("deletion view failed for %s", key)
 
     async def sweep(
         self, window_s: float | None = None, *, scheduled: bool = False, expire_now: bool = False
@@ -261,10 +107,4 @@ class Context:
         writes = self.__dict__.pop("writes", None)
         if writes is not None:
             writes.close()
-        listings_: Listings | None = self.__dict__.get("listings")
-        if listings_ is not None:
-            listings_.close()
-        try:
-            self.store.deleted_hooks.remove(self._on_deleted)
-        except ValueError:
-            pass
+        super().close()

@@ -68,9 +68,9 @@ from .nodes.handles import DirHandle
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from .context import Context
     from .inodes import InodeTable
     from .nodes.base import Node
+    from .services import Services
 
 # the fh bit of a C-answered open (getattr: this module is imported before alkfsd's main
 # refuses a pyfuse3 without the patches, and must not fail first)
@@ -109,7 +109,7 @@ class Listings:
     """The per-open decision, the snapshots and the listings' mtimes (trio thread only,
     but `mtime_ns`). One per mount: `of(ctx)`."""
 
-    def __init__(self, ctx: Context | None, kernel: bool = True) -> None:
+    def __init__(self, ctx: Services | None, kernel: bool = True) -> None:
         self.ctx = ctx
         self.kernel = kernel and ctx is not None
         self._inodes: dict[int, _Inode] = {}
@@ -380,7 +380,7 @@ def _snapshot(ino: int, entries: list[Entry], mark: Print) -> Snapshot:
     return Snapshot(ino, entries, mark, {off: i + 1 for i, (_, _, off) in enumerate(entries)})
 
 
-def of(ctx: Context) -> Listings:
+def of(ctx: Services) -> Listings:
     """The mount's Listings (`ctx.listings`: made at first use; without a kernel session,
     never caching)."""
     return ctx.listings

@@ -32,7 +32,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Protocol, TypeVar
+from typing import TYPE_CHECKING, Protocol, TypedDict, TypeVar
 
 import trio
 
@@ -45,7 +45,22 @@ from alkfs.store import ObjectStat
 from . import listings
 
 if TYPE_CHECKING:
-    from .context import Context, PackFigures
+    from .context import Context
+    from .services import Services
+
+
+class PackFigures(TypedDict):
+    """One format's derived packs in the status (`Served.status`)."""
+
+    generation: int | None
+    objects: int
+    packs: int
+    bytes: int
+    built_at: str | None
+    last_error: str | None
+    primary: bool
+    drained: int
+
 
 K = TypeVar("K")
 V = TypeVar("V")
@@ -112,7 +127,7 @@ Version = tuple[int, int | None]  # (the kv table's highest row id, Served._mark
 class Served:
     """The derived sets one mount serves (thread-safe where noted)."""
 
-    def __init__(self, ctx: Context) -> None:
+    def __init__(self, ctx: Services) -> None:
         self.ctx = ctx
         self.derived: dict[str, Derived] = {}
         self.views: list[View] = []
@@ -547,7 +562,7 @@ async def run(ctx: Context) -> None:
                     continue
                 new = await ctx.run_sync(d.new_since, gen)
                 if not new:
-                    many = gen is not None and len(gen.indexes) >= MAX_PACKS
+                    many = gen is not None and len(gen.indexes) > MAX_PACKS
                     if many and since_built(s.last_built.get(fmt), gen) >= every:
                         await s.build(fmt, blocking=False)  # (pushes kept as packs: one pack)
                     continue

@@ -24,7 +24,7 @@ from alkfs.store import PutResult
 from alkfs.writebehind import APPLY_BATCH, WriteBehind
 
 if TYPE_CHECKING:
-    from ..context import Context
+    from ..services import Services
 
 log = logging.getLogger("alkfsd")
 
@@ -44,7 +44,7 @@ class Pending:
     (`behind` None: not a live mount, read-only, not a sqlite store this process alone
     writes, ALKFS_INTENTS=off) every close commits its own file."""
 
-    def __init__(self, ctx: Context, enabled: bool) -> None:
+    def __init__(self, ctx: Services, enabled: bool) -> None:
         self.ctx = ctx
         self.gather_s = settings().intents_gather_s  # (tests hold intents pending with it)
         self.behind: WriteBehind | None = None

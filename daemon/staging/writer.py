@@ -18,7 +18,7 @@ from ..errors import fail
 from .spool import QUEUE_MAX, EndStream, Spooler, Sync, TakeBack, Truncate, Write
 
 if TYPE_CHECKING:
-    from ..context import Context
+    from ..services import Services
 
 MEM_MAX = 1 << 20  # a file up to this size never touches the disk before its put
 
@@ -32,7 +32,7 @@ class Put(Protocol):
 class StagedWriter:
     """The content of one new file (see the module docstring)."""
 
-    def __init__(self, ctx: Context, algo: Algorithm, expect: Key | None = None) -> None:
+    def __init__(self, ctx: Services, algo: Algorithm, expect: Key | None = None) -> None:
         self.ctx = ctx
         self.algo = algo
         self.expect = expect

@@ -24,8 +24,8 @@ if TYPE_CHECKING:
     from alkfs.gc.arbiter import Batch, Pin
     from alkfs.git.refs import Repo
 
-    from ..context import Context
     from ..nodes.base import Node
+    from ..services import Services
     from .scratch import ScratchDir
 
 log = logging.getLogger("alkfsd")
@@ -126,7 +126,7 @@ class Session:
 class Writes:
     """What git's writes leave in the daemon's memory for one mount."""
 
-    def __init__(self, ctx: Context) -> None:
+    def __init__(self, ctx: Services) -> None:
         self.ctx = ctx
         self.area = ScratchArea(scratch_root(ctx.store))
         self.overlays: dict[tuple, dict[bytes, Node]] = {}

@@ -156,7 +156,7 @@ def keep_pack(
     the set is published with the pack beside its own, byte for byte as received, or,
     when the set's main packs already hold some of its objects, with a pack of the rest
     (`pack-objects` from it, its deltas reused). No consolidation runs here (the daemon's
-    intake consolidates a set of MAX_PACKS packs or more). (objects published, bytes
+    intake consolidates a set of more than MAX_PACKS packs). (objects published, bytes
     of their pack)."""
     reserve = self.store.reserve
     if reserve is not None and reserve.full:
