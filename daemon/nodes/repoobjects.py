@@ -31,12 +31,13 @@ class RepoObjectsDir(Dir):
     """/repos/<id>/objects: resolves <xx>/<rest>, lists only info/ and pack/ (and a push's
     quarantine, scratch names, while it lasts)."""
 
-    __slots__ = ("repo", "overlay")
+    __slots__ = ("repo", "overlay", "view")
 
     def __init__(self, ctx: Context, parent: RepoDir) -> None:
         repo = parent.repo
         super().__init__(ctx, ("repo-objects", repo.id, repo.created_ns), parent, b"objects")
         self.repo = repo
+        self.view = parent.view
         self.overlay = ScratchOverlay(self)
 
     def scratch(self) -> ScratchOverlay:
@@ -139,12 +140,13 @@ class RepoPackDir(Dir):
     a local clone or a later git never copies or re-reads this pack), and they go when git
     removes the pack's `.keep` (a push's refs are written) or the files themselves."""
 
-    __slots__ = ("repo", "overlay")
+    __slots__ = ("repo", "overlay", "view")
 
     def __init__(self, ctx: Context, parent: RepoObjectsDir) -> None:
         repo = parent.repo
         super().__init__(ctx, ("repo-pack", repo.id, repo.created_ns), parent, b"pack")
         self.repo = repo
+        self.view = parent.view
         self.overlay = ScratchOverlay(self, self)  # (a pack's index arriving: `arrived`)
 
     def scratch(self) -> ScratchOverlay:
@@ -158,7 +160,7 @@ class RepoPackDir(Dir):
 
     async def readdir(self, dh: DirHandle, start: int, emit: Emit) -> None:
         def entries() -> Entries:
-            stored = self.ctx.ingested_packs.get(repo_key(self.repo), set())
+            stored = self.view.ingested_packs.get(repo_key(self.repo), set())
             listed = self.overlay.entries()
             return [(n, node) for n, node in listed if n.partition(b".")[0] not in stored]
 
@@ -192,7 +194,7 @@ class RepoPackDir(Dir):
             self.overlay.unlink(name)  # a refused pack: its index is not kept
             raise
         stem = name.partition(b".")[0]  # pack-<hex>: its .pack, .idx, .rev, .bitmap, .keep
-        self.ctx.ingested_packs.setdefault(repo_key(self.repo), set()).add(stem)
+        self.view.ingested_packs.setdefault(repo_key(self.repo), set()).add(stem)
 
     async def unlink(self, name: bytes, req: RequestContext) -> None:
         if not self.overlay.unlink(name):

@@ -74,6 +74,7 @@ from .refwrites import (
     render_packed,
 )
 from .repoobjects import RepoFanoutDir, RepoObjectsDir
+from .reposview import ReposView
 
 if TYPE_CHECKING:
     from ..context import Context
@@ -120,10 +121,11 @@ class ReposDir(Dir):
 
     entry_timeout = DYNAMIC_TIMEOUT
     attr_timeout = DYNAMIC_TIMEOUT
-    __slots__ = ()
+    __slots__ = ("view",)
 
     def __init__(self, ctx: Context, parent: Node) -> None:
         super().__init__(ctx, ("dir", "/repos"), parent, b"repos")
+        self.view = ReposView()  # (this node lives as long as the mount: root.py)
 
     async def lookup(self, name: bytes, req: RequestContext) -> Node:
         repo_id = text_of(name)
@@ -154,6 +156,7 @@ class ReposDir(Dir):
         repo = refs.repo(repo_id)  # Missing: ENOENT
         await self.ctx.run_sync(refs.delete_repo_if_empty, repo_id)  # NotEmpty: ENOTEMPTY
         self.ctx.writes.forget_repo(repo_key(repo))
+        self.view.forget(repo_key(repo))
 
 
 # Never created or replaced through the mount, by anyone, root included (EPERM): git runs
@@ -168,11 +171,12 @@ class RepoDir(Dir):
     entry_timeout = DYNAMIC_TIMEOUT
     attr_timeout = DYNAMIC_TIMEOUT
     never_written = NEVER_WRITTEN
-    __slots__ = ("repo",)
+    __slots__ = ("repo", "view")
 
-    def __init__(self, ctx: Context, parent: Node, repo: Repo) -> None:
+    def __init__(self, ctx: Context, parent: ReposDir, repo: Repo) -> None:
         super().__init__(ctx, ("repo", repo.id, repo.created_ns), parent, repo.id.encode())
         self.repo = repo
+        self.view = parent.view
 
     def mtime_ns(self) -> int:
         return self.repo.created_ns
@@ -206,7 +210,10 @@ class RepoDir(Dir):
     ) -> tuple[Node, Handle]:
         ref = ROOT_LOCKS.get(name)
         if ref is None:
-            fail(errno.EPERM, f"{self.path}: only HEAD.lock, packed-refs.lock and gc files can be made")
+            fail(
+                errno.EPERM,
+                f"{self.path}: only HEAD.lock, packed-refs.lock and gc files can be made",
+            )
         old: LockOld = None
         if ref.startswith("packed-refs"):
             # git's rewrite deletes what it leaves out of the snapshot taken at lock time
@@ -360,9 +367,9 @@ class PackedRefsFile(File):
 async def packed_refs_node(repo_dir: RepoDir) -> PackedRefsFile:
     """The current generation of the repository's packed-refs (built in a worker thread
     when a ref moved since the last one)."""
-    ctx, repo = repo_dir.ctx, repo_dir.repo
+    ctx, repo, kept = repo_dir.ctx, repo_dir.repo, repo_dir.view.packed_refs
     k = repo_key(repo)
-    cached = ctx.packed_refs.get(k)
+    cached = kept.get(k)
     if cached is None or cached[0] != ctx.refs.version(repo.id):
 
         def build() -> tuple[int, bytes, int]:
@@ -370,9 +377,9 @@ async def packed_refs_node(repo_dir: RepoDir) -> PackedRefsFile:
             return version, render_packed(rows), time.time_ns()
 
         cached = await ctx.run_sync(build)
-        prev = ctx.packed_refs.get(k)
+        prev = kept.get(k)
         if prev is None or prev[0] <= cached[0]:
-            ctx.packed_refs[k] = cached
+            kept[k] = cached
     version, data, made_ns = cached
     return PackedRefsFile(ctx, repo_dir, repo, version, data, made_ns)
 

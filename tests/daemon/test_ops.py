@@ -645,3 +645,18 @@ async def test_a_key_found_absent_is_answered_again_until_a_put_ends(h, app):
     puts, _ = absent.keys[other.raw]
     absent.keys[other.raw] = (puts, 0.0)
     assert absent.stat(other) is None and absent.keys[other.raw][1] > 0.0
+
+
+async def test_the_repos_view_keeps_a_repositorys_packed_refs_until_it_is_deleted(h):
+    """/repos keeps each repository's rendered packed-refs in its view (one per mount, on
+    the permanent /repos node): a second read while no ref moved reuses it, and an rmdir
+    of the repository leaves nothing of it there."""
+    repos_ino = await h.ino("/repos")
+    repos = h.ctx.inodes.get(repos_ino)
+    await h.ops.mkdir(repos_ino, b"r1", 0o755, None)
+    first = await h.walk("/repos/r1/packed-refs")
+    again = await h.walk("/repos/r1/packed-refs")
+    assert again.st_ino == first.st_ino  # (the same generation: nothing rendered again)
+    assert [k[0] for k in repos.view.packed_refs] == ["r1"]
+    await h.ops.rmdir(repos_ino, b"r1", None)
+    assert repos.view.packed_refs == {} and repos.view.ingested_packs == {}
