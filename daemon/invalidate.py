@@ -22,6 +22,7 @@ import logging
 import math
 import threading
 from dataclasses import dataclass
+from typing import Protocol
 
 import pyfuse3
 import trio
@@ -42,8 +43,30 @@ class Invalidation:
     seq: int
 
 
+class KernelChannel(Protocol):
+    """What a mount tells the kernel through: the `Invalidator` of a kernel session, or a
+    fake for direct calls of the operations with no session (the tests'
+    `RecordingInvalidator`), handed to the mount's services when they are made."""
+
+    # A kernel session takes what is queued: the mount then caches listings
+    # (listings.py), pushes an object's pages at its first open (nodes/objfile.py) and
+    # acknowledges small files ahead of their commit (staging/pending.py).
+    session: bool
+
+    def submit(self, parent_ino: int, name: bytes | None, deleted_ino: int = 0) -> int: ...
+
+    def submit_inode(self, ino: int) -> int: ...
+
+    @property
+    def submitted(self) -> int: ...
+
+    async def wait(self, seq: int, timeout: float) -> bool: ...  # noqa: ASYNC109
+
+
 class Invalidator:
     """Queue (parent inode, name, deleted inode) triples for the kernel."""
+
+    session = True  # (KernelChannel)
 
     def __init__(self) -> None:
         self._lock = threading.Lock()  # submit runs in any thread

@@ -51,6 +51,7 @@ from .context import Context, Options
 from .deathguard import unescape
 from .errors import ClipFormatter
 from .fs import Operations
+from .invalidate import Invalidator
 from .staging.spool import clear_spool, spool_dir
 from .status import serve_metrics
 
@@ -206,7 +207,9 @@ async def serve(ctx: Context, mnt: str, sweep_every: float | None, ops: Operatio
     workers = ctx.workers
     workers.add("alkfsd signals", _signals, ctx)
     workers.add("alkfsd ready", _ready, ctx, mnt)
-    workers.add("alkfsd invalidator", ctx.invalidator.run)
+    invalidator = ctx.invalidator
+    assert isinstance(invalidator, Invalidator)  # (a mount's: a kernel session takes it)
+    workers.add("alkfsd invalidator", invalidator.run)
     workers.add("alkfsd pin expiry", ctx.writes.run_expiry)
     workers.add("alkfsd intents", ctx.pending.run)
     workers.add("alkfsd derived packs", packs.run, ctx)  # first set, then intake
@@ -394,7 +397,7 @@ def main(argv: list[str] | None = None) -> int:
         # every pin name into an in-memory filter: a new name's lookups then cost no
         # query (alkfs/pins/, Misses; only where this process makes every change)
         app.pins.prime()
-        ctx = Context(store, app=app, options=options, live=True)
+        ctx = Context(store, app=app, options=options)
         ctx.mountpoint = mnt
         ctx.prepare()  # its scratch dir emptied now: nothing of a previous daemon is used
         ops = Operations(ctx)

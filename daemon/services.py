@@ -28,7 +28,7 @@ from alkfs.settings import settings
 from alkfs.store import Store
 
 from .inodes import InodeTable
-from .invalidate import Invalidator
+from .invalidate import Invalidator, KernelChannel
 from .listings import Listings
 from .requests_stats import RequestStats
 from .workers import Workers
@@ -107,19 +107,17 @@ class Services:
         *,
         app: Alkfs | None = None,
         options: Options | None = None,
-        live: bool = True,
+        kernel: KernelChannel | None = None,
     ) -> None:
+        """`kernel`: what the mount tells the kernel through (None: an `Invalidator`, for
+        the kernel session `main` mounts; a test's fake without a session otherwise)."""
         self.store = store
         self.app: Alkfs = app if app is not None else Alkfs(store)  # (refs, pins, sources)
         self.refs: Refs = self.app.refs
         self.pins: Pins = self.app.pins
         self.options = options or Options()
         self.inodes = InodeTable()
-        # a kernel session serves this mount (main: always); False for direct calls of
-        # Operations with no session: nothing acknowledged ahead (staging/pending.py), no
-        # listing cached (listings.py), no page pushed at an open (nodes/objfile.py)
-        self.live = live
-        self.invalidator = Invalidator()
+        self.invalidator: KernelChannel = kernel if kernel is not None else Invalidator()
         self.workers = Workers()  # the mount's background tasks (main.serve starts them)
         self.limiter = trio.CapacityLimiter(self.options.threads)
         self.deletion_views: list[DeletionView] = []
@@ -143,6 +141,13 @@ class Services:
         """The directory listings the kernel caches (listings.py; without a kernel
         session, never caching)."""
         return Listings(self, kernel=self.live)
+
+    @property
+    def live(self) -> bool:
+        """A kernel session serves this mount (main: always); not for direct calls of the
+        operations: nothing acknowledged ahead (staging/pending.py), no listing cached
+        (listings.py), no page pushed at an open (nodes/objfile.py)."""
+        return self.invalidator.session
 
     @property
     def read_only(self) -> bool:

@@ -201,10 +201,14 @@ def fuse_fds(pid: int) -> list[int]:
 
 
 class RecordingInvalidator:
-    """A context's invalidator (daemon/invalidate.py) for direct calls of Operations, where
-    no kernel session takes the requests: each is recorded in `recorded`, as (parent inode,
-    name, deleted inode), name None for an inode's attributes, and counts as taken at once
-    (`wait` never waits). Set as `ctx.invalidator` right after the Context is made."""
+    """The kernel channel (daemon/invalidate.py's KernelChannel) of a Context made for
+    direct calls of Operations, where no kernel session takes the requests:
+    `Context(store, kernel=RecordingInvalidator())`. Each request is recorded in
+    `recorded`, as (parent inode, name, deleted inode), name None for an inode's
+    attributes, and counts as taken at once (`wait` never waits). With no session, the
+    context caches no listing, pushes no page and acknowledges no small file ahead."""
+
+    session = False
 
     def __init__(self) -> None:
         self.recorded: list[tuple[int, bytes | None, int]] = []

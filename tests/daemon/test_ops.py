@@ -36,8 +36,9 @@ def fields(**set_: bool) -> SimpleNamespace:
 class Harness:
     def __init__(self, app: Alkfs, read_only: bool = False) -> None:
         self.app = app
-        self.ctx = Context(app.store, app=app, options=Options(read_only=read_only), live=False)
-        self.ctx.invalidator = RecordingInvalidator()  # (no kernel session takes them)
+        self.ctx = Context(
+            app.store, app=app, options=Options(read_only=read_only), kernel=RecordingInvalidator()
+        )
         self.reply = pyfuse3.readdir_reply  # (each listing below sets its own)
         self.ops = Operations(self.ctx, readdir_reply=lambda *a: self.reply(*a))
 

@@ -384,8 +384,7 @@ def direct(tmp_path: Path):
 
     store_path, _src = imported_store(tmp_path)
     app = Alkfs.open(store_path, window_s=0)
-    ctx = Context(app.store, app=app, live=False)
-    ctx.invalidator = RecordingInvalidator()  # (no kernel session takes them)
+    ctx = Context(app.store, app=app, kernel=RecordingInvalidator())
     try:
         Operations(ctx)
         yield app, ctx, served(ctx)

@@ -13,6 +13,7 @@ import pytest
 import trio
 import trio.lowlevel
 import trio.testing
+from helpers import RecordingInvalidator
 
 from alkfs.app import Alkfs
 from alkfs.errors import StoreIO
@@ -36,7 +37,7 @@ async def ctx(app: Alkfs):
     """A mount's context with one request thread, its workers running as a mount runs them
     (`Workers.run` in a nursery: a writer's spooler starts under it); they stop before the
     context is closed."""
-    c = Context(app.store, app=app, options=Options(threads=1), live=False)
+    c = Context(app.store, app=app, options=Options(threads=1), kernel=RecordingInvalidator())
     try:
         async with trio.open_nursery() as nursery:
             await nursery.start(c.workers.run)
@@ -220,7 +221,7 @@ async def test_writes_queued_behind_a_take_back_go_to_the_spool_file_counted_onc
 async def test_a_commit_keeps_what_its_stream_stored_when_the_mount_stops_meanwhile(app) -> None:
     """The mount's tasks cancelled while a commit waits for its stream (shielded): the
     put ends with the commit's operation and its result is the commit's, not EIO."""
-    ctx = Context(app.store, app=app, options=Options(threads=1), live=False)
+    ctx = Context(app.store, app=app, options=Options(threads=1), kernel=RecordingInvalidator())
     try:
         async with trio.open_nursery() as nursery:
             stop = trio.CancelScope()
@@ -254,7 +255,7 @@ async def test_a_commit_keeps_what_its_stream_stored_when_the_mount_stops_meanwh
 async def test_a_writer_waiting_on_a_stopped_spooler_hears_it(app) -> None:
     """The spooler's task cancelled with an operation queued but not applied: the writer's
     wait ends and it hears EIO (the spool is gone), instead of waiting for ever."""
-    ctx = Context(app.store, app=app, options=Options(threads=1), live=False)
+    ctx = Context(app.store, app=app, options=Options(threads=1), kernel=RecordingInvalidator())
     try:
         async with trio.open_nursery() as nursery:
             stop = trio.CancelScope()
@@ -280,7 +281,7 @@ async def test_a_writer_waiting_on_a_stopped_spooler_hears_it(app) -> None:
 async def test_a_stream_waiting_for_writes_stops_when_the_mount_stops(app) -> None:
     """The stream's thread waits on its queue, not in trio: cancelling the mount's tasks
     wakes it (nothing is stored) and they end."""
-    ctx = Context(app.store, app=app, options=Options(threads=1), live=False)
+    ctx = Context(app.store, app=app, options=Options(threads=1), kernel=RecordingInvalidator())
     try:
         with trio.fail_after(30):
             async with trio.open_nursery() as nursery:
@@ -318,7 +319,7 @@ async def test_a_streamed_file_committed_twice_keeps_what_was_written(app, ctx) 
 async def test_a_small_file_in_memory_keeps_every_write_pattern(app) -> None:
     """The first write at 0 is kept as the bytes it came in (not copied); any later write,
     a hole, a shrinking truncate or a read works on it as on a copy."""
-    ctx = Context(app.store, app=app, options=Options(threads=1), live=False)
+    ctx = Context(app.store, app=app, options=Options(threads=1), kernel=RecordingInvalidator())
     try:
         first = b"0123456789"
         cases: list[tuple[list[tuple[str, int, bytes]], bytes]] = [
@@ -354,7 +355,7 @@ async def test_a_sweep_waiting_for_the_kernel_holds_no_request_thread(app, monke
     INVALIDATE_WAIT_S. Here nothing takes them (no kernel session runs the invalidator),
     so the sweep waits its full bound; meanwhile the mount's one request thread is free."""
     monkeypatch.setattr(context_mod, "INVALIDATE_WAIT_S", 2.0)
-    ctx = Context(app.store, app=app, options=Options(threads=1), live=True)
+    ctx = Context(app.store, app=app, options=Options(threads=1))
     try:
         ctx.invalidator.submit(1, b"never-taken")
         before = app.store.last_sweep

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pysqlite3.dbapi2 as sqlite3  # the store's own sqlite library (see tests/store)
 import pytest
+from helpers import RecordingInvalidator
 
 from alkfs.keys import Key
 from alkfs.store import Store
@@ -230,7 +231,7 @@ async def test_a_handle_hashes_each_chunk_once_and_the_file_once_whole(tmp_path)
     data = content()
     with Store.open(tmp_path / "store", window_s=0) as store:
         key = store.add(data)
-        ctx = Context(store, live=False)
+        ctx = Context(store, kernel=RecordingInvalidator())
         try:
             node = ObjectFile(ctx, None, store.stat(key))  # type: ignore[arg-type]
             h = await node.open(os.O_RDONLY, None)
