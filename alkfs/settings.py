@@ -5,19 +5,15 @@
 `settings()` is what the modules use: the settings of `os.environ`, parsed at first use
 and again whenever an `ALKFS_*` variable of the process changed since (a test's
 `monkeypatch.setenv`; a daemon reads its environment as it starts). No other module reads
-an `ALKFS_*` variable (tests/store/test_settings.py checks), but for these, which are
-the command lines' defaults and stay in their parsers:
+an `ALKFS_*` variable (tests/store/test_settings.py checks).
 
-- `ALKFS_STORE`, `ALKFS_MOUNT`: the target of `alkfs` (alkfs/cli/parser.py) when neither
-  `--store` nor `--mount` is given;
-- `ALKFS_DATABASE`: the default of `--database`, for `alkfs --store` (alkfs/cli/) and for
-  alkfsd (daemon/config.py, which also moves a URI with a password from its command line
-  into this variable and starts again).
-
-alkfsd's `--config` file and flags (daemon/config.py, parsed there) set none of these
-knobs: they set the store, the window, the sweeps and the mount's options; of the
-variables, only `ALKFS_DATABASE` stands for a flag (`--database`). docs/operations.md
-lists the variables as here.
+Three are the command lines' defaults rather than knobs: `ALKFS_STORE` and `ALKFS_MOUNT`,
+the target of `alkfs` (alkfs/cli/parser.py) when neither `--store` nor `--mount` is given,
+and `ALKFS_DATABASE`, the default of `--database` for `alkfs --store` and for alkfsd
+(daemon/config.py, which also moves a URI with a password from its command line into this
+variable and starts again). alkfsd's `--config` file and flags (daemon/config.py, parsed
+there) set none of the knobs: they set the store, the window, the sweeps and the mount's
+options. docs/operations.md lists the variables as here.
 """
 
 from __future__ import annotations
@@ -26,7 +22,7 @@ import logging
 import os
 import threading
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .durations import parse_duration
 
@@ -34,6 +30,7 @@ log = logging.getLogger("alkfs")
 
 PREFIX = "ALKFS_"
 LOG_PRIORITIES_ENV = "ALKFS_LOG_PRIORITIES"
+DATABASE_ENV = "ALKFS_DATABASE"  # (alkfsd sets it to move a password off its command line)
 MAX_ASK_TIMEOUT_S = 3600.0  # ALKFS_ROOTS_ASK_TIMEOUT's ceiling
 MACHINE_ID_MAX = 200  # characters of ALKFS_MACHINE_ID kept
 
@@ -71,6 +68,10 @@ class Settings:
     # logs
     debug: bool = False  # ALKFS_DEBUG: any value: `alkfs` logs, and shows a bug's traceback
     log_priorities: bool = False  # ALKFS_LOG_PRIORITIES: 1/yes/true/on: alkfsd's journal form
+    # the command lines' defaults (alkfs/cli/parser.py, daemon/config.py)
+    store: str = ""  # ALKFS_STORE: alkfs's target when no --store or --mount is given
+    mount: str = ""  # ALKFS_MOUNT: the same, a mount (both set: alkfs asks to choose)
+    database: str = field(default="", repr=False)  # ALKFS_DATABASE: --database's default
 
     @property
     def pack_poll_interval_s(self) -> float:
@@ -104,6 +105,9 @@ class Settings:
             fleet_ttl_s=r.number("ALKFS_FLEET_TTL", d.fleet_ttl_s, empty_default=True),
             debug=bool(environ.get("ALKFS_DEBUG")),
             log_priorities=log_priorities(environ, warn=True),
+            store=environ.get("ALKFS_STORE", ""),
+            mount=environ.get("ALKFS_MOUNT", ""),
+            database=environ.get(DATABASE_ENV, ""),
         )
 
 

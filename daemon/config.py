@@ -14,6 +14,8 @@ from alkfs.db.uri import check as check_uri
 from alkfs.db.uri import has_password
 from alkfs.durations import parse_duration, parse_window
 from alkfs.errors import AlkfsError
+from alkfs.settings import DATABASE_ENV
+from alkfs.settings import settings as knobs
 
 from .services import parse_owner
 
@@ -125,8 +127,8 @@ def settings(argv: list[str] | None) -> Settings:
         v = getattr(args, key)
         if v is not None:
             out[key] = v
-    if out.get("database") is None and os.environ.get("ALKFS_DATABASE"):
-        out["database"] = os.environ["ALKFS_DATABASE"]
+    if out.get("database") is None and knobs().database:
+        out["database"] = knobs().database
     if out.get("database") is not None:
         try:
             check_uri(str(out["database"]))
@@ -184,5 +186,5 @@ def hide_password(argv: list[str]) -> None:
             out.append(arg)
     if uri is None or not has_password(uri):
         return
-    env = {**os.environ, "ALKFS_DATABASE": uri}
+    env = {**os.environ, DATABASE_ENV: uri}
     os.execve(sys.executable, [sys.executable, "-m", "alkfsd.main", *out], env)

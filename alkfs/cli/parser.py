@@ -225,7 +225,7 @@ def resolve_target(a: argparse.Namespace) -> tuple[str, str]:
         return "mount", mount
     if store is not None:
         return "store", store
-    env_mount, env_store = os.environ.get("ALKFS_MOUNT"), os.environ.get("ALKFS_STORE")
+    env_mount, env_store = settings().mount, settings().store
     if env_mount and env_store:
         raise Usage("both ALKFS_MOUNT and ALKFS_STORE are set: choose with --mount or --store")
     if env_mount:
@@ -289,7 +289,7 @@ def _main(argv: list[str] | None) -> int:
         if kind == "mount":
             target = MountTarget(path)
         else:
-            database = getattr(a, "database", None) or os.environ.get("ALKFS_DATABASE") or None
+            database = getattr(a, "database", None) or settings().database or None
             if a.command == "migrate":  # (opens the store itself, holding its lock)
                 return run_migrate(path, database, a)
             target = StoreTarget(path, create=name in CREATING, database=database)
