@@ -131,7 +131,14 @@ class StoreReads(StoreState):
         """Whether this very file (same inode, size, mtime and ctime) was already verified."""
         return self._verified.get(key.raw) == self._identity(st)
 
-    def remember_verified(self, key: Key, st: os.stat_result) -> None:
+    def remember_verified(
+        self, key: Key, st: os.stat_result, now: os.stat_result | None = None
+    ) -> None:
+        """The file `st` describes passed its check: later opens of this very file hash
+        nothing (`is_verified`). `now`: the file as it is after the check (a reader's
+        fstat); nothing is remembered unless it is still the same file."""
+        if now is not None and self._identity(now) != self._identity(st):
+            return
         with self._vlock:
             self._verified[key.raw] = self._identity(st)
             self.corrupt.discard(key.raw)

@@ -9,13 +9,10 @@ from typing import TYPE_CHECKING
 
 from alkfs.catalog import Record
 from alkfs.errors import Corrupt
-from alkfs.keys import Key
 
 from .handles import Handle
 
 if TYPE_CHECKING:
-    from alkfs.store import Store
-
     from .objfile import ObjectFile
 
 log = logging.getLogger("alkfsd")
@@ -69,7 +66,7 @@ class LargeHandle(Handle):
         return data
 
     def _corrupt(self, why: str) -> None:
-        mark_corrupt(self.obj.ctx.store, self.obj.key)
+        self.obj.ctx.store.mark_corrupt(self.obj.key)
         raise Corrupt(why)
 
     async def _verify_whole(self) -> None:
@@ -126,9 +123,7 @@ class LargeHandle(Handle):
             now = os.fstat(self.fd)
         except OSError:
             return
-        store = self.obj.ctx.store
-        if store._identity(now) == store._identity(self.fst):
-            store.remember_verified(self.obj.key, self.fst)
+        self.obj.ctx.store.remember_verified(self.obj.key, self.fst, now)
 
     async def _pread(self, off: int, n: int) -> bytes | bytearray:
         got = 0
@@ -149,8 +144,3 @@ class LargeHandle(Handle):
 
     async def release(self) -> None:
         os.close(self.fd)
-
-
-def mark_corrupt(store: Store, key: Key) -> None:
-    mark = getattr(store, "mark_corrupt", None) or store._mark_corrupt
-    mark(key)
