@@ -258,7 +258,7 @@ class MountTarget:
         with through(
             f"control {command.split()[0]}",
             EINVAL=f"the daemon refused the command {command!r}",
-            EACCES="only the mount's owner may write its control file",
+            EACCES="only root (or the daemon's user) may write the mount's control file",
         ):
             fd = os.open(self.root / ".alkfs" / "control", os.O_WRONLY)
             try:
