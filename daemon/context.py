@@ -15,11 +15,11 @@ from alkfs.gc.sweep import dry_run
 from alkfs.keys import Key
 
 from .packs import PackFigures, Served
-from .services import Options, Services, parse_owner
+from .services import Options, Services
 from .staging.pending import Pending
 from .staging.writes import Writes
 
-__all__ = ["INVALIDATE_WAIT_S", "Context", "Options", "PackFigures", "parse_owner"]
+__all__ = ["INVALIDATE_WAIT_S", "Context", "Options", "PackFigures"]
 
 log = logging.getLogger("alkfsd")
 

@@ -11,7 +11,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 
 import psycopg
 import pytest
@@ -295,7 +294,8 @@ def test_a_fleets_drain_waits_for_a_member_serving_an_older_set(start_pg_mount, 
     wait_for("a set holding the push", lambda: ids <= idx_ids(m1.mnt, "sha1"))
     number = generation(m1)
     assert number is not None and number > 1
-    time.sleep(3)  # (the drain after the build, and the intake's looks again since)
+    held = "another daemon still serves a set older than"
+    wait_for("the drain held back", lambda: held in m1.log())  # (it looked, and waited)
     assert kv_git_rows(m1.database, ids) == len(ids)
     assert not (m1.store_path / "derived" / "sha1" / "PRIMARY").exists()
     with psycopg.connect(m1.database, autocommit=True) as conn:  # it serves the new set
