@@ -91,9 +91,8 @@ class WriteBehind:
         self.limit = min(store.threshold, BEHIND_PUT_MAX)
         self.items: list[Intent] = []
         self.count = 0  # len(items): read without the lock by the owner's checks
-        self.names: set[bytes] = set()  # pin names pending (the intent's name, encoded)
-        self.hexes: set[bytes] = set()  # the pending objects' hex digests
-        # raw key -> (its content, acknowledged ns); pin name -> its pending record
+        # the index of what is pending (`_add`): raw key -> (its content, acknowledged
+        # ns); pin name -> its pending record
         self.objects: dict[bytes, tuple[bytes, int]] = {}
         self.pins_ahead: dict[str, PinRecord] = {}
         self._acked: list[int] = []  # the ns each pending intent was acknowledged at
@@ -138,7 +137,6 @@ class WriteBehind:
         # (a pending pin shows the creation time its row will have: the mount knows a
         # file by it)
         now = time.time_ns() if name is None else self.pins._stamps()
-        pending = None if name is None else _record(name, key, len(data), now)
         with self._lock:
             try:
                 log_.append(intent)
@@ -148,14 +146,9 @@ class WriteBehind:
             self.items.append(intent)
             self._acked.append(now)
             self.bytes += len(data)
-            if name is not None:
-                self.names.add(name.encode())
-            if pending is not None:  # (the first of one name is the one applied)
-                self.pins_ahead.setdefault(pending.name, pending)
-            self.hexes.add(key.hex.encode())
-            self.objects[key.raw] = (data, now)
+            self._add(intent, now)
             self.count += 1  # (last: a reader that sees the count sees the index)
-        if pending is not None:
+        if name is not None:
             self.pins.misses.moved()  # (a memo of the name found absent is stale now)
         for hook in store.changed_hooks:  # (what a listing shows changed, as at a put's end)
             hook()
@@ -164,12 +157,6 @@ class WriteBehind:
     def logged(self) -> int:
         """Intents logged since the start (applied ones and pending ones)."""
         return self.applied + self.count
-
-    def pending_name(self, name: bytes) -> bool:
-        return name in self.names
-
-    def pending_hex(self, name: bytes) -> bool:
-        return name in self.hexes
 
     # -- read-your-writes (any thread; Store.ahead, Pins.ahead) -------------------------
     def stat(self, key: bytes) -> tuple[int, int] | None:
@@ -254,18 +241,18 @@ class WriteBehind:
                     self.log.reset()
             return True
 
+    def _add(self, intent: Intent, ns: int) -> None:
+        """(holding `_lock`) One pending intent into the index."""
+        _index_into(self.objects, self.pins_ahead, intent, ns)
+
     def _index(self) -> None:
-        """(holding `_lock`) The index of what is still pending, made anew."""
-        items, acked = self.items, self._acked
-        self.names = {i.name.encode() for i in items if i.name is not None}
-        self.hexes = {i.key.hex.encode() for i in items}
-        self.objects = {i.key.raw: (i.data, ns) for i, ns in zip(items, acked, strict=True)}
+        """(holding `_lock`) The index of what is still pending, made anew and then
+        swapped in whole (readers look without the lock)."""
+        objects: dict[bytes, tuple[bytes, int]] = {}
         pins_ahead: dict[str, PinRecord] = {}
-        for i, ns in zip(items, acked, strict=True):
-            if i.name is not None:
-                r = _record(i.name, i.key, len(i.data), ns)
-                pins_ahead.setdefault(r.name, r)  # (the first of one name is the one applied)
-        self.pins_ahead = pins_ahead
+        for intent, ns in zip(self.items, self._acked, strict=True):
+            _index_into(objects, pins_ahead, intent, ns)
+        self.objects, self.pins_ahead = objects, pins_ahead
 
     def _stamps_of(self, batch: Sequence[Intent]) -> dict[str, int]:
         """The creation times the batch's pending pins showed, by pin name."""
@@ -324,6 +311,19 @@ class WriteBehind:
             "applied": self.applied,
             "log_bytes": 0 if self.log is None else self.log.size,
         }
+
+
+def _index_into(
+    objects: dict[bytes, tuple[bytes, int]],
+    pins_ahead: dict[str, PinRecord],
+    intent: Intent,
+    ns: int,
+) -> None:
+    """An intent acknowledged at `ns` into an index of what is pending."""
+    objects[intent.key.raw] = (intent.data, ns)
+    if intent.name is not None:
+        r = _record(intent.name, intent.key, len(intent.data), ns)
+        pins_ahead.setdefault(r.name, r)  # (the first of one name is the one applied)
 
 
 def _record(name: str, key: Key, size: int, ns: int) -> PinRecord:

@@ -71,14 +71,6 @@ class Pending:
             self._wake.set()
         return result
 
-    def pending_name(self, name: bytes) -> bool:
-        behind = self.behind
-        return behind is not None and behind.pending_name(name)
-
-    def pending_hex(self, name: bytes) -> bool:
-        behind = self.behind
-        return behind is not None and behind.pending_hex(name)
-
     # -- applying ------------------------------------------------------------------------
     async def run(self) -> None:
         """The worker (workers.py): apply what arrives once closes pause (`_settle`)."""

@@ -43,14 +43,15 @@ def test_a_put_is_logged_then_applied_from_a_worker_thread(app):
     data = b"written behind\n" * 10
     result = behind.put("a.txt", Algorithm.SHA256, data, None)
     assert result is not None and result.key == Key.derive(Algorithm.SHA256, data)
-    assert behind.count == 1 and behind.pending_name(b"a.txt")
-    assert behind.pending_hex(result.key.hex.encode())
+    assert behind.count == 1 and behind.pinned("a.txt") is not None
+    assert behind.read(result.key.raw) == data and behind.stat(result.key.raw)[0] == len(data)
     assert app.store.kv.read(result.key.raw) is None  # (not in the database yet)
     done: list[bool] = []
     t = threading.Thread(target=lambda: done.append(behind.apply()))
     t.start()
     t.join()
-    assert done == [True] and behind.count == 0 and not behind.pending_name(b"a.txt")
+    assert done == [True] and behind.count == 0 and behind.pinned("a.txt") is None
+    assert behind.read(result.key.raw) is None  # (the index holds what is pending only)
     assert app.pins.get("a.txt").key == result.key
     assert app.store.get(result.key) == data
     assert (app.store.path / LOG_NAME).stat().st_size == 0
