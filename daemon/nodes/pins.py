@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import dataclasses
 import errno
+import functools
 import re
 import stat
 from collections.abc import Iterator
@@ -58,7 +59,6 @@ from alkfs.pins import (
 from alkfs.store import ObjectStat, PutResult
 
 from ..errors import clip, fail
-from . import pinning
 from .base import DYNAMIC_TIMEOUT, FIRST_OFFSET, Dir, Emit, File, Node, SetattrFields
 from .handles import DirHandle, Handle
 from .objfile import ObjectFile
@@ -234,7 +234,7 @@ class TreeDir(Dir):
         path, text = self._new(name)
         if self._taken(path):
             fail(errno.EEXIST, f"/pins/{_shown(path)} exists")
-        made = await self.ctx.run_sync(pinning.mkdir, self.ctx.pins, text, mode)
+        made = await self.ctx.run_sync(self.ctx.pins.mkdir, text, mode)
         return PinSubdir(self.ctx, self, self.tree, made)
 
     async def symlink(self, name: bytes, link: bytes, req: RequestContext) -> Node:
@@ -245,7 +245,9 @@ class TreeDir(Dir):
         if not self.ctx.store.has(key):
             fail(errno.EINVAL, f"{key} is not in the store")
         try:
-            rec = await self.ctx.run_sync(pinning.pin, self.ctx.pins, text, key, None, None, True)
+            rec = await self.ctx.run_sync(
+                functools.partial(self.ctx.pins.pin, text, key, tree=True)
+            )
         except Missing as exc:
             fail(errno.EINVAL if not self.ctx.store.has(key) else errno.ENOENT, str(exc))
         return PinLink(self.ctx, self, rec)
@@ -276,7 +278,7 @@ class TreeDir(Dir):
             fail(errno.EEXIST, f"/pins/{_shown(path)} exists")
         rec = node.record
         made = await self.ctx.run_sync(
-            pinning.pin, self.ctx.pins, text, rec.key, None, rec.attrs, True
+            functools.partial(self.ctx.pins.pin, text, rec.key, attrs=rec.attrs, tree=True)
         )
         return self._node(made)
 
@@ -301,7 +303,9 @@ class TreeDir(Dir):
         if text is None:
             return None
         attrs = node.file_attrs(len(data))
-        return pinning.put_pinned(self.ctx.pins, text, data, node.key, attrs, True)
+        replace = node.key or False  # (what this file stored before is replaced)
+        result, _ = self.ctx.pins.put_pinned(text, data, replace=replace, attrs=attrs, tree=True)
+        return result
 
     def publish_in_thread(self, node: PinFile, result: PutResult) -> None:
         """After the put (content that was spooled): pinned under its path, then the
@@ -312,7 +316,8 @@ class TreeDir(Dir):
             return
         st = self.ctx.store.stat(result.key)
         size = st.size if st is not None else node.writer.size
-        pinning.pin(self.ctx.pins, text, result.key, node.key, node.file_attrs(size), True)
+        attrs = node.file_attrs(size)
+        self.ctx.pins.pin(text, result.key, replace=node.key or False, attrs=attrs, tree=True)
         result.pin.release()
 
     def stored_file(self, st: ObjectStat) -> File:
@@ -363,7 +368,7 @@ class TreeDir(Dir):
         if isinstance(found, PinDir):
             fail(errno.EISDIR, f"/pins/{found.name} is a directory")
         try:
-            await self.ctx.run_sync(pinning.unpin, self.ctx.pins, found.name)
+            await self.ctx.run_sync(self.ctx.pins.unpin, found.name)
         except Missing:
             fail(errno.ENOENT)
 
@@ -378,7 +383,7 @@ class TreeDir(Dir):
             fail(errno.ENOTDIR, f"/pins/{found.name} is no directory")
         if any(p.startswith(path + b"/") for p in self.tree.staged):
             fail(errno.ENOTEMPTY, f"/pins/{found.name}: a file is being written in it")
-        await self.ctx.run_sync(pinning.rmdir, self.ctx.pins, found.name)
+        await self.ctx.run_sync(self.ctx.pins.rmdir, found.name)
 
     async def rename(
         self, name: bytes, new_parent: Node, new_name: bytes, flags: int, req: RequestContext
@@ -416,7 +421,7 @@ class TreeDir(Dir):
             # still being written: pinned at close under its new name (replacing a pin)
             if over is not None:
                 try:
-                    await self.ctx.run_sync(pinning.unpin, self.ctx.pins, new_text)
+                    await self.ctx.run_sync(self.ctx.pins.unpin, new_text)
                 except Missing:
                     pass
             del tree.staged[old]
@@ -426,7 +431,9 @@ class TreeDir(Dir):
             return
         assert moving is not None
         try:
-            moved = await self.ctx.run_sync(pinning.move, self.ctx.pins, moving.name, new_text)
+            moved = await self.ctx.run_sync(
+                functools.partial(self.ctx.pins.move, moving.name, new_text, replace=True)
+            )
         except TooLong as exc:
             fail(errno.ENAMETOOLONG, str(exc))
         except NotEmpty as exc:

@@ -133,7 +133,7 @@ async def set_owned_attrs(
         return None
     try:
         return await ctx.run_sync(
-            pinning.set_attrs, ctx.pins, rec.name, rec.created_ns, mode, mtime, uid, gid
+            ctx.pins.set_attrs, rec.name, rec.created_ns, mode, mtime, uid, gid
         )
     except Missing:
         fail(errno.ENOENT, f"/pins/{rec.name} is gone")
