@@ -340,10 +340,10 @@ class Pins(PinTree):
             f"SELECT {_COLUMNS} FROM pins WHERE key <> ? ORDER BY name", (DIR_KEY,)
         )
         out = [PinRecord(n, Key(bytes(k)), t, m, mt, sz, u, g) for n, k, t, m, mt, sz, u, g in rows]
-        ahead = self.ahead
-        if ahead is not None and ahead.count:
+        pending = self._ahead_below("")
+        if pending:
             there = {r.name for r in out}
-            more = [r for r in ahead.pinned_below("") if r.name not in there]
+            more = [r for r in pending if r.name not in there]
             if more:
                 out = sorted(out + more, key=lambda r: r.name)
         return out
@@ -359,11 +359,9 @@ class Pins(PinTree):
         if limit is not None:
             sql += f" LIMIT {int(limit)}"
         names = [n for (n,) in self.tables.read(sql, (key.raw,))]
-        ahead = self.ahead
-        if ahead is not None and ahead.count:  # (pins pending ahead of their commit)
-            more = [r.name for r in ahead.pinned_below("") if r.key == key]
-            if more:
-                names = sorted(set(names) | set(more))[:limit]
+        more = [r.name for r in self._ahead_below("") if r.key == key]
+        if more:  # (pins pending ahead of their commit)
+            names = sorted(set(names) | set(more))[:limit]
         return names
 
     def __len__(self) -> int:

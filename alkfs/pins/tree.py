@@ -52,8 +52,15 @@ class PinTree:
             ahead.settle()
 
     def _ahead_pin(self, name: str) -> PinRecord | None:
+        """The pin `name` pending ahead of its commit (None: none)."""
         ahead = self.ahead
         return None if ahead is None or not ahead.count else ahead.pinned(name)
+
+    def _ahead_below(self, prefix: str) -> list[PinRecord]:
+        """The pins pending ahead of their commit whose names start with `prefix` ("":
+        all), in name order."""
+        ahead = self.ahead
+        return [] if ahead is None or not ahead.count else ahead.pinned_below(prefix)
 
     # -- renames -----------------------------------------------------------------------
     def rename(self, old: str, new: str, replace: bool = False) -> None:
@@ -197,12 +204,12 @@ class PinTree:
                     break
             if not jumped and len(rows) < limit:
                 break
-        ahead = self.ahead
-        if ahead is not None and ahead.count:  # (pins pending ahead of their commit)
+        pending = self._ahead_below(prefix)
+        if pending:
             there = {e.name for e in out}
             more = [
                 r
-                for r in ahead.pinned_below(prefix)
+                for r in pending
                 if "/" not in r.name[len(prefix) :]
                 and (after is None or r.name > after)
                 and r.name not in there
@@ -213,8 +220,7 @@ class PinTree:
 
     def has_below(self, prefix: str) -> bool:
         """Whether any name starts with `prefix` (a directory's name and `/`): one probe."""
-        ahead = self.ahead
-        if ahead is not None and ahead.count and ahead.pinned_below(prefix):
+        if self._ahead_below(prefix):
             return True
         return bool(
             self.tables.read(
