@@ -195,8 +195,7 @@ class SharedPacks:
         """Whether every other live daemon serves `number` or a newer generation, within
         `timeout_s` (0: look once). A daemon switching serves both for a moment: it is
         waited for until it serves the new one alone."""
-        older = self.await_served(number, lambda g: {b""} if g < number else set(), timeout_s)
-        return not older
+        return _until(lambda: all(g >= number for g in self.served_elsewhere()), timeout_s)
 
     def await_served(
         self,
@@ -207,11 +206,24 @@ class SharedPacks:
         """Wait until no other live daemon serves a generation (other than `number`) for
         which `holding(generation)` is not empty; then nothing, or after `timeout_s`
         what those generations still hold (the caller keeps it)."""
-        deadline = time.monotonic() + timeout_s
-        while True:
-            held: set[bytes] = set()
+        held: set[bytes] = set()
+
+        def clear() -> bool:
+            held.clear()
             for gen in self.served_elsewhere() - {number}:
-                held |= holding(gen)
-            if not held or time.monotonic() >= deadline:
-                return held
-            time.sleep(POLL_S)
+                held.update(holding(gen))
+            return not held
+
+        _until(clear, timeout_s)
+        return held
+
+
+def _until(done: Callable[[], bool], timeout_s: float) -> bool:
+    """Look at `done` every POLL_S until it is true (True) or `timeout_s` passed (False;
+    0: look once)."""
+    deadline = time.monotonic() + timeout_s
+    while not done():
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(POLL_S)
+    return True
